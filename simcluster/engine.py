@@ -1,0 +1,535 @@
+"""The engine: N ranks' code on a baton, collectives matched and completed on command.
+
+The engine knows nothing of torch. It sees *tasks* (a rank's code to run), *calls*
+(a rank posting its part of a collective) and *waits* (code that cannot go on until
+something completes). Its rules:
+
+1. **One thread runs at a time.** Tasks run inline on whichever thread holds the
+   baton. Code that waits on something pending parks its OS thread and hands the
+   driving role to a pooled thread; when the awaited thing completes, the parked
+   thread is resumed *in turn*, never concurrently. So thread timing never reaches a
+   result.
+2. **Nothing completes unless stepped.** Runnable tasks run first, in FIFO order.
+   Only when nothing can run does the engine complete one *ready* collective — one
+   that every participant has posted (and, where the backend has a limited number of
+   worker threads per group, one that has a worker on every rank). Which one is the
+   scheduler's choice (:mod:`simcluster.scheduler`), recorded for replay.
+3. **Completing a collective** computes every rank's result at once (ranks get the
+   bits the backend would give them) and then, for each participant, runs a
+   completion task in the backend's context (e.g. on a gloo worker of that group),
+   which sets that rank's future and so runs its callbacks.
+4. **No hang.** When nothing can run, nothing is ready and work is still pending,
+   that is a deadlock: the engine unwinds every parked thread and raises
+   :class:`~simcluster.errors.DeadlockError` listing each rank's blocked wait and
+   every unmatched call. Code blocked *outside* the engine (a lock, a plain C++
+   future) cannot be interrupted: a watchdog reports it as
+   :class:`~simcluster.errors.StuckError` instead of hanging.
+
+How features interact: a mismatched collective is fatal at once (the run is
+unwound and the mismatch raised); an exception escaping a rank's task is recorded,
+the other ranks go on until nothing can move, and the task's exception wins over a
+deadlock it caused (the deadlock is attached as a note).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from simcluster.errors import CollectiveMismatchError, DeadlockError, SimClusterError, StuckError, UsageError
+from simcluster.scheduler import Scheduler
+from simcluster.trace import Blocked, Completed, Posted, Resumed, Trace
+
+__all__ = ["Engine", "Call", "RunAborted", "Waitable"]
+
+
+class RunAborted(BaseException):
+    """Raised inside parked user code to unwind it when the run is aborted.
+
+    A ``BaseException`` so that a hook's ``except Exception`` does not swallow it.
+    """
+
+
+class Waitable(Protocol):
+    """Something a rank can wait on (a simulated future)."""
+
+    label: str
+
+    def done(self) -> bool: ...
+
+    def _on_done(self, resume: Callable[[], None]) -> None: ...
+
+
+@dataclass
+class Call:
+    """One rank's part of a collective (or point-to-point transfer).
+
+    ``channel`` and the per-rank sequence number match calls across ranks: the k-th
+    call of every rank on a channel belongs to the same collective. ``signature`` must
+    be equal on every rank (op, dtypes, shapes, reduce op, root, …) or the run fails
+    with :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
+    call) returns each rank's result; ``deliver`` hands a rank its result.
+    """
+
+    rank: int
+    channel: str
+    ranks: tuple[int, ...]
+    op: str
+    signature: tuple[Any, ...]
+    describe: str
+    compute: Callable[[dict[int, "Call"]], dict[int, Any]]
+    deliver: Callable[[Any], None]
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    nbytes: int = 0
+    detail: str = ""
+    uses_worker: bool = True
+    payload: Any = None
+    seq: int = -1
+    worker: int = -1
+
+
+@dataclass
+class _Instance:
+    channel: str
+    seq: int
+    ranks: tuple[int, ...]
+    calls: dict[int, Call] = field(default_factory=dict)
+    executing: set[int] = field(default_factory=set)
+    first: Call | None = None
+
+
+@dataclass
+class _Task:
+    rank: int
+    fn: Callable[[], None]
+    label: str
+    where: str
+    on_done: Callable[[], None] | None = None
+
+
+class _Slot:
+    """An OS thread the engine can park and wake (a binary semaphore per thread)."""
+
+    def __init__(self, engine: "Engine", index: int, thread: threading.Thread | None = None) -> None:
+        self.index = index
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.command = "idle"
+        self.abort = False
+        if thread is None:
+            thread = threading.Thread(target=engine._pool_main, args=(self,), name=f"simcluster-{index}", daemon=True)
+        self.thread = thread
+
+    def park(self) -> None:
+        self.lock.acquire()
+
+    def wake(self) -> None:
+        self.lock.release()
+
+
+@dataclass
+class _Resume:
+    slot: _Slot
+    rank: int
+    where: str
+    label: str
+
+
+@dataclass
+class _Workers:
+    """A backend's worker threads of one group on one rank (gloo: 2), and their queue."""
+
+    size: int
+    busy: list[bool]
+    queue: deque[tuple[_Instance, Call]] = field(default_factory=deque)
+
+
+class Engine:
+    """Runs one simulated run: tasks on a baton, calls matched, completions scheduled.
+
+    ``switch(old_rank, new_rank)`` is called whenever the code about to run belongs to
+    another rank than the code that ran last (``None`` = outside the run): the caller
+    swaps per-rank state (torch's world, RNG) there.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        trace: Trace,
+        switch: Callable[[int | None, int | None], None],
+        workers_per_channel: int | None,
+        worker_name: Callable[[str, int], str] = lambda channel, i: f"worker {channel}#{i}",
+        stuck_timeout: float = 60.0,
+        replay: str = "",
+    ) -> None:
+        self.scheduler = scheduler
+        self.trace = trace
+        self.choices: list[tuple[int, int]] = []
+        self.replay = replay
+        self._switch = switch
+        self._workers_per_channel = workers_per_channel
+        self._worker_name = worker_name
+        self._stuck_timeout = stuck_timeout
+        self._runnable: deque[_Task | _Resume] = deque()
+        self._instances: dict[tuple[str, int], _Instance] = {}
+        self._ready: list[_Instance] = []
+        self._seq: dict[tuple[int, str], int] = {}
+        self._issued: dict[int, int] = {}
+        self._workers: dict[tuple[int, str], _Workers] = {}
+        self._parked: dict[int, tuple[_Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
+        self._expected: dict[int, tuple[int, str, str]] = {}  # -> (rank, label, context)
+        self._expected_count = 0
+        self._slots: list[_Slot] = []
+        self._home: _Slot | None = None
+        self._idle: list[_Slot] = []
+        self._current: _Slot | None = None
+        self._rank: int | None = None
+        self._where = ""
+        self._completions = 0
+        self._steps = 0
+        self._fatal: SimClusterError | None = None
+        self._aborting = False
+        self._done = False
+        self.failures: list[tuple[int, str, BaseException]] = []
+        self.deadlock: DeadlockError | None = None
+        self.running = False
+
+    # ----------------------------------------------------------------- public
+    @property
+    def current_rank(self) -> int | None:
+        """The rank whose code is running now (None outside a run)."""
+        return self._rank
+
+    @property
+    def where(self) -> str:
+        """Where the running code runs: ``"rank <r>"`` or a backend worker's name."""
+        return self._where
+
+    def spawn(self, rank: int, fn: Callable[[], None], label: str, where: str | None = None) -> None:
+        """Queue ``fn`` to run as rank ``rank``'s code; exceptions escaping it are recorded."""
+        self._runnable.append(_Task(rank, fn, label, where or f"rank {rank}"))
+
+    def run(self) -> None:
+        """Drive until every task finished and every collective completed.
+
+        The calling thread drives first, so a hook that never blocks runs without a
+        single thread hand-over. Pool threads appear only when code blocks; while the
+        calling thread is parked it watches for code stuck outside the simulator.
+        Raises the fatal error (mismatch, deadlock, stuck code) if there was one; task
+        failures are left in :attr:`failures` for the caller to report.
+        """
+        self.running = True
+        home = self._home = _Slot(self, -1, thread=threading.current_thread())
+        try:
+            home.command = "drive"
+            while True:
+                if home.command == "drive":
+                    self._drive(home)
+                if self._done:
+                    break
+                self._park_watching(home)
+            self._switch(self._rank, None)
+            self._rank = None
+        finally:
+            self.running = False
+        self._stop_pool()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _park_watching(self, home: "_Slot") -> None:
+        """Park the calling thread; report code stuck outside the simulator."""
+        last_steps, quiet = self._steps, 0.0
+        while not home.lock.acquire(timeout=0.5):
+            if self._steps != last_steps:
+                last_steps, quiet = self._steps, 0.0
+                continue
+            quiet += 0.5
+            if quiet >= self._stuck_timeout:
+                self.running = False
+                raise StuckError(
+                    f"rank {self._rank}'s code ({self._where}) has been blocked outside the simulator for "
+                    f"{self._stuck_timeout:.0f}s — e.g. waiting on a plain torch Future, a lock or a socket. "
+                    "simcluster cannot interrupt it; its thread is abandoned."
+                ).with_replay(self.replay)
+
+    def post(self, call: Call) -> None:
+        """Post ``call`` for the running rank; completes later, when scheduled."""
+        self._check_alive()
+        if call.rank != self._rank:
+            raise UsageError(
+                f"rank {self._rank}'s code called {call.op} on rank {call.rank}'s process group. Simulated ranks "
+                "share one Python process, so state built once is shared by every rank; give each rank its own "
+                "(pass a factory called once per rank with that rank's process group)."
+            )
+        key = (call.rank, call.channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        call.seq = seq
+        issue = self._issued.get(call.rank, 0)
+        self._issued[call.rank] = issue + 1
+        self.trace.add(
+            Posted(call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail)
+        )
+        inst = self._instances.get((call.channel, seq))
+        if inst is None:
+            inst = _Instance(call.channel, seq, call.ranks, first=call)
+            self._instances[(call.channel, seq)] = inst
+        else:
+            self._check_match(inst, call)
+        inst.calls[call.rank] = call
+        if call.uses_worker and self._workers_per_channel is not None:
+            pool = self._workers.get(key)
+            if pool is None:
+                pool = self._workers[key] = _Workers(self._workers_per_channel, [False] * self._workers_per_channel)
+            pool.queue.append((inst, call))
+            self._start_queued(pool)
+        else:
+            self._mark_executing(inst, call.rank)
+
+    def expect(self, rank: int, waitable: Waitable, context: str) -> None:
+        """Record that ``waitable`` must complete before the run may end, without
+        blocking anyone — how the harness "waits" on a hook's future, as DDP's reducer
+        does, at no thread hand-over. If it never completes, that is a deadlock."""
+        if waitable.done():
+            return
+        key = self._expected_count
+        self._expected_count += 1
+        self._expected[key] = (rank, waitable.label, context)
+        waitable._on_done(lambda: self._expected.pop(key, None) and None)
+
+    def block_until(self, waitable: Waitable, context: str = "") -> None:
+        """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
+        self._check_alive()
+        slot = self._current
+        if slot is None or slot.thread is not threading.current_thread():
+            raise UsageError(
+                f"wait() on pending {waitable.label} from a thread simcluster does not run; "
+                "simulated futures can only be waited on by hook code inside a run"
+            )
+        rank, where = self._rank, self._where
+        assert rank is not None
+        self.trace.add(Blocked(rank, waitable.label, context or where))
+        self._parked[slot.index] = (slot, rank, waitable.label, context or where)
+        waitable._on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
+        driver = self._take_idle()
+        driver.command = "drive"
+        self._current = None
+        driver.wake()
+        if slot is self._home:
+            self._park_watching(slot)
+        else:
+            slot.park()
+        self._current = slot
+        del self._parked[slot.index]
+        if slot.abort:
+            raise RunAborted()
+        self._enter(rank, where)
+        self.trace.add(Resumed(rank, waitable.label))
+
+    # ------------------------------------------------------------- matching
+    def _check_match(self, inst: _Instance, call: Call) -> None:
+        first = inst.first
+        assert first is not None
+        if call.rank in inst.calls:
+            problem = f"rank {call.rank} posted twice at position {inst.seq} of {inst.channel}"
+        elif call.ranks != first.ranks:
+            problem = f"ranks disagree on the group's members: {list(first.ranks)} vs {list(call.ranks)}"
+        elif call.signature != first.signature:
+            problem = "ranks issued different collectives at the same position of the group's sequence"
+        else:
+            return
+        self._fail(
+            CollectiveMismatchError(
+                f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
+                f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}\n"
+                "On a real cluster this hangs or silently mixes up data."
+            )
+        )
+        raise RunAborted()
+
+    def _start_queued(self, pool: _Workers) -> None:
+        while pool.queue and not all(pool.busy):
+            inst, call = pool.queue.popleft()
+            call.worker = pool.busy.index(False)
+            pool.busy[call.worker] = True
+            self._mark_executing(inst, call.rank)
+
+    def _mark_executing(self, inst: _Instance, rank: int) -> None:
+        inst.executing.add(rank)
+        if len(inst.executing) == len(inst.ranks):
+            self._ready.append(inst)
+
+    def _complete_one(self) -> bool:
+        if not self._ready:
+            return False
+        options = len(self._ready)
+        choice = self.scheduler.choose(options)
+        if not 0 <= choice < options:
+            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} ready collectives")
+        self.choices.append((options, choice))
+        inst = self._ready.pop(choice)
+        del self._instances[(inst.channel, inst.seq)]
+        assert inst.first is not None
+        self.trace.add(Completed(inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options))
+        self._completions += 1
+        try:
+            results = inst.first.compute(inst.calls)
+        except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
+            calls = "\n".join(f"  rank {r}: {c.describe}" for r, c in sorted(inst.calls.items()))
+            self._fail(CollectiveMismatchError(
+                f"{inst.first.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n{calls}"
+            ))
+            return True
+        for rank in inst.ranks:
+            call = inst.calls[rank]
+            on_done = None
+            where = f"rank {rank}"
+            if call.worker >= 0:
+                pool = self._workers[(rank, inst.channel)]
+                where = self._worker_name(inst.channel, call.worker)
+                on_done = self._releaser(pool, call.worker)
+            self._runnable.append(
+                _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)
+            )
+        return True
+
+    def _releaser(self, pool: _Workers, worker: int) -> Callable[[], None]:
+        def release() -> None:
+            pool.busy[worker] = False
+            self._start_queued(pool)
+
+        return release
+
+    # -------------------------------------------------------------- driving
+    def _pool_main(self, slot: _Slot) -> None:
+        while True:
+            slot.park()
+            if slot.command == "stop":
+                return
+            self._drive(slot)
+
+    def _drive(self, slot: _Slot) -> None:
+        self._current = slot
+        while True:
+            self._steps += 1
+            if self._fatal is not None and not self._aborting:
+                self._begin_abort()
+            if self._runnable:
+                item = self._runnable.popleft()
+                if isinstance(item, _Task):
+                    self._run_task(item)
+                    continue
+                # Hand the baton to the parked thread; this one returns to the pool.
+                slot.command = "idle"
+                self._idle.append(slot)
+                self._current = None
+                item.slot.wake()
+                return
+            if not self._aborting and self._complete_one():
+                continue
+            if not self._aborting and (self._parked or self._instances or self._expected):
+                self._on_deadlock()
+                continue
+            self._done = True
+            self._current = None
+            if slot.index >= 0:  # a pool thread finished: hand the baton home
+                slot.command = "idle"
+                self._idle.append(slot)
+                self._home.command = "finished"
+                self._home.wake()
+            return
+
+    def _run_task(self, task: _Task) -> None:
+        self._enter(task.rank, task.where)
+        try:
+            task.fn()
+        except RunAborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
+            self.failures.append((task.rank, task.label, exc))
+        finally:
+            if task.on_done is not None and not self._aborting:
+                task.on_done()
+
+    def _enter(self, rank: int, where: str) -> None:
+        if rank != self._rank:
+            self._switch(self._rank, rank)
+            self._rank = rank
+        self._where = where
+
+    def _take_idle(self) -> _Slot:
+        if self._idle:
+            return self._idle.pop()
+        slot = _Slot(self, len(self._slots))
+        self._slots.append(slot)
+        slot.thread.start()
+        return slot
+
+    def _stop_pool(self) -> None:
+        idle = [slot for slot in self._idle if slot.index >= 0]
+        for slot in idle:
+            slot.command = "stop"
+            slot.wake()
+        for slot in idle:
+            slot.thread.join()
+        self._idle.clear()
+
+    # ---------------------------------------------------------------- failure
+    def _check_alive(self) -> None:
+        if self._aborting or self._fatal is not None:
+            raise RunAborted()
+        if not self.running:
+            raise UsageError("simulated collectives and waits only work inside a SimCluster run")
+
+    def _fail(self, error: SimClusterError) -> None:
+        if self._fatal is None:
+            self._fatal = error.with_replay(self.replay)
+
+    def _begin_abort(self) -> None:
+        """Drop queued tasks and resume every parked thread with ``abort`` set, so each
+        unwinds (``RunAborted`` out of its wait) one at a time, in slot order."""
+        self._aborting = True
+        self._runnable = deque(item for item in self._runnable if isinstance(item, _Resume))
+        pending = {item.slot.index for item in self._runnable if isinstance(item, _Resume)}
+        for index in sorted(self._parked):
+            slot = self._parked[index][0]
+            slot.abort = True
+            if index not in pending:
+                self._runnable.append(_Resume(slot, -1, "", "abort"))
+
+    def _on_deadlock(self) -> None:
+        error = DeadlockError(self.describe_blockage()).with_replay(self.replay)
+        if self.failures:
+            self.deadlock = error  # the task failure is the root cause; keep this as context
+            self._begin_abort()
+        else:
+            self._fail(error)
+
+    def describe_blockage(self) -> str:
+        """What every rank is stuck on: parked waits, unmatched calls, starved workers."""
+        lines = ["deadlock: no rank can make progress and work is still pending"]
+        for _slot, rank, label, where in sorted(self._parked.values(), key=lambda p: (p[1], p[2])):
+            lines.append(f"  rank {rank}: blocked in wait() on {label} ({where})")
+        for rank, label, context in sorted(self._expected.values()):
+            lines.append(f"  rank {rank}: {context} waits on {label}, which never completes")
+        for inst in sorted(self._instances.values(), key=lambda i: (i.channel, i.seq)):
+            missing = [r for r in inst.ranks if r not in inst.calls]
+            waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing]
+            first = inst.first
+            desc = first.describe if first else "?"
+            if missing:
+                lines.append(
+                    f"  {desc} (call #{inst.seq} on {inst.channel}): posted by ranks "
+                    f"{sorted(inst.calls)}, never posted by ranks {missing}"
+                )
+            if waiting:
+                lines.append(
+                    f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {waiting} behind "
+                    f"{self._workers_per_channel} busy backend worker threads of that group"
+                )
+        return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The trace: what happened in a simulated run, as plain data.
+
+Every event is a small frozen dataclass with only ints, strings and tuples in it —
+no tensors, no ``id()``s, no timestamps — so two runs with the same seed produce
+*equal* traces (``==``), and a trace can be printed, diffed, or dumped to JSON.
+
+Events, in the order they happened:
+
+* :class:`Posted` — a rank called a collective (``issue`` counts that rank's calls).
+* :class:`Completed` — the scheduler completed a matched collective
+  (``order`` counts completions in the run; ``choice``/``options`` is the pick).
+* :class:`CallbackRan` — a ``.then``/``add_done_callback`` callback ran, and where:
+  ``"inline"`` (the future was already complete, so it ran in the caller),
+  ``"completion"`` (in the code that completed the future), or
+  ``"gloo-worker <group>#<n>"`` (on one of gloo's worker threads of that group).
+* :class:`Blocked` / :class:`Resumed` — a rank waited on a pending future.
+
+``Trace.collectives()`` summarises each collective across ranks (op, group, ranks,
+dtype, shape, bytes, issue and completion order): the table ``simcluster explain``
+prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Union
+
+__all__ = ["Posted", "Completed", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
+
+
+@dataclass(frozen=True)
+class Posted:
+    rank: int
+    op: str
+    group: str
+    seq: int  # position in the group's sequence of collectives
+    issue: int  # this rank's n-th collective call in the run
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    detail: str = ""  # reduce op, root, …
+
+
+@dataclass(frozen=True)
+class Completed:
+    op: str
+    group: str
+    seq: int
+    ranks: tuple[int, ...]
+    order: int  # n-th completion of the run
+    choice: int  # index picked among `options` ready collectives
+    options: int
+
+
+@dataclass(frozen=True)
+class CallbackRan:
+    rank: int
+    future: str
+    callback: str
+    where: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    rank: int
+    future: str
+    context: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    rank: int
+    future: str
+
+
+Event = Union[Posted, Completed, CallbackRan, Blocked, Resumed]
+
+
+@dataclass(frozen=True)
+class CollectiveSummary:
+    """One matched collective, seen across ranks."""
+
+    op: str
+    group: str
+    seq: int
+    ranks: tuple[int, ...]
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    issue: tuple[int, ...]  # per participating rank
+    order: int | None  # completion order, None if it never completed
+
+
+@dataclass
+class Trace:
+    """An append-only list of events. Equal seeds give equal traces."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def of(self, kind: type) -> list[Event]:
+        """All events of one class, in order."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def completion_order(self) -> list[tuple[str, str, int]]:
+        """``(op, group, seq)`` of each completed collective, in completion order."""
+        return [(e.op, e.group, e.seq) for e in self.events if isinstance(e, Completed)]
+
+    def collectives(self) -> list[CollectiveSummary]:
+        """Each collective across ranks, in the order it was first posted."""
+        posts: dict[tuple[str, int], list[Posted]] = {}
+        for e in self.events:
+            if isinstance(e, Posted):
+                posts.setdefault((e.group, e.seq), []).append(e)
+        done = {(e.group, e.seq): e.order for e in self.events if isinstance(e, Completed)}
+        out = []
+        for key, ps in posts.items():
+            first = ps[0]
+            out.append(
+                CollectiveSummary(
+                    op=first.op,
+                    group=first.group,
+                    seq=first.seq,
+                    ranks=tuple(p.rank for p in ps),
+                    dtype=first.dtype,
+                    shape=first.shape,
+                    nbytes=sum(p.nbytes for p in ps),
+                    issue=tuple(p.issue for p in ps),
+                    order=done.get(key),
+                )
+            )
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps([{"event": type(e).__name__, **asdict(e)} for e in self.events])
+
+    def format(self) -> str:
+        """A readable, line-per-event rendering (used by ``simcluster explain``)."""
+        lines = []
+        for e in self.events:
+            if isinstance(e, Posted):
+                lines.append(
+                    f"rank {e.rank}: posts {e.op} #{e.seq} on {e.group} "
+                    f"({e.dtype}{list(e.shape)}, {e.nbytes} B{', ' + e.detail if e.detail else ''})"
+                )
+            elif isinstance(e, Completed):
+                pick = f" (picked {e.choice} of {e.options} ready)" if e.options > 1 else ""
+                lines.append(f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)}{pick}")
+            elif isinstance(e, CallbackRan):
+                lines.append(f"rank {e.rank}: callback {e.callback} of {e.future} runs {e.where}")
+            elif isinstance(e, Blocked):
+                lines.append(f"rank {e.rank}: blocks in wait() on {e.future} ({e.context})")
+            elif isinstance(e, Resumed):
+                lines.append(f"rank {e.rank}: resumes, {e.future} is done")
+        return "\n".join(lines)
