@@ -1,0 +1,403 @@
+"""SimGradBucket: DDP's GradBucket semantics, the legacy API, loud misuse errors,
+and a comparison with real GradBuckets recorded inside real DDP (``-m gloo``)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+from simcluster.bucket import (
+    GradBucketAttributeError,
+    GradBucketRuntimeError,
+    GradBucketTypeError,
+    SimGradBucket,
+    make_bucket,
+    packing,
+)
+from simcluster.errors import HookFailure, UsageError
+
+
+def two_params() -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+    params = [torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(2))]
+    grads = [torch.arange(6.0).view(2, 3), torch.tensor([6.0, 7.0])]
+    return params, grads
+
+
+def bucket(index: int = 1, *, is_last: bool = False, **kw: Any) -> SimGradBucket:
+    params, grads = two_params()
+    return make_bucket(index, params, grads, is_last=is_last, **kw)
+
+
+# ----------------------------------------------------------- current API
+def test_buffer_is_flat_contiguous_and_packs_gradients_in_parameter_order() -> None:
+    params, grads = two_params()
+    b = make_bucket(3, params, grads, is_last=True)
+    buf = b.buffer()
+    assert buf.dim() == 1 and buf.is_contiguous() and buf.dtype == torch.float32
+    assert buf.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert b.buffer() is buf
+    assert b.index() == 3 and b.is_last() is True
+    buf.zero_()
+    assert grads[0].sum() == 15, "the buffer is a copy: the caller's grads are untouched"
+
+
+def test_gradients_are_fresh_views_into_the_buffer_shaped_like_the_parameters() -> None:
+    b = bucket()
+    g = b.gradients()
+    assert [tuple(t.shape) for t in g] == [(2, 3), (2,)]
+    assert [t.storage_offset() for t in g] == [0, 6]
+    g[1].fill_(-1.0)
+    assert b.buffer()[6:].tolist() == [-1.0, -1.0]
+    assert b.gradients()[0] is not g[0] and b.gradients() is not g
+
+
+def test_parameters_are_the_callers_objects_in_a_new_list() -> None:
+    params, grads = two_params()
+    b = make_bucket(0, params, grads, is_last=True)
+    assert all(p is q for p, q in zip(b.parameters(), params))
+    lst = b.parameters()
+    lst.clear()
+    assert len(b.parameters()) == 2
+
+
+def test_set_buffer_rebinds_without_copying_and_gradients_follow_the_new_dtype() -> None:
+    b = bucket()
+    new = b.buffer().to(torch.float16)
+    assert b.set_buffer(new) is None
+    assert b.buffer() is new
+    assert [t.dtype for t in b.gradients()] == [torch.float16, torch.float16]
+    new.mul_(2)
+    assert b.gradients()[1].tolist() == [12.0, 14.0]
+
+
+def test_set_buffer_longer_strided_and_offset_tensors_are_sliced_as_ddp_does() -> None:
+    b = bucket()
+    base = torch.arange(16.0)
+    b.set_buffer(base)
+    assert b.gradients()[1].tolist() == [6.0, 7.0]  # the first 8 elements count
+    b.set_buffer(base[::2])
+    assert b.gradients()[0].stride() == (6, 2)
+    b.set_buffer(base[1:9])
+    assert b.gradients()[0].storage_offset() == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "torch_message"),
+    [
+        (lambda buf: buf[:-1].clone(), "shape '[2]' is invalid for input of size 1"),
+        (lambda buf: torch.empty(0), "shape '[2, 3]' is invalid for input of size 0"),
+        (lambda buf: buf.reshape(1, -1).clone(), "shape '[2, 3]' is invalid for input of size 8"),
+        (lambda buf: torch.tensor(1.0), "slice() cannot be applied to a 0-dim tensor."),
+    ],
+    ids=["short", "empty", "2-d", "0-d"],
+)
+def test_gradients_after_an_incompatible_set_buffer_fail_loudly(make: Any, torch_message: str) -> None:
+    b = bucket(index=4)
+    b.set_buffer(make(b.buffer()))
+    with pytest.raises(GradBucketRuntimeError) as info:
+        b.gradients()
+    msg = str(info.value)
+    assert "bucket 4" in msg and "GradBucket.gradients()" in msg and torch_message in msg
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, HookFailure)
+    with pytest.raises(GradBucketRuntimeError, match="get_per_parameter_tensors"):
+        b.get_per_parameter_tensors()
+
+
+@pytest.mark.parametrize("bad", [None, [torch.zeros(8)], 3, (torch.zeros(8),)])
+def test_set_buffer_rejects_non_tensors(bad: Any) -> None:
+    b = bucket(index=2)
+    with pytest.raises(GradBucketTypeError, match=r"bucket 2: GradBucket.set_buffer\(\)") as info:
+        b.set_buffer(bad)
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(GradBucketTypeError, match="set_tensor"):
+        b.set_tensor(bad)
+
+
+def test_no_new_attributes_no_pickling_no_copying() -> None:
+    b = bucket(index=5)
+    with pytest.raises(GradBucketAttributeError, match="bucket 5: cannot set attribute 'state'"):
+        b.state = 1  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        del b._index
+    for action in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(GradBucketTypeError, match="bucket 5: cannot pickle or copy"):
+            action(b)
+
+
+def test_gradient_as_bucket_view_makes_p_grad_the_bucket_view() -> None:
+    params, grads = two_params()
+    b = make_bucket(0, params, grads, is_last=True, gradient_as_bucket_view=True)
+    assert all(p.grad is not None and p.grad.data_ptr() == g.data_ptr() for p, g in zip(params, b.gradients()))
+    b.buffer().add_(1)
+    assert params[1].grad is not None and params[1].grad.tolist() == [7.0, 8.0]
+    old = b.buffer()
+    b.set_buffer(torch.zeros(8))
+    assert params[0].grad is not None and params[0].grad.data_ptr() == old.data_ptr()
+    params2, grads2 = two_params()
+    make_bucket(0, params2, grads2, is_last=True)
+    assert params2[0].grad is None
+
+
+def test_repr_describes_the_bucket_deterministically() -> None:
+    text = repr(bucket(index=7))
+    assert text == repr(bucket(index=7))
+    assert "index=7" in text and "0x" not in text
+
+
+def test_torch_noop_hook_runs_on_a_sim_bucket() -> None:
+    b = bucket()
+    assert noop_hook(None, b).value() is b.buffer()
+
+
+# ----------------------------------------------------------- legacy API
+def test_legacy_methods_mirror_the_current_ones() -> None:
+    params, grads = two_params()
+    b = make_bucket(2, params, grads, is_last=True)
+    tensors = b.get_tensors()
+    assert len(tensors) == 1 and tensors[0] is b.buffer() and b.get_tensor() is b.buffer()
+    assert b.get_tensors() is not tensors
+    assert b.get_index() == 2
+    assert all(p is q for p, q in zip(b.get_model_params_for_bucket(), params))
+    new = torch.ones(8, dtype=torch.float64)
+    b.set_tensor(new)
+    assert b.buffer() is new
+    assert [t.dtype for t in b.get_per_parameter_tensors()] == [torch.float64] * 2
+
+
+def test_is_the_last_bucket_to_allreduce_is_index_0_as_in_torch_1_8() -> None:
+    assert bucket(index=0, is_last=False).is_the_last_bucket_to_allreduce() is True
+    assert bucket(index=3, is_last=True).is_the_last_bucket_to_allreduce() is False
+
+
+def test_api_generations_hide_the_other_generations_methods() -> None:
+    params, grads = two_params()
+    current = make_bucket(1, params, grads, is_last=True, api="current")
+    legacy = make_bucket(1, params, grads, is_last=True, api="legacy")
+    assert not hasattr(current, "get_tensors") and hasattr(current, "buffer")
+    assert hasattr(legacy, "get_tensors") and not hasattr(legacy, "buffer")
+    with pytest.raises(GradBucketAttributeError, match=r"bucket 1: GradBucket.get_tensor\(\) exists only in torch 1.7-1.9"):
+        current.get_tensor()
+    with pytest.raises(GradBucketAttributeError, match=r"GradBucket.is_last\(\) exists only in torch >= 1.10"):
+        legacy.is_last()
+    assert "set_buffer" in dir(current) and "set_tensor" not in dir(current)
+
+
+# ----------------------------------------------------------- construction
+def test_constructor_checks_the_packing() -> None:
+    params, _ = two_params()
+    with pytest.raises(UsageError, match="exactly 8 elements"):
+        SimGradBucket(0, torch.zeros(7), params, is_last=True)
+    with pytest.raises(UsageError, match="must be 1-D"):
+        SimGradBucket(0, torch.zeros(2, 4), params, is_last=True)
+    with pytest.raises(UsageError, match="torch.float32"):
+        SimGradBucket(0, torch.zeros(8, dtype=torch.float64), params, is_last=True)
+    buf = torch.zeros(8)
+    gaps = [buf[0:6].view(2, 3), buf[5:7]]
+    with pytest.raises(UsageError, match=r"gradients\[1\] must be the contiguous view buffer\[6:8\]"):
+        SimGradBucket(0, buf, params, is_last=True, gradients=gaps)
+    good = [buf[0:6].view(2, 3), buf[6:8]]
+    assert SimGradBucket(0, buf, params, is_last=True, gradients=good).buffer() is buf
+    mixed = [params[0], torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    with pytest.raises(UsageError, match="own buckets"):
+        SimGradBucket(0, buf, mixed, is_last=True)
+    for bad in (dict(index=-1), dict(index=True), dict(is_last=1), dict(api="new")):
+        kw: dict[str, Any] = dict(index=0, is_last=True)
+        kw.update(bad)
+        with pytest.raises(UsageError):
+            SimGradBucket(kw.pop("index"), buf, params, **kw)
+
+
+def test_make_bucket_checks_grads_against_parameters() -> None:
+    params, grads = two_params()
+    with pytest.raises(UsageError, match=r"grads\[1\]"):
+        make_bucket(0, params, [grads[0], torch.zeros(3)], is_last=True)
+    with pytest.raises(UsageError, match="one gradient per parameter"):
+        make_bucket(0, params, grads[:1], is_last=True)
+    assert packing(params) == [(0, 6), (6, 2)]
+
+
+# ------------------------------------------- against real GradBuckets on gloo
+_OBSERVE = r'''
+import copy
+import torch
+
+CURRENT = ["buffer", "gradients", "index", "is_last", "parameters", "set_buffer"]
+LEGACY = ["get_index", "get_model_params_for_bucket", "get_per_parameter_tensors", "get_tensor",
+          "get_tensors", "is_the_last_bucket_to_allreduce", "set_tensor"]
+
+def _error(fn):
+    try:
+        fn()
+    except BaseException as e:
+        return [isinstance(e, (RuntimeError, IndexError)),
+                isinstance(e, TypeError), isinstance(e, AttributeError), str(e)]
+    return None
+
+def observe(bucket, params):
+    """What a hook can see of a bucket; run on real and simulated buckets alike."""
+    out = {}
+    buf = bucket.buffer()
+    out["index"], out["is_last"] = bucket.index(), bucket.is_last()
+    out["buffer"] = [str(buf.dtype), list(buf.shape), buf.is_contiguous(), buf.storage_offset(), buf.tolist()]
+    out["same_buffer_object"] = bucket.buffer() is buf
+    grads = bucket.gradients()
+    out["gradients"] = [[list(g.shape), g.storage_offset() - buf.storage_offset(), g.is_contiguous(),
+                         g.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr(), g.tolist()] for g in grads]
+    out["fresh_views"] = bucket.gradients()[0] is not grads[0]
+    ps = bucket.parameters()
+    out["params"] = [next(i for i, q in enumerate(params) if q is p) for p in ps]
+    out["fresh_param_list"] = bucket.parameters() is not ps
+    out["p_grad_is_view"] = [p.grad is not None and p.grad.data_ptr() == g.data_ptr() for p, g in zip(ps, grads)]
+    out["types"] = [type(bucket.index()).__name__, type(bucket.is_last()).__name__,
+                    type(grads).__name__, type(ps).__name__]
+    out["methods"] = [m for m in CURRENT + LEGACY if hasattr(bucket, m)]
+    n = buf.numel()
+    cases = {
+        "float64": lambda: buf.double(), "float16": lambda: buf.half(), "int64": lambda: buf.long(),
+        "longer": lambda: torch.cat([buf, buf]), "strided": lambda: torch.cat([buf, buf])[::2],
+        "offset": lambda: torch.cat([buf, buf])[1:n + 1], "column": lambda: buf.reshape(n, 1).clone(),
+        "shorter": lambda: buf[: n - 1].clone(), "row": lambda: buf.reshape(1, n).clone(),
+        "empty": lambda: torch.empty(0), "0-d": lambda: torch.tensor(1.0),
+    }
+    for name, make in cases.items():
+        x = make()
+        bucket.set_buffer(x)
+        seen = {"is_x": bucket.buffer() is x}
+        try:
+            seen["views"] = [[str(g.dtype), list(g.shape), g.stride(), g.storage_offset() - x.storage_offset(),
+                              g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()] for g in bucket.gradients()]
+        except BaseException as e:
+            seen["error"] = [isinstance(e, (RuntimeError, IndexError)), str(e)]
+        out["set_buffer " + name] = seen
+        bucket.set_buffer(buf)
+    out["restored"] = bucket.buffer() is buf
+    for name, bad in {"None": None, "list": [buf], "int": 3}.items():
+        out["set_buffer(" + name + ")"] = _error(lambda: bucket.set_buffer(bad))[1]
+    out["setattr"] = _error(lambda: setattr(bucket, "state", 1))[2]
+    out["copy"] = _error(lambda: copy.copy(bucket))[1]
+    return out
+'''
+
+_CHILD = _OBSERVE + r'''
+import gc, os, pickle, sys
+d, rank, ws = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+import torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def run(view):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 2))
+    params = list(model.parameters())
+    ddp = DDP(model, bucket_cap_mb=0.00002, gradient_as_bucket_view=view)
+    seen = []
+    def hook(state, bucket):
+        grads = [p.grad.tolist() if p.grad is not None else None for p in bucket.parameters()]
+        seen.append((observe(bucket, params), grads))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    ddp.register_comm_hook(None, hook)
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        ddp(x).sum().backward()
+    shapes = [list(p.shape) for p in params]
+    del ddp
+    gc.collect()
+    return {"shapes": shapes, "seen": seen}
+
+dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), ws), rank=rank, world_size=ws)
+result = [run(False), run(True)]
+dist.barrier()
+dist.destroy_process_group()
+with open(os.path.join(d, f"result{rank}.tmp"), "wb") as f:
+    pickle.dump(result, f)
+os.replace(os.path.join(d, f"result{rank}.tmp"), os.path.join(d, f"result{rank}.pkl"))
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+def _run_real(child: str, world_size: int = 1, timeout: float = 120.0) -> list[Any]:
+    """Run ``child`` as ``world_size`` gloo ranks and return each rank's result.
+
+    A private stand-in for ``simcluster.gloo_runner`` (not written yet when this test
+    was): a FileStore in a private temp dir, a watchdog, and every child reaped.
+    """
+    d = tempfile.mkdtemp(prefix="simcluster-bucket-")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world_size):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", child, d, str(rank), str(world_size)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        for rank, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"real DDP rank {rank} did not finish within {timeout} s")
+            if p.returncode != 0:
+                pytest.fail(f"rank {rank} exited {p.returncode}:\n{err.decode(errors='replace')[-3000:]}")
+        out = []
+        for rank in range(world_size):
+            with open(os.path.join(d, f"result{rank}.pkl"), "rb") as f:
+                out.append(pickle.load(f))
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _same(real: Any, sim: Any, path: str = "") -> list[str]:
+    """Differences between two observations; torch error text must appear in ours."""
+    if isinstance(real, dict) and isinstance(sim, dict):
+        if set(real) != set(sim):
+            return [f"{path}: keys {sorted(real)} != {sorted(sim)}"]
+        return [d for k in real for d in _same(real[k], sim[k], f"{path}.{k}")]
+    if path.endswith(".error"):
+        ok = real[0] == sim[0] and real[1] in sim[1]
+        return [] if ok else [f"{path}: real {real!r} vs simulated {sim!r}"]
+    return [] if real == sim else [f"{path}: real {real!r} vs simulated {sim!r}"]
+
+
+@pytest.mark.gloo
+def test_sim_bucket_matches_real_grad_buckets_inside_ddp() -> None:
+    ns: dict[str, Any] = {}
+    exec(compile(_OBSERVE, "<observe>", "exec"), ns)
+    runs = _run_real(_CHILD)[0]
+    diffs: list[str] = []
+    calls = 0
+    for view, run in zip((False, True), runs):
+        for real_obs, grads in run["seen"]:
+            params = [torch.nn.Parameter(torch.zeros(s)) for s in run["shapes"]]
+            mine = [params[i] for i in real_obs["params"]]
+            sim = make_bucket(
+                real_obs["index"],
+                mine,
+                [torch.tensor(g) for g in grads],
+                is_last=real_obs["is_last"],
+                gradient_as_bucket_view=view,
+                api="current",
+            )
+            diffs += _same(real_obs, ns["observe"](sim, params), f"view={view} bucket {real_obs['index']}")
+            calls += 1
+    assert calls >= 4, "the run covers iteration 0 and several rebuilt buckets"
+    assert not diffs, "\n".join(diffs)
