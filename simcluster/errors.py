@@ -77,8 +77,12 @@ class DeadlockError(HookFailure):
     """
 
 
-class BackendError(HookFailure):
-    """The modelled backend rejects the call as the real one does (e.g. gloo and ``ReduceOp.AVG``)."""
+class BackendError(HookFailure, RuntimeError):
+    """The modelled backend rejects the call as the real one does (e.g. gloo and ``PREMUL_SUM``).
+
+    A ``RuntimeError`` too, as the real backend's error is, so hook code that catches it
+    behaves as it would on a cluster.
+    """
 
 
 class HookContractError(HookFailure):

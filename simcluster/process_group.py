@@ -192,7 +192,7 @@ class SimProcessGroup(dist.ProcessGroup):
             channel=channel or self.spec.name,
             ranks=ranks or self.spec.ranks,
             op=op,
-            signature=(op, *signature),
+            signature=("p2p" if channel else op, *signature),
             describe=f"{op}({', '.join(str(s) for s in signature)})",
             compute=compute,
             deliver=deliver,
@@ -229,14 +229,35 @@ class SimProcessGroup(dist.ProcessGroup):
             out = {}
             for r in ranks:
                 mine = calls[r].payload[0]
-                mine.copy_(result)
+                collectives.copy_bits_(mine, result)
                 out[r] = ([mine], None)
             return out
 
         return self._post("all_reduce", t, sig, compute, t, detail=name, error=error)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
-        raise UnsupportedError("SimProcessGroup does not support all_reduce_coalesced yet; use all_reduce per tensor")
+        self._check_tensors("all_reduce_coalesced", tensors)
+        if not tensors:
+            raise ValueError(f"all_reduce_coalesced on rank {self.global_rank}: no tensors")
+        first = tensors[0]
+        name, factor = collectives.reduce_op_name(_reduce_op(opts))
+        error = collectives.unsupported_reason("all_reduce_coalesced", name, first.dtype, self._runtime.backend.name)
+        backend = self._runtime.backend.name
+        shapes = tuple((_dtype(t), tuple(t.shape)) for t in tensors)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = sorted(calls, key=self.spec.ranks.index)
+            if calls[ranks[0]].payload[1] is not None:
+                return {r: (None, RuntimeError(calls[ranks[0]].payload[1])) for r in ranks}
+            parts = collectives.all_reduce_coalesced([calls[r].payload[0] for r in ranks], name, backend,
+                                                     premul_factor=factor)
+            for r in ranks:
+                for mine, part in zip(calls[r].payload[0], parts):
+                    collectives.copy_bits_(mine, part)
+            return {r: (list(calls[r].payload[0]), None) for r in ranks}
+
+        return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=name, error=error)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._one_tensor("reduce", tensors)
@@ -251,8 +272,11 @@ class SimProcessGroup(dist.ProcessGroup):
             err = calls[ranks[0]].payload[1]
             if err is not None:
                 return {r: (None, RuntimeError(err)) for r in ranks}
-            result = collectives.reduce([calls[r].payload[0] for r in ranks], name, backend, premul_factor=factor)
-            calls[root_global].payload[0].copy_(result)
+            buffers = collectives.reduce_to_root(
+                [calls[r].payload[0] for r in ranks], name, backend, root, premul_factor=factor
+            )
+            for r, buffer in zip(ranks, buffers):
+                collectives.copy_bits_(calls[r].payload[0], buffer)
             return {r: ([calls[r].payload[0]], None) for r in ranks}
 
         return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{name}, root {root}", error=error)
@@ -274,13 +298,13 @@ class SimProcessGroup(dist.ProcessGroup):
             )
         sig, name, factor, error = self._reduce_signature("reduce_scatter_tensor", output, _reduce_op(opts))
         chunks = list(input.reshape(self.size(), *output.shape).unbind(0))
-        return self._reduce_scatter_post("reduce_scatter_tensor", output, chunks, sig, name, factor, error)
+        return self._reduce_scatter_post("reduce_scatter_tensor", output, chunks, sig, name, factor, error, input)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def _reduce_scatter_post(
         self, op: str, out: torch.Tensor, chunks: list[torch.Tensor], sig: tuple[Any, ...], name: str, factor: Any,
-        error: str | None,
+        error: str | None, whole: torch.Tensor | None = None,
     ) -> SimWork:
         backend = self._runtime.backend.name
         group = self.spec.ranks
@@ -289,15 +313,20 @@ class SimProcessGroup(dist.ProcessGroup):
             ranks = sorted(calls, key=group.index)
             if calls[ranks[0]].payload[1] is not None:
                 return {r: (None, RuntimeError(calls[ranks[0]].payload[1])) for r in ranks}
+            inputs = [calls[s].payload[0][1] for s in ranks]
+            if op == "reduce_scatter_tensor":
+                whole = [calls[s].payload[0][2] for s in ranks]
+                parts = collectives.reduce_scatter_tensor(whole, name, backend, premul_factor=factor)
+            else:
+                parts = collectives.reduce_scatter(inputs, name, backend, premul_factor=factor)
             results = {}
-            for i, r in enumerate(ranks):
-                part = collectives.reduce([calls[s].payload[0][1][i] for s in ranks], name, backend, premul_factor=factor)
+            for r, part in zip(ranks, parts):
                 mine = calls[r].payload[0][0]
-                mine.copy_(part)
+                collectives.copy_bits_(mine, part.view(mine.shape))
                 results[r] = ([mine], None)
             return results
 
-        return self._post(op, out, sig, compute, (out, chunks), detail=name, error=error)
+        return self._post(op, out, sig, compute, (out, chunks, whole), detail=name, error=error)
 
     # -- gathers and scatters -------------------------------------------------
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:

@@ -69,7 +69,12 @@ class RankWorld(c10d._World):
     def register(self, pg: SimProcessGroup, *, default: bool = False) -> None:
         """Make ``pg`` known to torch's front end on this rank (as ``init_process_group`` would)."""
         spec = pg.spec
-        self.pg_map[pg] = (pg.getBackendName(), None)
+        # dist.get_backend() reads this. "nccl" itself would send torch's error logger
+        # into torch.cuda.nccl.version(), which a CPU build lacks (an AttributeError
+        # would then replace the error the hook should see), so the NCCL model is
+        # registered as "nccl-sim"; pg.getBackendName() still says "nccl".
+        name = pg.getBackendName()
+        self.pg_map[pg] = (name if name != "nccl" else "nccl-sim", None)
         self.pg_names[pg] = spec.name
         self.pg_group_ranks[pg] = {g: i for i, g in enumerate(spec.ranks)}
         self.pg_backend_config[pg] = pg.getBackendName()

@@ -1,0 +1,270 @@
+"""Every simulated collective against an independent reference, world sizes 1-8, both backends.
+
+The reference is computed here, from the ranks' inputs, without the simulator: exact
+integer-valued data (so every summation order gives the same bits) and float64 sums
+for random data. What each future holds is checked against the backend facts
+(docs/gloo-facts.md), also written out here rather than taken from the code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simcluster import SimCluster
+
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+BACKENDS = ["gloo", "nccl"]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+
+
+def ints(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small integers: exact in every dtype and every summation order."""
+    return (torch.arange(n) * (rank + 1) % 7 - 3 + rank).to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_ops(backend: str, world: int, dtype: torch.dtype) -> None:
+    n = 10
+    xs = [ints(r, n, dtype) for r in range(world)]
+    stacked = torch.stack([x.double() for x in xs])
+    expected = {
+        dist.ReduceOp.SUM: stacked.sum(0),
+        dist.ReduceOp.MIN: stacked.min(0).values,
+        dist.ReduceOp.MAX: stacked.max(0).values,
+    }
+    cluster = SimCluster(world, seed=1, backend=backend)
+    for op, want in expected.items():
+        def rank_fn(rank: int, op=op) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            t = xs[rank].clone()
+            fut = dist.all_reduce(t, op=op, async_op=True).get_future()
+            return t, fut.wait()
+
+        result = cluster.run(rank_fn)
+        for t, value in result.values:
+            assert value[0] is t  # gloo and NCCL: [t], the input tensor itself
+            assert torch.equal(t.double(), want), (op, t, want)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_reduce_product_and_bitwise(world: int) -> None:
+    xs = [torch.tensor([rank + 1, 2, 0b1010 + rank], dtype=torch.int64) for rank in range(world)]
+    prod = torch.ones(3, dtype=torch.int64)
+    band, bor, bxor = xs[0].clone(), xs[0].clone(), xs[0].clone()
+    for x in xs:
+        prod = prod * x
+    for x in xs[1:]:
+        band &= x
+        bor |= x
+        bxor ^= x
+    cluster = SimCluster(world, backend="gloo")
+    for op, want in [(dist.ReduceOp.PRODUCT, prod), (dist.ReduceOp.BAND, band), (dist.ReduceOp.BOR, bor),
+                     (dist.ReduceOp.BXOR, bxor)]:
+        out = cluster.run(lambda r, op=op: _reduced(xs[r], op)).values
+        assert all(torch.equal(o, want) for o in out), (op, out, want)
+
+
+def _reduced(x: torch.Tensor, op: object) -> torch.Tensor:
+    t = x.clone()
+    dist.all_reduce(t, op=op)
+    return t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_avg_and_premul_sum(backend: str, world: int) -> None:
+    xs = [torch.full((4,), float(2 * r + 1)) for r in range(world)]
+    mean = sum(x.double() for x in xs) / world
+    cluster = SimCluster(world, backend=backend)
+    out = cluster.run(lambda r: _reduced(xs[r], dist.ReduceOp.AVG)).values
+    assert all(torch.allclose(o.double(), mean) for o in out)
+    premul = dist._make_nccl_premul_sum(0.5)
+
+    def rank_fn(rank: int) -> object:
+        t = xs[rank].clone()
+        work = dist.all_reduce(t, op=premul, async_op=True)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            return str(exc)
+        return t
+
+    if backend == "nccl":
+        out = cluster.run(rank_fn).values
+        assert all(torch.allclose(o.double(), mean * world * 0.5) for o in out)
+    else:  # measured: gloo raises at wait(), on every rank, and the group stays usable
+        out = cluster.run(rank_fn).values
+        assert out == ["Cannot use ReduceOp.PREMUL_SUM with Gloo"] * world
+        again = cluster.run(lambda r: _reduced(xs[r], dist.ReduceOp.SUM)).values
+        assert torch.allclose(again[0].double(), mean * world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+def test_float_sum_matches_float64_reference(world: int) -> None:
+    gen = torch.Generator().manual_seed(world)
+    xs = [torch.randn(1000, generator=gen) for _ in range(world)]
+    want = sum(x.double() for x in xs)
+    out = SimCluster(world).run(lambda r: _reduced(xs[r], dist.ReduceOp.SUM)).values
+    for o in out:
+        assert torch.equal(o, out[0])  # every rank identical bits
+        assert torch.allclose(o.double(), want, rtol=0, atol=world * 2.0**-20 * want.abs().max().item() + 1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_all_gather_value_shape_per_backend(backend: str, world: int) -> None:
+    xs = [torch.tensor([float(r), float(r) + 0.5]) for r in range(world)]
+
+    def rank_fn(rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        outs = [torch.zeros(2) for _ in range(world)]
+        value = dist.all_gather(outs, xs[rank], async_op=True).get_future().wait()
+        return outs, value
+
+    for outs, value in SimCluster(world, backend=backend).run(rank_fn).values:
+        assert all(torch.equal(o, x) for o, x in zip(outs, xs))
+        if backend == "gloo":  # measured: the flat list of the output tensors themselves
+            assert len(value) == world and all(v is o for v, o in zip(value, outs))
+        else:  # NCCL: [flat], one tensor of shape (W, ...)
+            assert len(value) == 1 and value[0].shape == (world, 2)
+            assert torch.equal(value[0], torch.stack(xs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_gathers_scatters_broadcast(backend: str, world: int) -> None:
+    xs = [torch.arange(3, dtype=torch.float32) + 10 * r for r in range(world)]
+    root = world - 1
+
+    def rank_fn(rank: int) -> dict[str, object]:
+        got: dict[str, object] = {}
+        out = torch.zeros(3 * world)
+        dist.all_gather_into_tensor(out, xs[rank])
+        got["agit"] = out
+        b = xs[rank].clone()
+        dist.broadcast(b, src=root)
+        got["broadcast"] = b
+        g = [torch.zeros(3) for _ in range(world)] if rank == root else None
+        dist.gather(xs[rank], gather_list=g, dst=root)
+        got["gather"] = g
+        s = torch.zeros(3)
+        dist.scatter(s, scatter_list=[x * 2 for x in xs] if rank == root else None, src=root)
+        got["scatter"] = s
+        a2a_out = [torch.zeros(1) for _ in range(world)]
+        dist.all_to_all(a2a_out, [torch.tensor([100.0 * rank + j]) for j in range(world)])
+        got["all_to_all"] = a2a_out
+        single_out = torch.zeros(world)
+        dist.all_to_all_single(single_out, torch.tensor([100.0 * rank + j for j in range(world)]))
+        got["all_to_all_single"] = single_out
+        rs = torch.zeros(3)
+        dist.reduce_scatter_tensor(rs, torch.cat([xs[rank] + j for j in range(world)]))
+        got["reduce_scatter_tensor"] = rs
+        rs_list = torch.zeros(3)
+        dist.reduce_scatter(rs_list, [xs[rank] * (j + 1) for j in range(world)])
+        got["reduce_scatter"] = rs_list
+        red = xs[rank].clone()
+        dist.reduce(red, dst=root)
+        got["reduce_root"] = red
+        dist.barrier()
+        return got
+
+    values = SimCluster(world, backend=backend).run(rank_fn).values
+    total = sum(xs)
+    for rank, got in enumerate(values):
+        assert torch.equal(got["agit"], torch.cat(xs))
+        assert torch.equal(got["broadcast"], xs[root])
+        if rank == root:
+            assert all(torch.equal(a, b) for a, b in zip(got["gather"], xs))
+            assert torch.equal(got["reduce_root"], total)
+        assert torch.equal(got["scatter"], xs[rank] * 2)
+        assert [t.item() for t in got["all_to_all"]] == [100.0 * s + rank for s in range(world)]
+        assert got["all_to_all_single"].tolist() == [100.0 * s + rank for s in range(world)]
+        assert torch.equal(got["reduce_scatter_tensor"], total + world * rank)
+        assert torch.equal(got["reduce_scatter"], total * (rank + 1))
+
+
+def test_send_recv_and_future_support_per_backend() -> None:
+    def rank_fn(rank: int) -> object:
+        t = torch.tensor([float(rank)])
+        if rank == 0:
+            work = dist.isend(torch.tensor([42.0]), dst=1)
+        else:
+            work = dist.irecv(t, src=0)
+        work.wait()
+        try:
+            work.get_future()
+        except RuntimeError as exc:  # measured on gloo: p2p works have no future
+            return t, str(exc)
+        return t, None
+
+    out = SimCluster(2).run(rank_fn).values
+    assert out[1][0].item() == 42.0
+    assert out[0][1] == out[1][1] == "Work::getFuture not implemented."
+
+
+def test_reduce_scatter_has_no_future_on_gloo_but_has_on_nccl() -> None:
+    def rank_fn(rank: int) -> str:
+        work = dist.reduce_scatter_tensor(torch.zeros(1), torch.ones(2), async_op=True)
+        try:
+            work.get_future()
+            return "future"
+        except RuntimeError as exc:
+            return str(exc)
+        finally:
+            work.wait()
+
+    assert SimCluster(2, backend="gloo").run(rank_fn).values == ["Work::getFuture not implemented."] * 2
+    assert SimCluster(2, backend="nccl").run(rank_fn).values == ["future"] * 2
+
+
+def test_bitwise_op_on_float_fails_at_wait_on_gloo_and_at_call_on_nccl() -> None:
+    def rank_fn(rank: int) -> str:
+        try:
+            work = dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, async_op=True)
+        except RuntimeError as exc:
+            return "call: " + str(exc).splitlines()[0]
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            return "wait: " + str(exc)
+        return "ok"
+
+    gloo = SimCluster(2, backend="gloo").run(rank_fn).values
+    assert gloo == ["wait: Cannot use ReduceOp.BAND with non-integral dtype"] * 2
+    nccl = SimCluster(2, backend="nccl").run(rank_fn).values
+    assert all(v.startswith("call: ") for v in nccl)
+
+
+def test_world_and_rank_resolve_per_rank_and_are_restored() -> None:
+    seen = SimCluster(3).run(lambda r: (dist.get_rank(), dist.get_world_size(), dist.is_initialized())).values
+    assert seen == [(0, 3, True), (1, 3, True), (2, 3, True)]
+    assert dist.group.WORLD is None
+    assert not dist.is_initialized()
+
+
+def test_new_group_and_new_subgroups_inside_a_run() -> None:
+    def rank_fn(rank: int) -> tuple[int, int, float]:
+        pair = dist.new_group([0, 1])
+        mine, _ = dist.new_subgroups(group_size=2)
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=mine)
+        if rank in (0, 1):
+            return dist.get_rank(pair), dist.get_world_size(pair), t.item()
+        assert pair == dist.GroupMember.NON_GROUP_MEMBER
+        return dist.get_rank(pair), dist.get_world_size(pair), t.item()
+
+    out = SimCluster(4).run(rank_fn).values
+    assert out == [(0, 2, 1.0), (1, 2, 1.0), (-1, -1, 5.0), (-1, -1, 5.0)]
+
+
+def test_new_subgroups_without_size_fails_on_cpu_as_torch_does() -> None:
+    with pytest.raises(ValueError, match="Default group size only takes effect when CUDA is available"):
+        SimCluster(2).run(lambda r: dist.new_subgroups())
+
+
+def test_collective_outside_a_run_is_a_clear_error() -> None:
+    pg = SimCluster(2).process_group(0)
+    with pytest.raises(Exception, match="outside a simulated run"):
+        dist.all_reduce(torch.ones(1), group=pg)
