@@ -1,0 +1,396 @@
+"""Reference DDP communication hooks, written for this project on the current (>= 1.10) API.
+
+A communication hook replaces DDP's built-in gradient all-reduce.  DDP calls it once per
+gradient *bucket* per iteration as ``hook(state, bucket)``; the hook must return a
+``torch.futures.Future`` that resolves to a contiguous tensor (storage offset 0, at least
+``bucket.buffer().numel()`` elements) holding the gradient every replica should apply —
+normally the **mean over ranks**.  DDP copies that tensor back into the parameters'
+``.grad``.  Register one with::
+
+    ddp_model.register_comm_hook(process_group_or_None, mean_allreduce_hook)
+
+Things every hook here respects, and that the buggy catalogue (:mod:`hooks.buggy`) breaks:
+
+* **Mean, not sum.**  ``all_reduce`` sums; the hook divides by the *group's* size.
+* **Replicas agree bitwise.**  Every rank must return the same bits, or the model copies
+  drift apart silently.  Anything a rank computes from its own data after the collective
+  must be computed from data identical on all ranks, in the same order.
+* **No state keyed by what DDP reshuffles.**  DDP rebuilds its buckets after iteration 0
+  (iteration 0 has one bucket with every parameter; later buckets follow gradient-ready
+  order), so ``bucket.index()`` names different parameters before and after the rebuild.
+* **Several buckets are in flight.**  DDP calls the hook for bucket k+1 before bucket k's
+  collective has completed, so a callback may only use what its own closure captured.
+* **Portable future values.**  ``all_gather``'s future resolves to the list of output
+  tensors on gloo but to ``[one (W, ...) tensor]`` on NCCL; :func:`gathered_rows` accepts both.
+* **Never block a gloo worker.**  On gloo a ``.then`` callback runs on one of the group's
+  2 worker threads; a callback that ``.wait()``\\ s on another collective holds that worker,
+  and with two such callbacks in flight nothing is left to run the collectives they wait
+  for (measured: deadlock with 2 buckets).  Wait in the hook body instead, as
+  :func:`scaled_fp16_hook` does.
+
+Every hook here takes ``state`` as ``None`` (meaning ``dist.group.WORLD``), a process group,
+or an object with a ``process_group`` attribute; :class:`TopKState` is such an object.
+This module imports only torch: it is user-style code, independent of simcluster.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "mean_allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "allgather_mean_hook",
+    "scaled_fp16_hook",
+    "TopKState",
+    "topk_hook",
+    "gathered_rows",
+    "resolve_group",
+    "first_tensor",
+]
+
+FP16_MAX = 65504.0  # torch.finfo(torch.float16).max
+
+
+def resolve_group(state: object) -> dist.ProcessGroup:
+    """The process group a hook should use: ``state`` itself, ``state.process_group``, or WORLD.
+
+    ``None`` (and a state object whose ``process_group`` is ``None``) means the default
+    group, ``dist.group.WORLD``, looked up at call time — so the hook follows whatever
+    world the calling rank is in.
+    """
+    group = getattr(state, "process_group", state)
+    if group is None:
+        group = dist.group.WORLD
+    if group is None:
+        raise RuntimeError(
+            "hook state names no process group and the default group is not initialised: "
+            "pass a group as the hook state or call dist.init_process_group() first"
+        )
+    return group
+
+
+def first_tensor(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    """``.then`` callback: a collective's future holds a *list* of tensors; DDP wants a tensor."""
+    return fut.value()[0]
+
+
+def gathered_rows(value: list[torch.Tensor], like: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """One tensor per rank, in rank order, from an ``all_gather`` future's value, on any backend.
+
+    ``like`` is the tensor each rank contributed.  gloo resolves the future to the output
+    list itself, ``[t0, …, t{W-1}]``, each shaped like ``like``; NCCL resolves it to
+    ``[flat]``, a single tensor of shape ``(W, *like.shape)``.  The two are told apart by
+    shape, so ``W == 1`` is unambiguous too (``[t0]`` vs ``[(1, n)]``).
+
+    >>> t = torch.arange(3.)
+    >>> [r.tolist() for r in gathered_rows([t, t + 1], t, 2)]            # gloo
+    [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
+    >>> [r.tolist() for r in gathered_rows([torch.stack([t, t + 1])], t, 2)]  # NCCL
+    [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
+    """
+    if len(value) == world_size and all(v.shape == like.shape for v in value):
+        return list(value)
+    if len(value) == 1 and tuple(value[0].shape) == (world_size, *like.shape):
+        return list(value[0].unbind(0))
+    shapes = [tuple(v.shape) for v in value]
+    raise TypeError(
+        f"all_gather future value has {len(value)} tensor(s) of shapes {shapes}; expected "
+        f"{world_size} of shape {tuple(like.shape)} (gloo) or one of shape "
+        f"{(world_size, *like.shape)} (NCCL)"
+    )
+
+
+def mean_allreduce_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket over the group with one ``all_reduce``; what DDP does without a hook.
+
+    The buffer is divided by the group size *before* the sum, in place, so a sum of values
+    near the dtype's largest finite value cannot overflow (``x/W + y/W`` stays finite where
+    ``(x + y)/W`` would pass through ``inf``).  The future resolves to the buffer itself.
+
+    Example (any backend, state ``None`` means ``dist.group.WORLD``)::
+
+        ddp.register_comm_hook(None, mean_allreduce_hook)
+        # after backward(): p.grad == mean over ranks of each rank's local gradient
+    """
+    group = resolve_group(process_group)
+    buffer = bucket.buffer()
+    buffer.div_(group.size())
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    return work.get_future().then(first_tensor)
+
+
+def _cast_mean_hook(
+    dtype: torch.dtype, process_group: object, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Divide in the bucket's own precision, cast to ``dtype``, sum, cast back into the buffer."""
+    group = resolve_group(process_group)
+    buffer = bucket.buffer()
+    # Order matters: x / W is computed in float32 (or wider) and only then rounded to the
+    # narrow type, so any |x| <= W * max(dtype) survives the cast, and the sum of W values
+    # each <= max/W cannot overflow.  Casting first overflows at the cast for |x| > max;
+    # summing first overflows in the sum (see hooks.buggy.fp16_divide_after_allreduce).
+    compressed = torch.div(buffer, group.size()).to(dtype)
+
+    def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        # Copy into the existing buffer: the result keeps the bucket's dtype, is contiguous
+        # with storage offset 0, and no second full-size buffer is allocated.
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    work = dist.all_reduce(compressed, group=group, async_op=True)
+    return work.get_future().then(decompress)
+
+
+def fp16_compress_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Mean over ranks, communicated in float16 (half the bytes of float32).
+
+    Divides by the group size in the bucket's precision, *then* casts to float16, sums,
+    and copies the float16 sum back into the bucket.  Every input that is finite in
+    float16 (``|x| <= 65504``) gives a finite mean; the error is one float16 rounding of
+    each ``x / W`` plus the rounding of the float16 sum (relative ~2**-11 per step).
+    Values below float16's smallest subnormal (~6e-8) flush to zero.
+
+    Example::
+
+        ddp.register_comm_hook(None, fp16_compress_hook)
+    """
+    return _cast_mean_hook(torch.float16, process_group, bucket)
+
+
+def bf16_compress_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Mean over ranks, communicated in bfloat16: float32's range, 8 bits of mantissa.
+
+    Same shape as :func:`fp16_compress_hook`.  bfloat16 has float32's exponent range, so
+    overflow is not the risk; precision is (relative ~2**-8 per rounding).
+
+    Registration trap (measured on torch 2.13 CPU): ``DistributedDataParallel`` refuses
+    any hook whose ``__name__`` is ``"bf16_compress_hook"`` unless CUDA+NCCL>=2.10 or
+    XPU+XCCL is present (``TypeError: BF16 all reduce communication hook required …``),
+    although gloo all-reduces bfloat16 correctly.  The check is by *name*, so to use this
+    hook with DDP on gloo register a renamed wrapper, e.g.
+    ``def bf16_mean(s, bucket): return bf16_compress_hook(s, bucket)``.
+    """
+    return _cast_mean_hook(torch.bfloat16, process_group, bucket)
+
+
+def allgather_mean_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Gather every rank's bucket, then average locally in rank order.
+
+    Costs W times the traffic of an all-reduce; it is the template for aggregations a sum
+    cannot express (medians, trimmed means, sparse merges).  Two things make it correct:
+
+    * :func:`gathered_rows` turns the future's value into one tensor per rank under both
+      gloo (``[t0, t1, …]``) and NCCL (``[flat]`` of shape ``(W, n)``).
+    * The rows are folded in **rank order, in float64**, then divided and rounded once.
+      Every rank holds the same rows, so every rank does the same operations in the same
+      order and gets the same bits.  (Starting the fold from one's own row — the natural
+      "mine plus the others" — gives each rank a different rounding: see
+      ``hooks.buggy.allgather_own_first``.)
+    """
+    group = resolve_group(process_group)
+    world = group.size()
+    buffer = bucket.buffer()
+    outputs = [torch.empty_like(buffer) for _ in range(world)]
+
+    def aggregate(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        rows = gathered_rows(fut.value(), buffer, world)
+        total = torch.zeros(buffer.shape, dtype=torch.float64)
+        for row in rows:  # rank 0, 1, …, W-1: the same order on every rank
+            total += row
+        buffer.copy_(total / world)
+        return buffer
+
+    work = dist.all_gather(outputs, buffer, group=group, async_op=True)
+    return work.get_future().then(aggregate)
+
+
+def _power_of_two_scale(amax: float, world: int) -> float:
+    """The largest power of two s with s * amax <= FP16_MAX / 2 (1.0 for 0, inf or nan).
+
+    Each rank sends ``x / W * s``; the sum of W such values is at most ``amax * s``, kept
+    below half of float16's maximum for headroom.  Powers of two scale exactly.
+    """
+    if not math.isfinite(amax) or amax <= 0.0:
+        return 1.0
+    exponent = math.floor(math.log2(FP16_MAX / 2 / amax))
+    return 2.0 ** max(-1000, min(1000, exponent))
+
+
+def scaled_fp16_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """float16 mean with a shared per-bucket power-of-two scale: a correct two-collective hook.
+
+    Phase 1 all-reduces (MAX) the largest local ``|g|``, so every rank knows the same
+    ``amax`` and picks the same power-of-two scale that lifts the bucket to the top of
+    float16's range: small gradients keep their bits instead of flushing to zero, large
+    ones cannot overflow.  Phase 2 all-reduces the scaled float16 payload; the callback
+    unscales into the buffer.
+
+    **Where it waits matters.**  Phase 1 is waited for *in the hook body*, on the training
+    thread.  Two tempting alternatives are broken:
+
+    * ``.wait()`` on phase 2 inside phase 1's ``.then`` callback (torch's PowerSGD does
+      this) holds a gloo worker thread per bucket; with two buckets in flight both of the
+      group's 2 workers wait and nothing runs phase 2: deadlock (measured;
+      ``hooks.buggy.scaled_fp16_blocking``).
+    * Issuing phase 2 from phase 1's callback without waiting avoids the deadlock but
+      issues the phase-2 collectives in *completion* order, which gloo's two workers do
+      not keep the same on every rank; collectives are matched by issue order, so rank 0's
+      bucket A may be summed with rank 1's bucket B.
+
+    Waiting in the hook body costs one scalar round trip per bucket and keeps the issue
+    order identical on every rank.
+    """
+    group = resolve_group(process_group)
+    world = group.size()
+    buffer = bucket.buffer()
+    amax = torch.zeros(1, dtype=torch.float32)
+    if buffer.numel():
+        amax[0] = buffer.detach().abs().max()
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)  # synchronous: waits here
+    scale = _power_of_two_scale(float(amax.item()), world)
+    payload = (buffer.to(torch.float64) / world * scale).to(torch.float16)
+
+    def unscale(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        buffer.copy_(fut.value()[0].to(torch.float64) / scale)
+        return buffer
+
+    work = dist.all_reduce(payload, group=group, async_op=True)
+    return work.get_future().then(unscale)
+
+
+@dataclass(eq=False)
+class TopKState:
+    """Per-rank state of :func:`topk_hook`: the group, the kept fraction, the error memory.
+
+    ``TopKState(process_group)`` is the factory a harness calls once per rank.  Each rank
+    must own its state: the residuals are *local* (what this rank has not sent yet).
+
+    **Why residuals are keyed by parameter.**  DDP rebuilds its buckets after iteration 0,
+    so ``bucket.index()`` is no stable name: index 0 holds every parameter in iteration 0
+    and a few of them afterwards.  A residual keyed by index would be added to the wrong
+    gradients or fail on a size mismatch (``hooks.buggy.topk_residual_keyed_by_index``).
+    The parameters themselves are stable — DDP hands the model's own ``Parameter`` objects
+    to ``bucket.parameters()`` every iteration — so the residual is stored per parameter,
+    as ``torch.optim`` stores its state (a dict keyed by the parameter object; lookups
+    only, never iterated for results).  A bucket's flat residual is the concatenation of
+    its parameters' residuals in the bucket's order, matching ``bucket.gradients()``.
+
+    Residuals are kept in float64 so that the error-feedback identity (below) holds to
+    float64 precision; a production version would keep them in the gradient dtype.
+    """
+
+    process_group: dist.ProcessGroup | None = None
+    ratio: float = 0.25
+    residuals: dict[object, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"TopKState: ratio={self.ratio!r} must be in (0, 1]")
+
+    def k_for(self, numel: int) -> int:
+        """How many entries a bucket of ``numel`` elements sends: ceil(ratio * numel), >= 1."""
+        return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def _layout(self, bucket: dist.GradBucket) -> tuple[list[object], list[int]]:
+        """Residual keys and sizes for ``bucket``: one per parameter (or one per index, see below)."""
+        params = list(bucket.parameters())
+        sizes = [g.numel() for g in bucket.gradients()]
+        if params and len(params) == len(sizes):
+            return params, sizes
+        if params:
+            raise ValueError(
+                f"TopKState: bucket {bucket.index()} reports {len(params)} parameters but "
+                f"{len(sizes)} gradients"
+            )
+        # No parameters reported (a bare single-bucket call): fall back to the index, and
+        # refuse loudly if that bucket's size ever changes rather than misapply memory.
+        return [("bucket", bucket.index())], [bucket.buffer().numel()]
+
+    def take(self, bucket: dist.GradBucket) -> tuple[list[object], list[int], torch.Tensor]:
+        """(keys, sizes, flat float64 residual) for ``bucket``; zeros where nothing is stored."""
+        keys, sizes = self._layout(bucket)
+        pieces = []
+        for key, size in zip(keys, sizes):
+            stored = self.residuals.get(key)
+            if stored is None:
+                stored = torch.zeros(size, dtype=torch.float64)
+            elif stored.numel() != size:
+                raise ValueError(
+                    f"TopKState: residual for {key!r} has {stored.numel()} elements, bucket "
+                    f"{bucket.index()} now has {size}: pass bucket.parameters() so memory "
+                    "can follow the parameters across DDP's bucket rebuild"
+                )
+            pieces.append(stored)
+        flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.float64)
+        return keys, sizes, flat
+
+    def put(self, keys: list[object], sizes: list[int], flat: torch.Tensor) -> None:
+        """Store ``flat`` back per key, as *views*: later in-place edits of ``flat`` show."""
+        for key, piece in zip(keys, flat.split(sizes)):
+            self.residuals[key] = piece
+
+
+def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Top-k sparsification with error feedback; every replica applies the same update.
+
+    Each rank adds its residual (what it did not send before) to its gradient, keeps the
+    ``k`` entries of largest magnitude, and sends them as ``(index, value)`` pairs through
+    one ``all_gather`` — packed in one float64 tensor (indices are exact below 2**53).
+    What it did not send becomes its new residual.  Every rank then scatters the *same*
+    gathered pairs, rank by rank in rank order, into a float64 zero vector, divides by W
+    and rounds once into the bucket, so all replicas get identical bits although each
+    rank chose different indices.
+
+    The rounding of that mean into the bucket's dtype is error too: its difference (the
+    same on every rank) is added to every rank's residual, so nothing is ever lost.  Hence
+    the **error-feedback identity**, exact up to float64 rounding: after T steps,
+
+        sum_t output_t == sum_t mean_r(grad_{r,t}) - mean_r(residual_{r,T})
+
+    and the residuals stay bounded (top-k is a contraction), so the accumulated output
+    tracks the accumulated mean with a lag that does not grow with T; fed zero gradients,
+    the residuals drain to zero within ceil(1 / ratio) steps.
+
+    Not an average per step: check it with tolerance ``none`` plus the error-feedback,
+    replica and schedule properties.  Register with a per-rank state::
+
+        ddp.register_comm_hook(TopKState(process_group, ratio=0.01), topk_hook)
+    """
+    group = resolve_group(state)
+    world = group.size()
+    buffer = bucket.buffer()
+    numel = buffer.numel()
+    keys, sizes, residual = state.take(bucket)
+    corrected = buffer.detach().to(torch.float64) + residual
+    k = state.k_for(numel)
+    chosen = corrected.abs().topk(k).indices.sort().values
+    payload = torch.cat([chosen.to(torch.float64), corrected[chosen]])
+    new_residual = corrected.index_fill(0, chosen, 0.0)
+    state.put(keys, sizes, new_residual)
+    outputs = [torch.empty_like(payload) for _ in range(world)]
+
+    def merge(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros(numel, dtype=torch.float64)
+        for row in gathered_rows(fut.value(), payload, world):  # rank order, on every rank
+            total.index_add_(0, row[:k].to(torch.int64), row[k:])
+        mean = total / world
+        buffer.copy_(mean)
+        new_residual.add_(mean - buffer.to(torch.float64))  # feed the output rounding back
+        return buffer
+
+    work = dist.all_gather(outputs, payload, group=group, async_op=True)
+    return work.get_future().then(merge)
