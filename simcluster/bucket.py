@@ -44,6 +44,7 @@ the real bucket), and ``api="both"`` (default) exposes all.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
@@ -71,7 +72,9 @@ _LEGACY = (
     "get_model_params_for_bucket",
     "set_tensor",
 )
-_AVAILABLE = {"both": frozenset(_CURRENT + _LEGACY), "current": frozenset(_CURRENT), "legacy": frozenset(_LEGACY)}
+_AVAILABLE = MappingProxyType(
+    {"both": frozenset(_CURRENT + _LEGACY), "current": frozenset(_CURRENT), "legacy": frozenset(_LEGACY)}
+)
 _GATED = _AVAILABLE["both"]
 
 

@@ -4,6 +4,7 @@ and a comparison with real GradBuckets recorded inside real DDP (``-m gloo``).""
 from __future__ import annotations
 
 import copy
+import doctest
 import os
 import pickle
 import shutil
@@ -38,6 +39,13 @@ def bucket(index: int = 1, *, is_last: bool = False, **kw: Any) -> SimGradBucket
     params, grads = two_params()
     return make_bucket(index, params, grads, is_last=is_last, **kw)
 
+
+
+def test_module_examples_run() -> None:
+    import simcluster.bucket as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 # ----------------------------------------------------------- current API
 def test_buffer_is_flat_contiguous_and_packs_gradients_in_parameter_order() -> None:
@@ -343,6 +351,7 @@ def _run_real(child: str, world_size: int = 1, timeout: float = 120.0) -> list[A
                     [sys.executable, "-c", child, d, str(rank), str(world_size)],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
+                    env={k: v for k, v in os.environ.items() if k != "DDP_SET_LAST_BUCKET_CAP"},
                 )
             )
         deadline = time.monotonic() + timeout

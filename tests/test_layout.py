@@ -3,6 +3,7 @@ rule, and a differential test against real DDP on gloo (``-m gloo``)."""
 
 from __future__ import annotations
 
+import doctest
 import os
 import pickle
 import shutil
@@ -27,6 +28,13 @@ def f32(*numels: int) -> list[torch.Tensor]:
     """Meta tensors: the layout needs only numel, dtype and device."""
     return [torch.empty(n, device="meta") for n in numels]
 
+
+
+def test_module_examples_run() -> None:
+    import simcluster.layout as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 # ---------------------------------------------------------------- the facts
 def test_iteration0_is_one_bucket_in_parameter_order_whatever_the_cap() -> None:
@@ -279,6 +287,7 @@ def _run_real(child: str, payload: Any, world_size: int = 2, timeout: float = 12
                     [sys.executable, "-c", child, d, str(rank), str(world_size)],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
+                    env={k: v for k, v in os.environ.items() if k != "DDP_SET_LAST_BUCKET_CAP"},
                 )
             )
         deadline = time.monotonic() + timeout
