@@ -171,6 +171,11 @@ class SimCluster(Runtime):
     def _raise_failures(self, engine: Engine, replay: str) -> None:
         failures = sorted(engine.failures, key=lambda f: f[0])
         rank, label, exc = failures[0]
+        if isinstance(exc, ValueError) and "not initialized in the world group map" in str(exc):
+            add_context_note(
+                exc, "simcluster: a rank used a process group that belongs to another simulated rank: state built "
+                "once is shared by every simulated rank; pass a factory called once per rank with its process group"
+            )
         add_context_note(exc, f"simcluster: raised on rank {rank} of {self.world_size} ({label}, backend {self.backend.name})")
         for other_rank, other_label, other in failures[1:]:
             add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {type(other).__name__}: {other}")

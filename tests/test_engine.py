@@ -1,0 +1,240 @@
+"""The engine's promises: determinism, schedules, per-rank state, and diagnostics that never hang."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simcluster import (
+    CollectiveMismatchError,
+    DeadlockError,
+    HookContractError,
+    SimCluster,
+    UsageError,
+)
+from simcluster.futures import SimFuture
+
+
+def two_buckets(rank: int) -> list[torch.Tensor]:
+    """Rank code with three collectives in flight at once, chained with callbacks."""
+    xs = [torch.full((5,), float(rank + k)) for k in range(3)]
+    futs = [dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0] * 2) for x in xs]
+    return [f.wait() for f in futs]
+
+
+def test_same_seed_same_bits_and_trace_50_runs() -> None:
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(3001, generator=gen) for _ in range(4)]
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    first = SimCluster(4, seed=11).run_hook(allreduce_hook, grads)
+    for _ in range(49):
+        again = SimCluster(4, seed=11).run_hook(allreduce_hook, grads)
+        assert again.trace == first.trace
+        assert again.schedule == first.schedule
+        for a, b in zip(again.outputs, first.outputs):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_same_seed_same_schedule_with_many_in_flight() -> None:
+    runs = [SimCluster(3, seed=5).run(two_buckets) for _ in range(50)]
+    assert all(r.trace == runs[0].trace for r in runs)
+
+
+def test_different_seeds_give_different_completion_orders() -> None:
+    orders = {tuple(SimCluster(3, seed=s).run(two_buckets).trace.completion_order()) for s in range(20)}
+    assert len(orders) > 1
+
+
+def test_in_order_and_reverse_schedules() -> None:
+    in_order = SimCluster(2, schedule="in_order").run(two_buckets)
+    assert [seq for _, _, seq in in_order.trace.completion_order()] == [0, 1, 2]
+    reverse = SimCluster(2, schedule="reverse", backend="nccl").run(two_buckets)
+    assert [seq for _, _, seq in reverse.trace.completion_order()] == [2, 1, 0]
+    # gloo: only 2 worker threads per group, so #2 cannot start before one of #0/#1 finished
+    reverse_gloo = SimCluster(2, schedule="reverse", backend="gloo").run(two_buckets)
+    assert [seq for _, _, seq in reverse_gloo.trace.completion_order()] == [1, 2, 0]
+
+
+def test_replay_line_reproduces_a_random_schedule() -> None:
+    original = SimCluster(3, seed=123).run(two_buckets)
+    replay = SimCluster(3, seed=0, schedule=original.schedule).run(two_buckets)
+    assert replay.trace.completion_order() == original.trace.completion_order()
+    assert f"schedule={original.schedule!r}" in original.replay
+
+
+def test_ranks_have_their_own_rng_and_the_outside_rng_is_untouched() -> None:
+    torch.manual_seed(999)
+    before = torch.get_rng_state()
+
+    def rank_fn(rank: int) -> torch.Tensor:
+        first = torch.rand(2)
+        dist.barrier()  # other ranks run in between
+        return torch.cat([first, torch.rand(2)])
+
+    per_rank = SimCluster(3, seed=7).run(rank_fn).values
+    assert not torch.equal(per_rank[0], per_rank[1])
+    for rank, got in enumerate(per_rank):  # each stream is unbroken by the other ranks' draws
+        assert torch.equal(got, torch.rand(4, generator=torch.Generator().manual_seed(7 + rank)))
+    same = SimCluster(3, seed=7, rng="same").run(rank_fn).values
+    assert torch.equal(same[0], same[1]) and torch.equal(same[1], same[2])
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_manual_seed_inside_a_rank_does_not_leak() -> None:
+    def rank_fn(rank: int) -> torch.Tensor:
+        if rank == 0:
+            torch.manual_seed(0)
+        dist.barrier()
+        return torch.rand(1)
+
+    out = SimCluster(2, seed=3).run(rank_fn).values
+    assert torch.equal(out[1], torch.rand(1, generator=torch.Generator().manual_seed(4)))
+
+
+def test_no_threads_and_no_default_group_left_after_blocking_runs() -> None:
+    before = set(threading.enumerate())
+    SimCluster(4, seed=1).run(two_buckets)
+    assert set(threading.enumerate()) == before
+    assert dist.group.WORLD is None
+
+
+# -- diagnostics --------------------------------------------------------------------
+
+
+def test_mismatched_shapes_name_each_rank_and_call() -> None:
+    def rank_fn(rank: int) -> None:
+        dist.all_reduce(torch.ones(4 + rank))
+
+    with pytest.raises(CollectiveMismatchError) as info:
+        SimCluster(2, seed=3).run(rank_fn)
+    message = str(info.value)
+    assert "rank 0: all_reduce(float32, (4,), SUM)" in message
+    assert "rank 1: all_reduce(float32, (5,), SUM)" in message
+    assert "replay: SimCluster(world_size=2, seed=3" in message
+
+
+def test_mismatched_ops_and_reduce_ops() -> None:
+    def different_op(rank: int) -> None:
+        t = torch.ones(2)
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+
+    with pytest.raises(CollectiveMismatchError, match="broadcast"):
+        SimCluster(2).run(different_op)
+
+    with pytest.raises(CollectiveMismatchError, match="MAX"):
+        SimCluster(2).run(lambda r: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.MAX if r else dist.ReduceOp.SUM))
+
+
+def test_deadlock_lists_each_ranks_blocked_call() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 0:  # rank 0 waits on a collective rank 1 never issues
+            dist.all_reduce(torch.ones(2))
+
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(2, seed=4).run(rank_fn)
+    message = str(info.value)
+    assert "rank 0: blocked in wait() on work of all_reduce#0 on WORLD" in message
+    assert "posted by ranks [0], never posted by ranks [1]" in message
+    assert "replay:" in message
+
+
+def test_gloo_worker_starvation_deadlocks_like_real_gloo() -> None:
+    """docs/gloo-facts.md §4: two callbacks blocking on further collectives of the same
+    group hold both gloo workers -> deadlock; one is fine; NCCL model has no workers."""
+
+    def blocking_callbacks(count: int):
+        def rank_fn(rank: int) -> list[float]:
+            def cb(fut: torch.futures.Future) -> float:
+                inner = torch.ones(1)
+                dist.all_reduce(inner, async_op=True).wait()
+                return inner.item()
+
+            futs = [dist.all_reduce(torch.ones(1), async_op=True).get_future().then(cb) for _ in range(count)]
+            return [f.wait() for f in futs]
+
+        return rank_fn
+
+    assert SimCluster(2, backend="gloo").run(blocking_callbacks(1)).values == [[2.0], [2.0]]
+    with pytest.raises(DeadlockError, match="busy backend worker threads"):
+        SimCluster(2, backend="gloo").run(blocking_callbacks(2))
+    assert SimCluster(2, backend="nccl").run(blocking_callbacks(2)).values == [[2.0, 2.0]] * 2
+
+
+def test_hook_exception_is_reraised_as_itself_with_rank_and_replay() -> None:
+    def hook(state: object, bucket) -> torch.futures.Future:
+        if dist.get_rank() == 1:
+            raise KeyError("boom")
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+    with pytest.raises(KeyError) as info:
+        SimCluster(2, seed=9).run_hook(hook, [torch.ones(3), torch.ones(3)])
+    notes = "\n".join(info.value.__notes__)
+    assert "raised on rank 1 of 2" in notes
+    assert "left blocked" in notes  # rank 0 waits forever on its all_reduce
+    assert "replay with SimCluster(world_size=2, seed=9" in notes
+
+
+def test_callback_exception_surfaces_like_torch() -> None:
+    def hook(state: object, bucket) -> torch.futures.Future:
+        def bad(fut: torch.futures.Future) -> torch.Tensor:
+            raise ValueError("decompress failed")
+
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(bad)
+
+    with pytest.raises(RuntimeError, match="Got the following error when running the callback: ValueError: decompress failed"):
+        SimCluster(2).run_hook(hook, [torch.ones(3), torch.ones(3)])
+
+
+def test_hook_returning_a_tensor_is_a_contract_error() -> None:
+    def hook(state: object, bucket) -> torch.Tensor:
+        dist.all_reduce(bucket.buffer())
+        return bucket.buffer()
+
+    with pytest.raises(HookContractError, match="returned Tensor on rank 0, bucket 0"):
+        SimCluster(2).run_hook(hook, [torch.ones(3), torch.ones(3)])
+
+
+def test_future_that_never_completes_is_a_deadlock_not_a_hang() -> None:
+    def hook(state: object, bucket) -> torch.futures.Future:
+        cluster_future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        never = SimFuture(cluster_future._engine, dist.get_rank(), "a future nobody completes")
+        return never
+
+    with pytest.raises(DeadlockError, match="waits on a future nobody completes, which never completes"):
+        SimCluster(2).run_hook(hook, [torch.ones(3), torch.ones(3)])
+
+
+def test_state_shared_across_ranks_is_reported() -> None:
+    cluster = SimCluster(2)
+    shared = cluster.process_group(0)
+
+    def hook(state, bucket) -> torch.futures.Future:
+        return dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
+
+    with pytest.raises(ValueError, match="not initialized in the world group map") as info:
+        cluster.run_hook(hook, [torch.ones(2), torch.ones(2)], state=lambda pg: shared)
+    assert "belongs to another simulated rank" in "\n".join(info.value.__notes__)
+
+    def direct(rank: int) -> None:  # bypassing torch's front end reaches our own check
+        shared.allreduce([torch.ones(1)])
+
+    with pytest.raises(UsageError, match="rank 1's code called all_reduce on rank 0's process group"):
+        cluster.run(direct)
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="world_size=0"):
+        SimCluster(0)
+    with pytest.raises(UsageError, match="backend='mpi'"):
+        SimCluster(2, backend="mpi")
+    with pytest.raises(UsageError, match="grads has 1 tensors; the cluster has 2 ranks"):
+        SimCluster(2).run_hook(lambda s, bucket: None, [torch.ones(1)])
+    with pytest.raises(UsageError, match="schedule="):
+        SimCluster(2, schedule="sideways")
