@@ -199,18 +199,22 @@ def _serve(rank: int, world_size: int, store_path: str, conn: mpc.Connection,
 
 
 def _child_target(name: str, main_path: str | None) -> Callable[..., Any]:
-    """Resolve ``name`` in a child; ``__main__`` targets load the parent's script as ``__mp_main__``."""
+    """Resolve ``name`` in a child; ``__main__`` targets load the parent's script by path.
+
+    The script is run under the module name ``__simcluster_main__`` (so its
+    ``if __name__ == "__main__":`` block does not run), once per child.
+    """
     if name.startswith("__main__:"):
-        if "__mp_main__" not in sys.modules:
+        if "__simcluster_main__" not in sys.modules:
             if not main_path:
                 raise TargetLoadError(f"target={name!r}: the parent's __main__ has no file to load")
             import runpy
             import types
 
-            module = types.ModuleType("__mp_main__")
-            module.__dict__.update(runpy.run_path(main_path, run_name="__mp_main__"))
-            sys.modules["__mp_main__"] = module
-        name = "__mp_main__:" + name.partition(":")[2]
+            module = types.ModuleType("__simcluster_main__")
+            module.__dict__.update(runpy.run_path(main_path, run_name="__simcluster_main__"))
+            sys.modules["__simcluster_main__"] = module
+        name = "__simcluster_main__:" + name.partition(":")[2]
     return resolve_target(name)
 
 

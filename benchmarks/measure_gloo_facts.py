@@ -1,0 +1,164 @@
+"""Re-measure the facts in docs/gloo-facts.md on this machine, and time the gloo runner.
+
+    python benchmarks/measure_gloo_facts.py            # facts + timings (~1 min)
+    python benchmarks/measure_gloo_facts.py facts      # facts only
+    python benchmarks/measure_gloo_facts.py timings    # runner timings only
+
+Each experiment is a job run on real gloo processes through simcluster.gloo_runner, so
+a hang is a bounded GlooRunError (reported as "deadlock"), never a stuck script.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+from simcluster.gloo_runner import GlooCluster, GlooRunError, run_gloo
+
+
+def _describe(value: Any, known: dict[str, Any]) -> str:
+    """Name each tensor in ``value`` by identity (``is``) against the caller's tensors."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        for name, t in known.items():
+            if value is t:
+                return name
+        for name, t in known.items():
+            if value._base is t:
+                return f"view(of {name}, offset {value.storage_offset()})"
+        return f"new{tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(v, known) for v in value) + "]"
+    return repr(value)
+
+
+def future_values(rank: int, world_size: int, payload: Any) -> dict[str, str]:
+    """What each async collective's future holds, or the error getting it raises."""
+    import torch
+    import torch.distributed as dist
+
+    w = world_size
+    out: dict[str, str] = {}
+    cases: dict[str, Any] = {}
+    t = torch.ones(2)
+    cases["all_reduce"] = ({"t": t}, lambda: dist.all_reduce(t, async_op=True))
+    outs = [torch.empty(2) for _ in range(w)]
+    cases["all_gather"] = ({"t": t, **{f"outs[{i}]": o for i, o in enumerate(outs)}},
+                           lambda: dist.all_gather(outs, t, async_op=True))
+    flat = torch.empty(2 * w)
+    cases["all_gather_into_tensor"] = ({"out": flat}, lambda: dist.all_gather_into_tensor(flat, t, async_op=True))
+    rs_out = torch.empty(2)
+    cases["reduce_scatter_tensor"] = ({"out": rs_out},
+                                      lambda: dist.reduce_scatter_tensor(rs_out, torch.ones(2 * w), async_op=True))
+    cases["broadcast"] = ({"t": t}, lambda: dist.broadcast(t, src=0, async_op=True))
+    cases["barrier"] = ({}, lambda: dist.barrier(async_op=True))
+    for name, (known, call) in cases.items():
+        work = call()
+        try:
+            out[name] = _describe(work.get_future().wait(), known)
+        except RuntimeError as exc:
+            work.wait()
+            out[name] = f"RuntimeError: {exc}"
+    a, b = torch.ones(2), torch.ones(3)
+    out["all_reduce_coalesced"] = _describe(dist.all_reduce_coalesced([a, b], async_op=True).wait(), {"a": a, "b": b})
+    return out
+
+
+def callback_threads(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
+    """Which threads run ``.then`` callbacks: per group, on pending and completed futures."""
+    import torch
+    import torch.distributed as dist
+
+    groups = {"default": None, "new_group": dist.new_group(list(range(world_size)))}
+    seen: dict[str, list[str]] = {}
+    for label, group in groups.items():
+        names: list[str] = []
+        futures = [dist.all_reduce(torch.ones(1000), group=group, async_op=True).get_future()
+                   .then(lambda f: names.append(threading.current_thread().name)) for _ in range(40)]
+        for f in futures:
+            f.wait()
+        seen[label] = sorted(set(names))
+    done = dist.all_reduce(torch.ones(1), async_op=True).get_future()
+    done.wait()
+    inline: list[str] = []
+    done.then(lambda f: inline.append(threading.current_thread().name))
+    return {"pending": seen, "completed": inline}
+
+
+def blocking_callbacks(rank: int, world_size: int, payload: Any) -> str:
+    """``payload`` callbacks in flight on one group, each waiting on a further all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    def callback(fut: Any) -> Any:
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        return fut.value()
+
+    futures = [dist.all_reduce(torch.ones(4), async_op=True).get_future().then(callback) for _ in range(payload)]
+    for f in futures:
+        f.wait()
+    return "ok"
+
+
+def swapped_order(rank: int, world_size: int, payload: Any) -> list[float]:
+    """Rank 0 issues all_reduce A then B, the others B then A (same shapes)."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.full((4,), 1.0 + rank), torch.full((4,), 100.0 + 10 * rank)
+    for t in ([a, b] if rank == 0 else [b, a]):
+        dist.all_reduce(t)
+    return [a[0].item(), b[0].item()]
+
+
+def noop(rank: int, world_size: int, payload: Any) -> int:
+    return rank
+
+
+def facts() -> None:
+    with GlooCluster(2, timeout=10.0) as cluster:
+        for name, value in cluster.run(future_values)[0].items():
+            print(f"future value  {name:24s} {value}")
+        print("callback threads (rank 0):", cluster.run(callback_threads)[0])
+        print("swapped order A,B / B,A  ->", cluster.run(swapped_order), "(correct: A=3, B=210)")
+        for n in (1, 2, 3):
+            try:
+                print(f"{n} blocking callback(s) in flight ->", cluster.run(blocking_callbacks, [n, n], timeout=5.0))
+            except GlooRunError:
+                print(f"{n} blocking callback(s) in flight -> deadlock (no progress in 5 s)")
+
+
+def _median(fn: Any, n: int) -> float:
+    times = []
+    for _ in range(n):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def timings() -> None:
+    baseline = 1.05  # DESIGN.md §6: 2-rank spawn + init + destroy
+    rows: list[tuple[str, float]] = []
+    for method in ("subprocess", "spawn", "forkserver"):
+        run_gloo(noop, 2, start_method=method)  # warm-up (starts the fork server)
+        rows.append((f"run_gloo start_method={method}", _median(lambda: run_gloo(noop, 2, start_method=method), 5)))
+    with GlooCluster(2) as cluster:
+        rows.append(("GlooCluster first run (world start)", _median(lambda: cluster.run(noop), 1)))
+        rows.append(("GlooCluster.run, no-op job", _median(lambda: cluster.run(noop), 50)))
+    measured = rows[0][1]  # this run's own subprocess baseline (machine load varies)
+    for label, seconds in rows:
+        print(f"{label:40s} {seconds * 1e3:9.1f} ms   {baseline / seconds:7.1f}x vs {baseline} s"
+              f"   {measured / seconds:7.1f}x vs this run's subprocess")
+
+
+if __name__ == "__main__":
+    which = sys.argv[1:] or ["facts", "timings"]
+    if "facts" in which:
+        facts()
+    if "timings" in which:
+        timings()
