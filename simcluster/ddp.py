@@ -27,7 +27,8 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
      ``Unable to cast <it> to Tensor``; ``None`` → ``Expected a proper Tensor but got None…``;
    * an exception inside a ``then`` callback → the future's error
      (``Got the following error when running the callback: …``);
-   * a hook returning a non-Future fails at once on that rank (a pybind cast error).
+   * a hook returning a non-Future fails at once on that rank (a pybind cast error;
+     returning ``None`` crashes real DDP with SIGSEGV).
 
    These raise :class:`CopyBackError` (a :class:`HookContractError` and a
    ``RuntimeError``, like real DDP's), whose message starts with real DDP's text and
@@ -229,6 +230,12 @@ class SimDDP:
                 except Exception as exc:
                     add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
                     raise
+                if future is None:
+                    raise CopyBackError(
+                        f"hook {_name(self.hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, "
+                        "gloo) crashes the process with SIGSEGV in backward() (measured); a DDP communication hook "
+                        "must return a torch.futures.Future"
+                    )
                 if not isinstance(future, torch.futures.Future):
                     raise CopyBackError(
                         f"Unable to cast Python instance of type {type(future)} to C++ type '?' (#define "
@@ -249,7 +256,7 @@ class SimDDP:
             raise
         finally:
             self.iteration += 1
-        grads_out, outputs, warnings = self._copy_back(it, calls, futures, buckets, result.replay)
+        grads_out, outputs, warnings = self._copy_back(it, calls, futures, result.replay)
         return StepResult(
             iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
             trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
@@ -272,8 +279,7 @@ class SimDDP:
 
     # -- copy-back ----------------------------------------------------------------
     def _copy_back(
-        self, it: int, calls: list[BucketCall], futures: list[list[Any]], buckets: list[list[SimGradBucket]],
-        replay: str,
+        self, it: int, calls: list[BucketCall], futures: list[list[Any]], replay: str
     ) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
         grads: list[list[torch.Tensor]] = [[] for _ in futures]
         outputs: list[list[Any]] = [[] for _ in futures]
@@ -281,10 +287,11 @@ class SimDDP:
         errors: list[tuple[int, BaseException]] = []
         for rank, rank_futures in enumerate(futures):
             try:
-                for call, future, bucket in zip(calls, rank_futures, buckets[rank]):
+                for call, future in zip(calls, rank_futures):
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
                     value = _resolved(future, outputs[rank], where, self.config.api)
-                    _copy_bucket(value, bucket, self.config.gradient_as_bucket_view, where, warnings)
+                    params = [self.params[rank][i] for i in call.params]
+                    _copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
             except (CopyBackError, SimClusterError) as exc:
                 errors.append((rank, exc))
             grads[rank] = [p.grad for p in self.params[rank]]
@@ -352,9 +359,10 @@ def _resolved(future: torch.futures.Future, outputs: list[Any], where: str, api:
     )
 
 
-def _copy_bucket(result: torch.Tensor, bucket: SimGradBucket, as_view: bool, where: str, warnings: list[str]) -> None:
-    """Copy ``result`` into the bucket parameters' ``.grad`` exactly as the reducer does."""
-    params = bucket.parameters()
+def _copy_bucket(
+    result: torch.Tensor, params: list[torch.nn.Parameter], as_view: bool, where: str, warnings: list[str]
+) -> None:
+    """Copy ``result`` into the bucket's parameters' ``.grad`` (buffer order) as the reducer does."""
     try:  # views of the result's storage from element 0, whatever the result's own view
         views = [result.as_strided((n,), (1,), off).view(p.shape) for (off, n), p in zip(packing(params), params)]
     except RuntimeError as exc:

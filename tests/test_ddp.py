@@ -263,3 +263,225 @@ def test_same_seed_same_bits_and_schedule() -> None:
     for a, b in zip(*runs):
         assert a.schedule == b.schedule
         assert all(torch.equal(x, y) for ra, rb in zip(a.grads, b.grads) for x, y in zip(ra, rb))
+
+
+# ------------------------------------------------------------ copy-back traps
+TRAP_SHAPES = [(3,), (2, 2), (5,)]
+
+
+def transforming_hook(transform: Any):
+    """Averages like allreduce_hook, then resolves to ``transform(mean_buffer)``."""
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+        return fut.then(lambda f: transform(f.value()[0]))
+
+    return hook
+
+
+def run_trap(transform: Any, iterations: int = 2, api: str = "current") -> list[StepResult]:
+    ddp = SimDDP(SimCluster(2, seed=0), transforming_hook(transform), TRAP_SHAPES, config=DDPConfig(api=api))
+    return ddp.run(local_grads(2, TRAP_SHAPES, iterations))
+
+
+def flat_buffers(step: StepResult) -> list[torch.Tensor]:
+    """Each bucket's averaged buffer, rebuilt from correct grads and the bucket's packing."""
+    return [torch.cat([step.grads[0][i].reshape(-1) for i in params]) for params in step.bucket_params]
+
+
+def unpack(step: StepResult, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    out: list[Any] = [None] * len(TRAP_SHAPES)
+    for params, flat in zip(step.bucket_params, buffers):
+        offset = 0
+        for i in params:
+            n = step.grads[0][i].numel()
+            out[i] = flat[offset : offset + n].view(TRAP_SHAPES[i])
+            offset += n
+    return out
+
+
+def interleave(v: torch.Tensor) -> torch.Tensor:
+    return torch.stack([v, v * 10 + 1000], 1).reshape(-1)
+
+
+@pytest.mark.parametrize(
+    ("name", "transform", "read_as"),
+    [
+        # accepted and cast: what the storage holds, in p.grad's dtype
+        ("fp16", lambda v: v.half(), lambda v: v.half().float()),
+        ("bf16", lambda v: v.bfloat16(), lambda v: v.bfloat16().float()),
+        ("float64", lambda v: v.double(), lambda v: v),
+        ("int64", lambda v: v.long(), lambda v: v.long().float()),
+        ("one longer", lambda v: torch.cat([v, v[:1]]), lambda v: v),
+        ("(1, n)", lambda v: v.view(1, -1), lambda v: v),
+        ("short view of a long storage", lambda v: torch.cat([v, v])[: v.numel() - 1], lambda v: v),
+        # accepted with WRONG gradients: the storage from element 0, not the view
+        ("stride 2", lambda v: interleave(v)[::2], lambda v: interleave(v)[: v.numel()]),
+        ("offset", lambda v: torch.cat([v * 10 + 1000, v])[v.numel():], lambda v: v * 10 + 1000),
+    ],
+)
+def test_accepted_results_are_read_from_storage_element_0(name: str, transform: Any, read_as: Any) -> None:
+    reference = run_trap(lambda v: v)
+    got = run_trap(transform)
+    for ok, step in zip(reference, got):
+        assert step.bucket_params == ok.bucket_params
+        expected = unpack(ok, [read_as(flat) for flat in flat_buffers(ok)])
+        for rank in range(2):
+            for g, e in zip(step.grads[rank], expected):
+                assert g.dtype == torch.float32 and torch.equal(g, e), name
+    assert bool(got[0].warnings) == (name in ("stride 2", "offset"))
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+@pytest.mark.parametrize(
+    ("transform", "message"),
+    [
+        (lambda v: [v], r"(?s)^Unable to cast \[tensor\(\[.*\]\)\] to Tensor"),
+        (lambda v: (v,), r"(?s)^Unable to cast \(tensor\(\[.*\]\),\) to Tensor"),
+        (lambda v: v[:-1].clone(), r"^setStorage: sizes \[5\], strides \[1\], storage offset 7, and itemsize 4 "
+                                   r"requiring a storage size of 48 are out of bounds for storage of size 44"),
+        (lambda v: v.sum(), r"^setStorage: sizes \[3\], strides \[1\], storage offset 0, and itemsize 4 "
+                            r"requiring a storage size of 12 are out of bounds for storage of size 4"),
+        (lambda v: None, r"^Expected a proper Tensor but got None \(or an undefined Tensor in C\+\+\) "
+                         r"for argument #0 'self'"),
+        (lambda v: 3, r"^Unable to cast 3 to Tensor"),
+        (lambda v: _raise(ValueError("boom in callback")),
+         r"^Got the following error when running the callback: ValueError: boom in callback"),
+    ],
+)
+def test_rejected_results_raise_real_ddp_messages(transform: Any, message: str) -> None:
+    with pytest.raises(CopyBackError, match=message) as info:
+        run_trap(transform, iterations=1)
+    text = str(info.value)
+    assert isinstance(info.value, HookContractError) and isinstance(info.value, RuntimeError)
+    assert "rank 0, DDP iteration 0, bucket 0" in text and "replay: SimCluster(" in text
+    assert any("rank 1 also failed" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_set_exception_is_cast_like_a_value() -> None:
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(ValueError("boom via set_exception"))
+        return fut
+
+    ddp = SimDDP(SimCluster(2, seed=0), hook, TRAP_SHAPES)
+    with pytest.raises(CopyBackError, match=r"^Unable to cast boom via set_exception to Tensor"):
+        ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
+
+
+@pytest.mark.parametrize(("returned", "message"), [
+    (lambda b: b.buffer(), r"must return a torch.futures.Future object, but got torch.Tensor"),
+    (lambda b: [b.buffer()], r"must return a torch.futures.Future object, but got builtins.list"),
+    (lambda b: None, r"returned None .* SIGSEGV"),
+])
+def test_a_hook_returning_a_non_future_fails_on_the_spot(returned: Any, message: str) -> None:
+    ddp = SimDDP(SimCluster(2, seed=0), lambda state, bucket: returned(bucket), TRAP_SHAPES)
+    with pytest.raises(CopyBackError, match=message) as info:
+        ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    assert "DDP iteration 0, bucket 0" in str(info.value)
+
+
+def test_a_hook_that_raises_is_reraised_as_itself_with_notes() -> None:
+    class Boom(Exception):
+        pass
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        if bucket.index() == 1:
+            raise Boom("bucket 1 is cursed")
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp = SimDDP(SimCluster(2, seed=0), hook, TRAP_SHAPES, config=DDPConfig(bucket_cap_mb=16 / MiB))
+    steps = local_grads(2, TRAP_SHAPES, 2)
+    ddp.step(steps[0])  # one bucket in iteration 0
+    with pytest.raises(Boom, match="cursed") as info:
+        ddp.step(steps[1])
+    notes = "\n".join(info.value.__notes__)
+    assert "rank 0, DDP iteration 1, bucket 1" in notes and "replay with SimCluster(" in notes
+
+
+def test_legacy_contract_accepts_a_one_element_list() -> None:
+    def legacy_hook(state: Any, bucket: Any) -> torch.futures.Future:
+        tensor = bucket.get_tensors()[0]
+        fut = dist.all_reduce(tensor.div_(dist.get_world_size()), async_op=True).get_future()
+        return fut.then(lambda f: [f.value()[0]])
+
+    steps = local_grads(2, TRAP_SHAPES, 2)
+    legacy = SimDDP(SimCluster(2, seed=0), legacy_hook, TRAP_SHAPES, config=DDPConfig(api="legacy")).run(steps)
+    for step, grads in zip(legacy, steps):
+        assert_mean(step, grads, 1e-6, 1e-6)
+    with pytest.raises(AttributeError, match="get_tensors"):  # today's bucket has no get_tensors
+        SimDDP(SimCluster(2, seed=0), legacy_hook, TRAP_SHAPES).step(steps[0])
+
+
+# ------------------------------------------------- against real DDP on gloo
+GLOO_SHAPES = [(3,), (2, 2), (5,), (4,)]
+GLOO_CAP_MB = 20 / MiB  # rebuilt as [3, 2], [1, 0]
+
+
+def noncontiguous_hook(state: Any, bucket: Any) -> torch.futures.Future:
+    fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: interleave(f.value()[0])[::2])
+
+
+def real_ddp_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Runs in a gloo child: real DDP whose local gradients are exactly ``payload``'s."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in GLOO_SHAPES])
+
+        def forward(self, cs: list[torch.Tensor]) -> torch.Tensor:
+            return sum((p * c).sum() for p, c in zip(self.ps, cs))  # d loss / d p_i = c_i
+
+    model = Model()
+    params = list(model.parameters())
+    ddp = DistributedDataParallel(model, bucket_cap_mb=GLOO_CAP_MB)
+    inner = {"allreduce": default_hooks.allreduce_hook, "noncontiguous": noncontiguous_hook}[payload["hook"]]
+    layout: list[Any] = []
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects annotations that are strings
+        ids = [next(i for i, p in enumerate(params) if p is q) for q in bucket.parameters()]
+        layout[-1].append((bucket.index(), bucket.is_last(), ids))
+        return inner(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    grads = []
+    for local in payload["grads"]:
+        layout.append([])
+        for p in params:
+            p.grad = None
+        ddp(local[rank]).backward()
+        grads.append([p.grad.clone() for p in params])
+    del ddp
+    gc.collect()
+    return {"layout": layout, "grads": grads}
+
+
+@pytest.mark.gloo
+def test_simulated_step_matches_real_ddp_bitwise_on_gloo() -> None:
+    from simcluster.gloo_runner import GlooCluster
+
+    steps = local_grads(2, GLOO_SHAPES, 3, seed=7)
+    with GlooCluster(2, timeout=120) as real:
+        for name, hook in (("allreduce", default_hooks.allreduce_hook), ("noncontiguous", noncontiguous_hook)):
+            results = real.run(real_ddp_job, [{"hook": name, "grads": steps}] * 2)
+            ddp = SimDDP(SimCluster(2, seed=0), hook, GLOO_SHAPES, config=DDPConfig(bucket_cap_mb=GLOO_CAP_MB))
+            sim = ddp.run(steps)
+            for it, step in enumerate(sim):
+                real_layout = results[0]["layout"][it]
+                assert [ids for _, _, ids in real_layout] == step.bucket_params, (name, it)
+                assert [(i, last) for i, last, _ in real_layout] == [
+                    (k, k == len(step.bucket_params) - 1) for k in range(len(step.bucket_params))
+                ]
+                for rank in range(2):
+                    for i, (real_grad, sim_grad) in enumerate(zip(results[rank]["grads"][it], step.grads[rank])):
+                        assert torch.equal(real_grad, sim_grad), (name, it, rank, i)
+            if name == "noncontiguous":  # the trap really bites: not the mean
+                assert not torch.allclose(sim[-1].grads[0][0], mean_over_ranks(steps[-1])[0].float())
