@@ -421,6 +421,10 @@ class _World:
         if unfinished:
             doing = "; ".join(f"rank {r}: in {self.phase[r]}" for r in unfinished)
             parts.append(f"ranks {unfinished} did not finish and were killed ({doing})")
+            for rank in unfinished:
+                tail = self.log_tail(rank, lines=10)
+                if tail:
+                    parts.append(f"--- rank {rank} output (last lines) ---\n{tail}")
         return GlooRunError("\n".join(parts), failures=failures, unfinished=unfinished, reproduce="")
 
     def kill(self) -> None:
