@@ -32,8 +32,9 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
 
    These raise :class:`CopyBackError` (a :class:`HookContractError` and a
    ``RuntimeError``, like real DDP's), whose message starts with real DDP's text and
-   names the rank, bucket, iteration and replay line. A hook that raises is re-raised
-   as itself, with those as notes.
+   names the rank, bucket, iteration and replay line; the rules live in
+   :mod:`simcluster.copyback`. A hook that raises is re-raised as itself, with those
+   as notes.
 
 Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
 inside the first step, and kept across steps, as DDP keeps it.
@@ -63,17 +64,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simcluster.bucket import SimGradBucket, make_bucket, packing
+from simcluster.bucket import make_bucket
 from simcluster.cluster import SimCluster, collect
-from simcluster.errors import HookContractError, SimClusterError, UsageError, add_context_note
+from simcluster.copyback import CopyBackError, copy_bucket, resolved
+from simcluster.errors import SimClusterError, UsageError, add_context_note
 from simcluster.layout import BucketCall, bucket_calls
 from simcluster.process_group import SimProcessGroup
 from simcluster.trace import Trace
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups"]
-
-_CALLBACK_ERROR = "Got the following error when running the callback"
-
 
 @dataclass(frozen=True)
 class DDPConfig:
@@ -118,14 +117,6 @@ class StepResult:
     schedule: list[int]
     replay: str
     warnings: list[str] = field(default_factory=list)
-
-
-class CopyBackError(HookContractError, RuntimeError):
-    """DDP's reducer cannot copy the hook's result back into ``p.grad``. The hook's to fix.
-
-    The message begins with what real DDP raises from ``backward()`` (a
-    ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay.
-    """
 
 
 def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
@@ -205,12 +196,15 @@ class SimDDP:
         return [self.step(grads) for grads in grads_per_step]
 
     def step(self, grads: Sequence[Sequence[torch.Tensor]]) -> StepResult:
-        """One backward pass: ``grads[r][i]`` is rank ``r``'s local gradient of parameter ``i``."""
+        """One backward pass: ``grads[r][i]`` is rank ``r``'s local gradient of parameter ``i``.
+
+        Raises what real DDP's ``backward()`` would (see the module docstring). The
+        iteration counter advances even when the step fails, as DDP's does.
+        """
         local = self._check_grads(grads)
         it, calls = self.iteration, self.layout()
         world = self.cluster.world_size
         futures: list[list[Any]] = [[] for _ in range(world)]
-        buckets: list[list[SimGradBucket]] = [[] for _ in range(world)]
         bucket_api = "legacy" if self.config.api == "legacy" else "current"
 
         def rank_fn(rank: int) -> None:
@@ -223,7 +217,6 @@ class SimDDP:
                     is_last=call.is_last, gradient_as_bucket_view=self.config.gradient_as_bucket_view,
                     api=bucket_api,
                 )
-                buckets[rank].append(bucket)
                 where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
                 try:
                     future = self.hook(state, bucket)
@@ -289,9 +282,9 @@ class SimDDP:
             try:
                 for call, future in zip(calls, rank_futures):
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
-                    value = _resolved(future, outputs[rank], where, self.config.api)
+                    value = resolved(future, outputs[rank], where, self.config.api)
                     params = [self.params[rank][i] for i in call.params]
-                    _copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
+                    copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
             except (CopyBackError, SimClusterError) as exc:
                 errors.append((rank, exc))
             grads[rank] = [p.grad for p in self.params[rank]]
@@ -320,70 +313,6 @@ class SimDDP:
                     )
             out.append([g.detach() for g in rank_grads])
         return out
-
-
-def _resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: str) -> torch.Tensor:
-    """The tensor DDP's reducer gets from a completed future, or its error."""
-    try:
-        value = future.value()
-    except Exception as exc:  # noqa: BLE001 - classified below, as the reducer sees it
-        outputs.append(exc)
-        if isinstance(exc, SimClusterError):  # a modelled backend failure of the collective
-            add_context_note(exc, f"simcluster: the hook's future failed ({where})")
-            raise
-        if isinstance(exc, RuntimeError) and str(exc).startswith(_CALLBACK_ERROR):
-            raise CopyBackError(f"{exc}\n  simcluster: {where}: a then-callback of the hook raised; "
-                                "real DDP raises this error from backward()") from exc
-        raise CopyBackError(
-            f"Unable to cast {exc} to Tensor\n  simcluster: {where}: the future was completed with "
-            f"set_exception({type(exc).__name__}(...)); real DDP treats the exception as the result and fails "
-            "to cast it"
-        ) from exc
-    outputs.append(value)
-    if isinstance(value, torch.Tensor):
-        return value
-    if api == "legacy" and isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
-    if value is None:
-        raise CopyBackError(
-            "Expected a proper Tensor but got None (or an undefined Tensor in C++) for argument #0 'self'\n"
-            f"  simcluster: {where}: the hook's future resolved to None"
-        )
-    hint = ""
-    if isinstance(value, (list, tuple)):
-        hint = (" — the PyTorch 1.7-1.9 contract ([tensor]); since 1.10 the future must hold the tensor itself "
-                "(DDPConfig(api='legacy') accepts it)")
-    raise CopyBackError(
-        f"Unable to cast {value} to Tensor\n  simcluster: {where}: the hook's future resolved to a "
-        f"{type(value).__name__}{hint}"
-    )
-
-
-def _copy_bucket(
-    result: torch.Tensor, params: list[torch.nn.Parameter], as_view: bool, where: str, warnings: list[str]
-) -> None:
-    """Copy ``result`` into the bucket's parameters' ``.grad`` (buffer order) as the reducer does."""
-    try:  # views of the result's storage from element 0, whatever the result's own view
-        views = [result.as_strided((n,), (1,), off).view(p.shape) for (off, n), p in zip(packing(params), params)]
-    except RuntimeError as exc:
-        need = sum(p.numel() for p in params)
-        raise CopyBackError(
-            f"{exc}\n  simcluster: {where}: the hook's result (shape={tuple(result.shape)}, dtype={result.dtype}) "
-            f"has a storage of {result.untyped_storage().nbytes() // result.element_size()} elements; the bucket "
-            f"needs {need}"
-        ) from exc
-    if result.storage_offset() != 0 or not result.is_contiguous():
-        warnings.append(
-            f"{where}: result has storage_offset={result.storage_offset()}, stride={result.stride()}; DDP read "
-            "its storage from element 0 as contiguous, not the values the view shows"
-        )
-    for p, view in zip(params, views):
-        if as_view and p.grad is not None:
-            if p.grad.untyped_storage().data_ptr() != result.untyped_storage().data_ptr():
-                with torch.no_grad():
-                    p.grad.copy_(view)
-        else:
-            p.grad = torch.empty(p.shape, dtype=p.dtype).copy_(view)
 
 
 def _make_params(

@@ -39,10 +39,12 @@ def assert_mean(step: StepResult, local: list[list[torch.Tensor]], rtol: float, 
 
 
 def test_module_examples_run() -> None:
-    import simcluster.ddp as module
+    import simcluster.copyback
+    import simcluster.ddp
 
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0
+    for module in (simcluster.ddp, simcluster.copyback):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
 
 
 # ------------------------------------------------------------------ layouts
@@ -485,3 +487,22 @@ def test_simulated_step_matches_real_ddp_bitwise_on_gloo() -> None:
                         assert torch.equal(real_grad, sim_grad), (name, it, rank, i)
             if name == "noncontiguous":  # the trap really bites: not the mean
                 assert not torch.allclose(sim[-1].grads[0][0], mean_over_ranks(steps[-1])[0].float())
+
+
+def test_gradient_as_bucket_view_makes_p_grad_the_bucket_view() -> None:
+    seen: list[torch.Tensor] = []
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen.append(bucket.buffer())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    steps = local_grads(2, TRAP_SHAPES, 2)
+    ddp = SimDDP(SimCluster(2, seed=0), hook, TRAP_SHAPES, config=DDPConfig(gradient_as_bucket_view=True))
+    for grads in steps:
+        step = ddp.step(grads)
+        assert_mean(step, grads, 1e-6, 1e-6)
+        for rank in range(2):
+            buffer = seen[-2 + rank]  # one bucket per iteration here: rank 0's call, then rank 1's
+            for i, p in enumerate(ddp.params[rank]):
+                assert p.grad is step.grads[rank][i]
+                assert p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
