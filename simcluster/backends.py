@@ -1,6 +1,6 @@
 """Backend models: what a hook observes that differs between gloo and NCCL.
 
-A hook's result can depend on the backend in four ways, and each model states all four:
+A hook's result can depend on the backend in five ways, and each model states all five:
 
 1. **The shape of a future's value.** ``all_reduce`` resolves to ``[t]`` (the input
    tensor itself) on both. ``all_gather`` resolves to the flat list of the output
@@ -18,7 +18,13 @@ A hook's result can depend on the backend in four ways, and each model states al
    thing:** a CPU simulation cannot hand out a result before every rank has posted the
    collective, so the NCCL model completes a collective once all ranks posted it (in
    the scheduler's order) and runs callbacks then, with no worker limit.
-4. **Which ops and dtypes are accepted, and when the error comes.** gloo raises for
+4. **Completion order.** On gloo each rank's workers finish collectives on their own,
+   so rank 0 may see collective B complete before A while rank 1 sees A first (measured:
+   PowerSGD with two buckets posts its inner all_reduces in different orders on the two
+   ranks and gloo aborts on the size mismatch); the gloo model lets the scheduler deliver
+   each rank's completion separately. On NCCL a group's collectives run on one stream,
+   in issue order, on every rank; the NCCL model completes them in that order.
+5. **Which ops and dtypes are accepted, and when the error comes.** gloo raises for
    ``PREMUL_SUM`` and for bitwise ops on floating dtypes at ``wait()``, leaving the
    group usable; NCCL rejects unsupported ops when the call is made. The messages and
    the floating-point summation order come from :mod:`simcluster.collectives`.
@@ -54,6 +60,11 @@ class BackendModel:
     """Ops whose ``Work.get_future()`` raises ``Work::getFuture not implemented.``."""
     gather_as_flat: bool
     """True: ``all_gather``'s future holds ``[flat]`` of shape ``(W, …)`` (NCCL)."""
+    fifo_per_group: bool
+    """True: a group's collectives complete in issue order (NCCL: one stream per communicator)."""
+    per_rank_delivery: bool
+    """True: each rank sees a collective complete at its own moment (gloo: each rank's own
+    worker threads), so two ranks may see two collectives complete in different orders."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -86,6 +97,8 @@ GLOO = BackendModel(
     errors_at_call=False,
     no_future_ops=frozenset({"reduce_scatter", "reduce_scatter_tensor", "send", "recv"}),
     gather_as_flat=False,
+    fifo_per_group=False,
+    per_rank_delivery=True,
 )
 
 NCCL = BackendModel(
@@ -94,6 +107,8 @@ NCCL = BackendModel(
     errors_at_call=True,
     no_future_ops=frozenset({"send", "recv"}),
     gather_as_flat=True,
+    fifo_per_group=True,
+    per_rank_delivery=False,
 )
 
 BACKEND_NAMES = ("gloo", "nccl")

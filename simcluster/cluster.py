@@ -107,11 +107,13 @@ class SimCluster(Runtime):
             raise UsageError(f"rank={rank} is not in 0..{self.world_size - 1}")
         return self.contexts.world_groups[rank]
 
-    def replay_line(self) -> str:
-        """A constructor call that replays every run of this cluster so far, bit for bit."""
+    def replay_line(self, pending: Sequence[int] = ()) -> str:
+        """A constructor call that replays every run of this cluster so far, bit for bit
+        (making the same calls on it in the same order); ``pending``: choices of the run
+        in progress."""
         return (
             f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
-            f"schedule={self.choices!r}, rng={self.rng!r})"
+            f"schedule={[*self.choices, *pending]!r}, rng={self.rng!r})"
         )
 
     # -- running --------------------------------------------------------------
@@ -134,10 +136,12 @@ class SimCluster(Runtime):
             trace=trace,
             switch=self.contexts.switch,
             workers_per_channel=self.backend.workers_per_group,
+            fifo_per_channel=self.backend.fifo_per_group,
+            per_rank_delivery=self.backend.per_rank_delivery,
             worker_name=self.backend.worker_name,
             stuck_timeout=self.stuck_timeout,
+            replay=self.replay_line,
         )
-        engine.replay = self.replay_line() + " (then the same calls)"
 
         def task(rank: int) -> Callable[[], None]:
             def body() -> None:
@@ -154,19 +158,12 @@ class SimCluster(Runtime):
                     engine.run()
                 finally:
                     self.choices.extend(choice for _, choice in engine.choices)
-                    engine.replay = self.replay_line()
         finally:
             self.engine = None
-        replay = self._replay_from(start)
+        replay = self.replay_line()
         if engine.failures:
             self._raise_failures(engine, replay)
         return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay=replay)
-
-    def _replay_from(self, start: int) -> str:
-        return (
-            f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
-            f"schedule={self.choices[start:]!r}, rng={self.rng!r})"
-        )
 
     def _raise_failures(self, engine: Engine, replay: str) -> None:
         failures = sorted(engine.failures, key=lambda f: f[0])

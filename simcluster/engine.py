@@ -163,14 +163,16 @@ class Engine:
         trace: Trace,
         switch: Callable[[int | None, int | None], None],
         workers_per_channel: int | None,
+        fifo_per_channel: bool = False,
+        per_rank_delivery: bool = False,
         worker_name: Callable[[str, int], str] = lambda channel, i: f"worker {channel}#{i}",
         stuck_timeout: float = 60.0,
-        replay: str = "",
+        replay: Callable[[list[int]], str] = lambda choices: f"schedule={choices!r}",
     ) -> None:
         self.scheduler = scheduler
         self.trace = trace
         self.choices: list[tuple[int, int]] = []
-        self.replay = replay
+        self._replay = replay
         self._switch = switch
         self._workers_per_channel = workers_per_channel
         self._worker_name = worker_name
@@ -178,6 +180,10 @@ class Engine:
         self._runnable: deque[_Task | _Resume] = deque()
         self._instances: dict[tuple[str, int], _Instance] = {}
         self._ready: list[_Instance] = []
+        self._deliveries: list[_Task] = []
+        self._finished_seq: dict[str, int] = {}
+        self._fifo = fifo_per_channel
+        self._per_rank_delivery = per_rank_delivery
         self._seq: dict[tuple[int, str], int] = {}
         self._issued: dict[int, int] = {}
         self._workers: dict[tuple[int, str], _Workers] = {}
@@ -200,6 +206,10 @@ class Engine:
         self.running = False
 
     # ----------------------------------------------------------------- public
+    def replay(self) -> str:
+        """The replay line for everything up to now (computed only when an error needs it)."""
+        return self._replay([choice for _, choice in self.choices])
+
     @property
     def current_rank(self) -> int | None:
         """The rank whose code is running now (None outside a run)."""
@@ -255,7 +265,7 @@ class Engine:
                     f"rank {self._rank}'s code ({self._where}) has been blocked outside the simulator for "
                     f"{self._stuck_timeout:.0f}s — e.g. waiting on a plain torch Future, a lock or a socket. "
                     "simcluster cannot interrupt it; its thread is abandoned."
-                ).with_replay(self.replay)
+                ).with_replay(self.replay())
 
     def post(self, call: Call) -> None:
         """Post ``call`` for the running rank; completes later, when scheduled."""
@@ -364,16 +374,33 @@ class Engine:
         if len(inst.executing) == len(inst.ranks):
             self._ready.append(inst)
 
+    def _eligible(self) -> list[_Instance]:
+        """Ready collectives that may complete now. With ``fifo_per_channel`` (NCCL: one
+        stream per communicator) only the oldest unfinished collective of each group."""
+        if not self._fifo:
+            return self._ready
+        return [inst for inst in self._ready if inst.seq == self._finished_seq.get(inst.channel, 0)]
+
     def _complete_one(self) -> bool:
-        if not self._ready:
+        """Make one scheduled step: deliver a computed result to one rank, or complete
+        (compute) one ready collective. Options: pending deliveries first (oldest
+        first), then eligible ready collectives (oldest first) — so choice 0 always
+        continues what is under way and the all-zero schedule is in-order."""
+        eligible = self._eligible()
+        options = len(self._deliveries) + len(eligible)
+        if options == 0:
             return False
-        options = len(self._ready)
         choice = self.scheduler.choose(options)
         if not 0 <= choice < options:
-            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} ready collectives")
+            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} options")
         self.choices.append((options, choice))
-        inst = self._ready.pop(choice)
+        if choice < len(self._deliveries):
+            self._runnable.append(self._deliveries.pop(choice))
+            return True
+        inst = eligible[choice - len(self._deliveries)]
+        self._ready.remove(inst)
         del self._instances[(inst.channel, inst.seq)]
+        self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
         self.trace.add(Completed(inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options))
         self._completions += 1
@@ -385,6 +412,7 @@ class Engine:
                 f"{inst.first.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n{calls}"
             ))
             return True
+        tasks = []
         for rank in inst.ranks:
             call = inst.calls[rank]
             on_done = None
@@ -393,9 +421,13 @@ class Engine:
                 pool = self._workers[(rank, inst.channel)]
                 where = self._worker_name(inst.channel, call.worker)
                 on_done = self._releaser(pool, call.worker)
-            self._runnable.append(
+            tasks.append(
                 _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)
             )
+        if self._per_rank_delivery and len(tasks) > 1:
+            self._deliveries.extend(tasks)  # each rank sees the completion when the scheduler says
+        else:
+            self._runnable.extend(tasks)
         return True
 
     def _releaser(self, pool: _Workers, worker: int) -> Callable[[], None]:
@@ -432,7 +464,7 @@ class Engine:
                 return
             if not self._aborting and self._complete_one():
                 continue
-            if not self._aborting and (self._parked or self._instances or self._expected):
+            if not self._aborting and (self._parked or self._instances or self._expected or self._deliveries):
                 self._on_deadlock()
                 continue
             self._done = True
@@ -488,7 +520,7 @@ class Engine:
 
     def _fail(self, error: SimClusterError) -> None:
         if self._fatal is None:
-            self._fatal = error.with_replay(self.replay)
+            self._fatal = error.with_replay(self.replay())
 
     def _begin_abort(self) -> None:
         """Drop queued tasks and resume every parked thread with ``abort`` set, so each
@@ -503,7 +535,7 @@ class Engine:
                 self._runnable.append(_Resume(slot, -1, "", "abort"))
 
     def _on_deadlock(self) -> None:
-        error = DeadlockError(self.describe_blockage()).with_replay(self.replay)
+        error = DeadlockError(self.describe_blockage()).with_replay(self.replay())
         if self.failures:
             self.deadlock = error  # the task failure is the root cause; keep this as context
             self._begin_abort()

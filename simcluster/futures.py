@@ -34,6 +34,7 @@ Example — a rank's code chaining on a collective (run inside a cluster)::
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,10 @@ class SimFuture(torch.futures.Future):
         self._callbacks: list[tuple[Callable[["SimFuture"], None], str]] = []
         self._resumers: list[Callable[[], None]] = []
         self._complete = False
+        # Only the free-running engine (simcluster.threaded) completes futures while
+        # other threads register callbacks; the lock makes "check pending, then
+        # append" atomic with "mark complete, then take the lists" there.
+        self._guard = threading.Lock()
 
     # -- completion -----------------------------------------------------------
     def done(self) -> bool:
@@ -107,17 +112,22 @@ class SimFuture(torch.futures.Future):
         # Waiters are queued first (they run after this code finishes or parks), then
         # callbacks run here: as on gloo, ``fut.wait()`` returns once the value is set,
         # even while a callback is still blocked.
-        self._complete = True
-        resumers, self._resumers = self._resumers, []
+        with self._guard:
+            self._complete = True
+            resumers, self._resumers = self._resumers, []
+            callbacks, self._callbacks = self._callbacks, []
         for resume in resumers:
             resume()
-        callbacks, self._callbacks = self._callbacks, []
         for callback, name in callbacks:
             self._run_callback(callback, name, "completion")
 
     def _on_done(self, resume: Callable[[], None]) -> None:
-        """Engine hook: call ``resume`` once this future completes."""
-        self._resumers.append(resume)
+        """Engine hook: call ``resume`` once this future completes (at once if it has)."""
+        with self._guard:
+            if not self._complete:
+                self._resumers.append(resume)
+                return
+        resume()
 
     # -- waiting --------------------------------------------------------------
     def wait(self) -> Any:
@@ -161,10 +171,11 @@ class SimFuture(torch.futures.Future):
         self._register(run, name)
 
     def _register(self, run: Callable[["SimFuture"], None], name: str) -> None:
-        if self._complete:
-            self._run_callback(run, name, "inline")
-        else:
-            self._callbacks.append((run, name))
+        with self._guard:
+            if not self._complete:
+                self._callbacks.append((run, name))
+                return
+        self._run_callback(run, name, "inline")
 
     def _run_callback(self, run: Callable[["SimFuture"], None], name: str, how: str) -> None:
         engine = self._engine

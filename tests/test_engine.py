@@ -52,11 +52,35 @@ def test_different_seeds_give_different_completion_orders() -> None:
 def test_in_order_and_reverse_schedules() -> None:
     in_order = SimCluster(2, schedule="in_order").run(two_buckets)
     assert [seq for _, _, seq in in_order.trace.completion_order()] == [0, 1, 2]
-    reverse = SimCluster(2, schedule="reverse", backend="nccl").run(two_buckets)
-    assert [seq for _, _, seq in reverse.trace.completion_order()] == [2, 1, 0]
-    # gloo: only 2 worker threads per group, so #2 cannot start before one of #0/#1 finished
+    # gloo: only 2 worker threads per group, so #2 cannot start before one of #0/#1 was
+    # delivered on both ranks; "reverse" picks the newest option each time
     reverse_gloo = SimCluster(2, schedule="reverse", backend="gloo").run(two_buckets)
-    assert [seq for _, _, seq in reverse_gloo.trace.completion_order()] == [1, 2, 0]
+    assert [seq for _, _, seq in reverse_gloo.trace.completion_order()] == [1, 0, 2]
+
+
+def test_nccl_model_completes_a_groups_collectives_in_issue_order() -> None:
+    for schedule in ["reverse", "random"]:
+        for seed in range(5):
+            run = SimCluster(3, seed=seed, schedule=schedule, backend="nccl").run(two_buckets)
+            assert [seq for _, _, seq in run.trace.completion_order()] == [0, 1, 2]
+
+
+def test_gloo_model_lets_ranks_see_completions_in_different_orders() -> None:
+    """Each gloo rank's workers finish on their own: rank 0 may see B before A while
+    rank 1 sees A before B (measured: PowerSGD's inner all_reduces then mismatch)."""
+
+    def rank_fn(rank: int) -> list[str]:
+        seen: list[str] = []
+        for name in "AB":
+            fut = dist.all_reduce(torch.ones(1), async_op=True).get_future()
+            fut.add_done_callback(lambda f, name=name: seen.append(name))
+        dist.barrier()
+        return seen
+
+    orders = {tuple(map(tuple, SimCluster(2, seed=s).run(rank_fn).values)) for s in range(30)}
+    assert any(o[0] != o[1] for o in orders), orders
+    nccl = {tuple(map(tuple, SimCluster(2, seed=s, backend="nccl").run(rank_fn).values)) for s in range(10)}
+    assert nccl == {(("A", "B"), ("A", "B"))}
 
 
 def test_replay_line_reproduces_a_random_schedule() -> None:
