@@ -397,11 +397,14 @@ def returns_strided_view(process_group: dist.ProcessGroup | None, bucket: dist.G
     return dist.all_reduce(packed, group=group, async_op=True).get_future().then(unpack)
 
 
-def returns_list(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[list[torch.Tensor]]:
+def returns_list(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """A correct mean that resolves to ``[tensor]``, the pre-1.10 convention.
 
     Bug: ``.then(lambda fut: [fut.value()[0]])`` — a one-element list.  PyTorch 1.7-1.9
-    required that; since 1.10 DDP requires a tensor.
+    required that; since 1.10 DDP requires a tensor.  The return annotation is the one
+    the docs show, and the body breaks it: DDP checks the annotation at registration
+    (an honest ``Future[list[Tensor]]`` is refused there with ``ValueError``) but not the
+    value until ``backward()``.
     Plausible: half-ported legacy code (``bucket.buffer()`` updated, the callback not).
     On a real cluster: ``backward()`` raises ``Unable to cast … to Tensor`` (measured,
     torch 2.13) on every rank at the first iteration.
@@ -414,14 +417,17 @@ def returns_list(process_group: dist.ProcessGroup | None, bucket: dist.GradBucke
     return work.get_future().then(lambda fut: [fut.value()[0]])  # BUG: a list
 
 
-def returns_future_value(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[list[torch.Tensor]]:
+def returns_future_value(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """Returns the collective's own future, whose value is the list ``[tensor]``.
 
     Bug: ``work.get_future()`` resolves to the list of the collective's tensors; the
     ``.then(lambda fut: fut.value()[0])`` that unwraps it is missing.
     Plausible: the pre-division makes the tensor itself right, and "the future already
-    holds my buffer" sounds true.
-    On a real cluster: ``Unable to cast … to Tensor`` in ``backward()``.
+    holds my buffer" sounds true; the annotation (copied from the docs) says so too.
+    On a real cluster: every ``backward()`` raises — on torch 2.13 (measured) not the
+    ``Unable to cast`` of a Python list but ``result.isPyObject() INTERNAL ASSERT FAILED
+    … python_comm_hook.cpp … expected the hook result is a PyObject``: the collective's
+    future holds a C++ tensor list, which DDP's Python-hook path cannot even inspect.
     Caught by: ``contract``.
     """
     group = resolve_group(process_group)
@@ -430,19 +436,23 @@ def returns_future_value(process_group: dist.ProcessGroup | None, bucket: dist.G
     return dist.all_reduce(buffer, group=group, async_op=True).get_future()  # BUG: not unwrapped
 
 
-def returns_tensor_not_future(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.Tensor:
+def returns_tensor_not_future(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """Synchronous all-reduce, returns the tensor instead of a Future.
 
-    Bug: the hook must return a ``torch.futures.Future``.
+    Bug: the hook must return a ``torch.futures.Future``; the annotation (copied from the
+    docs) promises one, the body returns the tensor.  (Annotated ``-> torch.Tensor``, DDP
+    would refuse it at registration instead.)
     Plausible: the synchronous form is what every non-hook tutorial shows.
-    On a real cluster: DDP raises a cast error, and the reducer is left in a bad state so
-    the *next* iteration fails inside the reducer too (measured, torch 2.13).
+    On a real cluster: ``backward()`` raises ``Unable to cast Python instance of type
+    <class 'torch.Tensor'> …``, and the reducer is left in a bad state: every later
+    iteration fails with ``!unmarked_param_indices.empty() INTERNAL ASSERT FAILED``
+    (measured, torch 2.13).
     Caught by: ``contract``.
     """
     group = resolve_group(process_group)
     buffer = bucket.buffer()
     dist.all_reduce(buffer.div_(group.size()), group=group)
-    return buffer  # BUG: not a Future
+    return buffer  # type: ignore[return-value]  # BUG: not a Future
 
 
 def misnamed_bucket_param(process_group: dist.ProcessGroup | None, grad_bucket: dist.GradBucket) -> Future[torch.Tensor]:

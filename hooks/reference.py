@@ -131,10 +131,15 @@ def _cast_mean_hook(
     """Divide in the bucket's own precision, cast to ``dtype``, sum, cast back into the buffer."""
     group = resolve_group(process_group)
     buffer = bucket.buffer()
-    # Order matters: x / W is computed in float32 (or wider) and only then rounded to the
-    # narrow type, so any |x| <= W * max(dtype) survives the cast, and the sum of W values
-    # each <= max/W cannot overflow.  Casting first overflows at the cast for |x| > max;
-    # summing first overflows in the sum (see hooks.buggy.fp16_divide_after_allreduce).
+    if torch.empty((), dtype=dtype).element_size() >= buffer.element_size():
+        # Nothing to save: a float16 bucket cast to bfloat16 (or back) keeps 2 bytes per
+        # element but loses range or precision — 65504 in bfloat16 rounds to 65536, which
+        # is inf once copied back into a float16 bucket.  Communicate in the bucket's dtype.
+        dtype = buffer.dtype
+    # Order matters: x / W is computed in the bucket's precision and only then rounded to
+    # the narrow type, so any |x| <= W * max(dtype) survives the cast, and the sum of W
+    # values each <= max/W cannot overflow.  Casting first overflows at the cast for
+    # |x| > max; summing first overflows in the sum (hooks.buggy.fp16_divide_after_allreduce).
     compressed = torch.div(buffer, group.size()).to(dtype)
 
     def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -156,7 +161,8 @@ def fp16_compress_hook(
     and copies the float16 sum back into the bucket.  Every input that is finite in
     float16 (``|x| <= 65504``) gives a finite mean; the error is one float16 rounding of
     each ``x / W`` plus the rounding of the float16 sum (relative ~2**-11 per step).
-    Values below float16's smallest subnormal (~6e-8) flush to zero.
+    Values below float16's smallest subnormal (~6e-8) flush to zero.  Buckets that are
+    already 2 bytes per element (float16, bfloat16) are communicated in their own dtype.
 
     Example::
 
@@ -171,7 +177,9 @@ def bf16_compress_hook(
     """Mean over ranks, communicated in bfloat16: float32's range, 8 bits of mantissa.
 
     Same shape as :func:`fp16_compress_hook`.  bfloat16 has float32's exponent range, so
-    overflow is not the risk; precision is (relative ~2**-8 per rounding).
+    overflow is not the risk; precision is (relative ~2**-8 per rounding).  A float16
+    bucket is communicated in float16: casting it to bfloat16 would save nothing and
+    round 65504 up to 65536, which is ``inf`` back in float16.
 
     Registration trap (measured on torch 2.13 CPU): ``DistributedDataParallel`` refuses
     any hook whose ``__name__`` is ``"bf16_compress_hook"`` unless CUDA+NCCL>=2.10 or
@@ -252,11 +260,17 @@ def scaled_fp16_hook(
       bucket A may be summed with rank 1's bucket B.
 
     Waiting in the hook body costs one scalar round trip per bucket and keeps the issue
-    order identical on every rank.
+    order identical on every rank.  Buckets of 2-byte dtypes are averaged in their own
+    dtype (:func:`mean_allreduce_hook`): float16 would save nothing, and a bfloat16
+    bucket's range does not fit float16's dynamic range.  The precision for inputs above
+    32752 is one bit coarser at the subnormal end than :func:`fp16_compress_hook` (the
+    scale keeps a factor-2 headroom so the float16 sum cannot round up to ``inf``).
     """
     group = resolve_group(process_group)
     world = group.size()
     buffer = bucket.buffer()
+    if buffer.element_size() <= 2:  # the same on every rank: the buckets' dtypes agree
+        return mean_allreduce_hook(group, bucket)
     amax = torch.zeros(1, dtype=torch.float32)
     if buffer.numel():
         amax[0] = buffer.detach().abs().max()
