@@ -31,6 +31,9 @@ sums in their buffers (:func:`reduce_to_root`). ``reduce_scatter`` (list form) g
 ``k`` the all_reduce of slot ``k``; ``reduce_scatter_tensor`` gives it part ``k`` of an
 all_reduce of the whole flat input (:func:`reduce_scatter`, :func:`reduce_scatter_tensor`).
 ``all_reduce_coalesced`` all-reduces the concatenation (:func:`all_reduce_coalesced`).
+gloo ignores strides: it reduces the ``numel`` elements of memory from the data pointer
+(:func:`memory_window`), so a transposed tensor is reduced in memory order and a view with
+gaps is reduced wrongly, with writes outside the view.
 
 NCCL (INFERRED from ProcessGroupNCCL/NCCL sources; NCCL cannot run here)
 --------------------------------------------------------------------------
@@ -57,7 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from simcluster.errors import BackendError, UsageError
+from simcluster.errors import BackendError, UnsupportedError, UsageError
 
 __all__ = [
     "REDUCE_OPS",
@@ -73,6 +76,7 @@ __all__ = [
     "reduce_scatter_tensor",
     "all_reduce_coalesced",
     "ring_chunks",
+    "memory_window",
     "copy_bits_",
 ]
 
@@ -114,7 +118,9 @@ class Rejection:
 
     ``raised_at`` is ``"call"`` (the ``dist.*`` call itself raises, before the process
     group sees anything) or ``"wait"`` (the call returns a Work whose ``wait()`` and future
-    raise). ``evidence`` is ``"measured"`` (gloo, verbatim) or ``"source"`` (NCCL).
+    raise). ``evidence`` is ``"measured"`` (gloo, verbatim), ``"source"`` (NCCL, read
+    from ProcessGroupNCCL/NCCL sources) or ``"assumed"`` (NCCL's complex-op check: gloo's
+    wording reused, NCCL's not verified).
     """
 
     exc_type: type[Exception]
@@ -159,8 +165,11 @@ def rejection(collective: str, op: str | None, dtype: torch.dtype, backend: str)
                              "measured")
         # torch's C++ check prints the op's enum value as a raw char (a torch quirk, kept verbatim)
         verb = "reduce" if collective == "reduce" else "all_reduce"
-        where = "measured" if backend == "gloo" else "source"
-        return Rejection(RuntimeError, f"{verb} does not support{chr(_OP_VALUE[op])}on complex tensors", "wait", where)
+        if backend == "gloo":
+            return Rejection(RuntimeError, f"{verb} does not support{chr(_OP_VALUE[op])}on complex tensors", "wait",
+                             "measured")
+        return Rejection(RuntimeError, f"{verb} does not support{chr(_OP_VALUE[op])}on complex tensors", "call",
+                         "assumed")  # ProcessGroupNCCL has the same check; its exact wording is not verified
     if dtype.is_complex and (reducing or collective != "gather"):
         dtype = torch.float32 if dtype == torch.complex64 else torch.float64  # torch passes view_as_real
     return _gloo_rejection(op if reducing else None, dtype) if backend == "gloo" else _nccl_rejection(
@@ -238,18 +247,72 @@ def _canonical_bf16_nan(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.isnan(), nan, t)
 
 
-def _as_raw(t: torch.Tensor) -> torch.Tensor:
-    """The flat buffer the backend reduces: complex as its real pairs, bool as bytes."""
-    flat = t.detach().reshape(-1)
+def memory_window(t: torch.Tensor) -> torch.Tensor:
+    """The ``numel`` elements that gloo reduces for ``t``: contiguous memory from its data pointer.
+
+    MEASURED: gloo ignores strides. For a contiguous tensor this is ``t`` itself; for a
+    dense permutation (``x.t()``) it is the same elements in memory order; for a view with
+    gaps (``x[:, ::2]``) it is a *different* set of elements -- gloo reduces the first
+    ``numel`` elements of memory from the view's start, writing outside the view. Write
+    the result into every rank's window to reproduce that.
+
+    >>> x = torch.arange(12.0).reshape(3, 4)
+    >>> memory_window(x[:, ::2]).tolist()   # the view holds 0, 2, 4, 6, 8, 10
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    """
+    end = (t.storage_offset() + t.numel()) * t.element_size()
+    if end > t.untyped_storage().nbytes():  # only overlapping (e.g. expanded) views
+        raise UnsupportedError(f"a {list(t.shape)} view with strides {t.stride()} at offset {t.storage_offset()}: "
+                               "gloo would read past the end of its storage (undefined behaviour, not modelled)")
+    return t.detach().as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """True when ``t``'s elements fill its memory window exactly (contiguous up to a dim permutation)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _as_raw(t: torch.Tensor, backend: str = "gloo") -> torch.Tensor:
+    """The flat buffer the backend reduces: memory order, complex as real pairs, bool as bytes."""
+    if t.is_contiguous() or t.numel() <= 1:
+        flat = t.detach().reshape(-1)
+    elif backend == "gloo" and _is_dense(t):
+        flat = memory_window(t)
+    elif backend == "gloo":
+        raise UnsupportedError(
+            f"a non-dense {list(t.shape)} view (strides {t.stride()}): real gloo reduces the {t.numel()} "
+            "elements of memory from its data pointer, not the view's elements, so the ranks' views "
+            "end up different; compute on collectives.memory_window(t) of each rank to reproduce it")
+    else:
+        raise BackendError("nccl rejects a non-contiguous tensor: ValueError: Tensors must be contiguous")
     if flat.is_complex():
         return torch.view_as_real(flat).reshape(-1)
     return flat.view(torch.uint8) if flat.dtype == torch.bool else flat
 
 
 def _from_raw(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    if like.is_complex():
-        return torch.view_as_complex(raw.reshape(-1, 2)).reshape(like.shape)
-    return (raw.view(torch.bool) if like.dtype == torch.bool else raw).reshape(like.shape)
+    """A tensor shaped and strided like ``like`` whose memory window holds ``raw``."""
+    if like.is_contiguous() or like.numel() <= 1:
+        if like.is_complex():
+            return torch.view_as_complex(raw.reshape(-1, 2)).reshape(like.shape)
+        return (raw.view(torch.bool) if like.dtype == torch.bool else raw).reshape(like.shape)
+    out = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype)
+    _as_raw(out.as_strided((out.numel(),), (1,), 0)).copy_(raw)
+    return out
+
+
+def _require_contiguous(tensors: Sequence[torch.Tensor], collective: str) -> None:
+    for t in tensors:
+        if not t.is_contiguous():
+            raise UnsupportedError(f"{collective} of a non-contiguous {list(t.shape)} tensor (strides {t.stride()}) "
+                                   "is not modelled: what the backend does with it was not measured")
 
 
 def _check_backend(backend: str) -> None:
@@ -266,11 +329,14 @@ def _prepare(inputs: Sequence[torch.Tensor], op: str, backend: str, collective: 
         if t.shape != first.shape or t.dtype != first.dtype:
             raise UsageError(f"{collective}: rank {r} passed {t.dtype}{list(t.shape)}, "
                              f"rank 0 passed {first.dtype}{list(first.shape)}")
+        if t.stride() != first.stride() and not (t.is_contiguous() and first.is_contiguous()):
+            raise UnsupportedError(f"{collective}: rank {r} passed strides {t.stride()}, rank 0 {first.stride()}; "
+                                   "gloo reduces each rank's memory order, so the ranks' results would differ")
     found = rejection(collective, op, first.dtype, backend)
     if found is not None:
         raise BackendError(f"{backend} rejects {collective}({op}, {first.dtype}): {found.exc_type.__name__}: "
                            f"{found.message}")
-    return [_as_raw(t) for t in inputs]
+    return [_as_raw(t, backend) for t in inputs]
 
 
 # --------------------------------------------------------------------------- gloo rings
@@ -303,12 +369,12 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _gloo_ring(raw: list[torch.Tensor], f: _BinOp, kind: str = "all_reduce") -> torch.Tensor:
+def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     n = len(raw)
     out = raw[0].clone()
     if n == 1 or out.numel() == 0:
         return out
-    for c, (lo, hi) in enumerate(ring_chunks(out.numel(), out.element_size(), n, kind=kind)):
+    for c, (lo, hi) in enumerate(ring_chunks(out.numel(), out.element_size(), n)):
         if lo < hi:
             acc = raw[(c - 1) % n][lo:hi]
             for k in range(2, n + 1):
@@ -324,11 +390,10 @@ def _nccl_fold(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     return acc
 
 
-def _compute(raw: list[torch.Tensor], op: str, backend: str, factor: Factor, dtype: torch.dtype,
-             kind: str = "all_reduce") -> torch.Tensor:
+def _compute(raw: list[torch.Tensor], op: str, backend: str, factor: Factor, dtype: torch.dtype) -> torch.Tensor:
     n = len(raw)
     if backend == "gloo":
-        out = _gloo_ring(raw, _binop(op, backend, raw[0].dtype), kind)
+        out = _gloo_ring(raw, _binop(op, backend, raw[0].dtype))
         return out.div_(n) if op == "AVG" else out
     if dtype == torch.bool and op == "SUM":
         op = "MAX"  # ProcessGroupNCCL maps bool SUM to ncclMax
@@ -422,6 +487,7 @@ def reduce_scatter(inputs: Sequence[Sequence[torch.Tensor]], op: str, backend: s
     NCCL: the rank-order fold of each slot.
     """
     n = len(inputs)
+    _require_contiguous([t for ts in inputs for t in ts], "reduce_scatter")
     results = []
     for k in range(n):
         slot = [inputs[r][k] for r in range(n)]
@@ -438,13 +504,14 @@ def reduce_scatter_tensor(inputs: Sequence[torch.Tensor], op: str, backend: str,
     ring chunks are laid over N*n elements), and bool results come back normalised to 0/1.
     """
     n = len(inputs)
+    _require_contiguous(inputs, "reduce_scatter_tensor")
     raw = _prepare(inputs, op, backend, "reduce_scatter_tensor")
     if raw[0].numel() % n:
         raise UsageError(f"reduce_scatter_tensor: {inputs[0].numel()} elements do not split into {n} parts")
     flat = _compute(raw, op, backend, premul_factor, inputs[0].dtype)
     like = inputs[0].reshape(-1)[: inputs[0].numel() // n]
-    parts = [_from_raw(p, like) for p in flat.chunk(n)] if flat.numel() else [_from_raw(flat, like)] * n
-    return [p.clone() if p.dtype == torch.bool else p for p in parts]
+    parts = flat.chunk(n) if flat.numel() else [flat] * n
+    return [_from_raw(p, like).clone() for p in parts]  # own storage each; clone() normalises bool bytes
 
 
 def all_reduce_coalesced(inputs: Sequence[Sequence[torch.Tensor]], op: str, backend: str, *,
@@ -457,6 +524,7 @@ def all_reduce_coalesced(inputs: Sequence[Sequence[torch.Tensor]], op: str, back
     """
     if not inputs or not inputs[0]:
         return []
+    _require_contiguous([t for ts in inputs for t in ts], "all_reduce_coalesced")
     joined = reduce([torch.cat([t.detach().reshape(-1) for t in ts]) for ts in inputs], op, backend,
                     premul_factor=premul_factor)
     parts = [part.reshape(t.shape) for part, t in zip(joined.split([t.numel() for t in inputs[0]]), inputs[0])]

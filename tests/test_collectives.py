@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from simcluster import collectives as C
-from simcluster.errors import BackendError, UsageError
+from simcluster.errors import BackendError, UnsupportedError, UsageError
 
 WORLDS = range(1, 9)
 
@@ -295,6 +295,27 @@ def test_rejections_are_the_backends_messages() -> None:
         C.reduce([torch.ones(2), torch.ones(3)], "SUM", "gloo")
 
 
+def test_non_contiguous_layouts() -> None:
+    bases = make_inputs(12, 3, 20 * 30, torch.float32)
+    mats = [b.reshape(20, 30) for b in bases]
+    # dense permutation: gloo reduces memory order, so the result is the contiguous result transposed
+    got = C.reduce([m.t() for m in mats], "SUM", "gloo")
+    assert got.stride() == (1, 30)
+    assert_same_bits(got, C.reduce(mats, "SUM", "gloo").t(), "transposed")
+    assert not torch.equal(bits(got.contiguous()), bits(C.reduce([m.t().contiguous() for m in mats], "SUM", "gloo")))
+    # gaps: refused loudly, with the way to reproduce it
+    with pytest.raises(UnsupportedError, match="memory_window"):
+        C.reduce([m[:, ::2] for m in mats], "SUM", "gloo")
+    window = C.memory_window(mats[0][2:, ::2])
+    assert window.shape == (18 * 15,) and window[0] == mats[0][2, 0] and window[1] == mats[0][2, 1]
+    with pytest.raises(UnsupportedError, match="past the end"):
+        C.memory_window(torch.ones(1).expand(4))  # stride 0: only 1 element of memory
+    with pytest.raises(BackendError, match="Tensors must be contiguous"):
+        C.reduce([m.t() for m in mats], "SUM", "nccl")
+    with pytest.raises(UnsupportedError, match="strides"):
+        C.reduce([mats[0].t(), mats[1].t().contiguous(), mats[2].t()], "SUM", "gloo")
+
+
 def test_ring_chunks() -> None:
     assert C.ring_chunks(1000, 4, 3) == [(0, 334), (334, 668), (668, 1000)]  # measured boundaries
     for numel, esize, world in [(1, 4, 3), (57, 2, 4), (262145, 4, 4), (3_000_001, 8, 3)]:
@@ -335,6 +356,9 @@ def test_reduce_scatter_forms_and_coalesced() -> None:
         assert_same_bits(parts[k], full[57 * k: 57 * (k + 1)], f"part {k}")
     bools = C.reduce_scatter_tensor([torch.ones(6, dtype=torch.bool)] * world, "SUM", "gloo")
     assert all(bits(p).tolist() == [1, 1] for p in bools)  # measured: normalised
+    cplx = C.reduce_scatter_tensor([torch.tensor([1 + 1j, 2, 3j]) * (r + 1) for r in range(world)], "SUM", "nccl")
+    assert [p.tolist() for p in cplx] == [[6 + 6j], [12 + 0j], [18j]]
+    assert [p.shape for p in C.reduce_scatter_tensor([torch.empty(0)] * world, "SUM", "gloo")] == [(0,)] * world
     lists = [[x[:10], x[10:13].reshape(3, 1), x[13:]] for x in make_inputs(3, world, 60, torch.float32)]
     res = C.all_reduce_coalesced(lists, "SUM", "gloo")
     joined = C.reduce([torch.cat([t.reshape(-1) for t in ts]) for ts in lists], "SUM", "gloo")
@@ -364,6 +388,7 @@ GLOO_CASES: list[tuple[Any, ...]] = (
     + [("reduce", n, "float32", "SUM", 7, 1) for n in (57, 1000)]
     + [("reduce_scatter_tensor", 333, "float32", "SUM", 8, None)]
     + [("coalesced", 1060, "float32", "SUM", 9, (1000, 13, 47))]
+    + [("transposed", 30 * 40, "float32", "SUM", 10, (30, 40)), ("gapped", 30 * 40, "float32", "SUM", 11, (30, 40))]
 )
 
 
@@ -376,6 +401,10 @@ def gloo_job(rank: int, world_size: int, cases: list[tuple[Any, ...]]) -> list[t
         if coll == "reduce_scatter_tensor":
             result = torch.empty(n, dtype=dtype)
             dist.reduce_scatter_tensor(result, make_inputs(seed, world_size, n * world_size, dtype)[rank], op=rop)
+        elif coll in ("transposed", "gapped"):
+            base = make_inputs(seed, world_size, n, dtype)[rank].reshape(extra)
+            dist.all_reduce(base.t() if coll == "transposed" else base[:, ::2], op=rop)
+            result = base  # the whole memory: gloo may write outside the view
         else:
             result = make_inputs(seed, world_size, n, dtype, nan=extra == "nan")[rank].clone()
             if coll == "all_reduce":
@@ -396,6 +425,14 @@ def model_bits(case: tuple[Any, ...], world: int) -> list[torch.Tensor]:
     if coll == "reduce_scatter_tensor":
         return [bits(p) for p in C.reduce_scatter_tensor(make_inputs(seed, world, n * world, dtype), op, "gloo")]
     xs = make_inputs(seed, world, n, dtype, nan=extra == "nan")
+    if coll == "transposed":  # dense: the model takes it as is
+        return [bits(C.reduce([x.reshape(extra).t() for x in xs], op, "gloo").t())] * world
+    if coll == "gapped":  # gaps: gloo reduces memory windows, the caller writes them back
+        views = [x.clone().reshape(extra)[:, ::2] for x in xs]
+        result = C.reduce([C.memory_window(v) for v in views], op, "gloo")
+        for v in views:
+            C.memory_window(v).copy_(result)
+        return [bits(v._base if v._base is not None else v) for v in views]
     if coll == "reduce":
         return [bits(t) for t in C.reduce_to_root(xs, op, "gloo", extra)]
     if coll == "coalesced":
