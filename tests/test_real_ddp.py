@@ -1,0 +1,292 @@
+"""Real DDP (torch's C++ reducer) on simulated groups, one thread per rank.
+
+Shows that (1) real DDP + ``allreduce_hook`` here yields the mean of the ranks' local
+gradients, (2) the reducer's bucket layouts and hook call sequence per iteration are
+what :mod:`simcluster.layout` predicts, (3) gradients and hook calls equal those of the
+same job on real gloo processes (``-m gloo``), and (4) broken hooks end in an error
+naming each rank, never a hang, with no thread left and torch's state restored.
+
+Models are built from plain specs by :func:`build_model` (module-level: the gloo
+children import it by name). No ``from __future__ import annotations`` here: DDP's
+``register_comm_hook`` checks the hooks' annotations as objects and rejects strings.
+"""
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
+from simcluster.layout import bucket_calls
+from simcluster.real_ddp import run_real_ddp
+
+
+# ------------------------------------------------------------------ models and inputs
+class Net(torch.nn.Module):
+    """Linear layers ``layers[k] = (in, out)``, applied in the order ``use`` (a layer left
+    out of ``use`` gets no gradient)."""
+
+    def __init__(self, layers: list[tuple[int, int]], use: list[int]) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(i, o) for i, o in layers)
+        self.use = use
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for k in self.use:
+            x = torch.tanh(self.layers[k](x))
+        return x
+
+
+def build_model(spec: dict[str, Any]) -> Net:
+    torch.manual_seed(spec.get("seed", 0))
+    return Net(spec["layers"], spec["use"])
+
+
+def make_inputs(spec: dict[str, Any], world_size: int, iterations: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1234)
+    width = spec["layers"][spec["use"][0]][0]
+    return [[torch.randn(3, width, generator=g) for _ in range(iterations)] for _ in range(world_size)]
+
+
+STACK = {"layers": [(8, 16), (16, 32), (32, 4)], "use": [0, 1, 2]}            # 512 64 2048 128 512 16 bytes
+SWAPPED = {"layers": [(6, 3), (4, 6)], "use": [1, 0]}                        # defined last-layer first
+UNUSED = {"layers": [(8, 16), (16, 4), (16, 5)], "use": [0, 1]}              # layer 2 never used
+CAP = 600 / 2**20                                                           # 600 bytes: splits STACK
+
+LAYOUT_CASES = [
+    ("stack default cap", STACK, {}, None),
+    ("stack cap splits", STACK, dict(bucket_cap_mb=CAP), None),
+    ("stack tiny cap", STACK, dict(bucket_cap_mb=1e-9), None),
+    ("stack static_graph", STACK, dict(bucket_cap_mb=CAP, static_graph=True), None),
+    ("stack find_unused", STACK, dict(bucket_cap_mb=CAP, find_unused_parameters=True), None),
+    ("stack bucket views", STACK, dict(bucket_cap_mb=CAP, gradient_as_bucket_view=True), None),
+    # forward uses layer 1 first, so backward readies layer 0 (bias, weight) then layer 1
+    ("swapped ready order", SWAPPED, dict(bucket_cap_mb=1e-9), [1, 0, 3, 2]),
+    ("unused param found", UNUSED, dict(bucket_cap_mb=CAP, find_unused_parameters=True), None),
+]
+
+
+def local_mean_grads(spec: dict[str, Any], inputs: list[list[torch.Tensor]], iteration: int) -> list[Any]:
+    """What DDP should give: the mean over ranks of each rank's own gradients."""
+    per_rank = []
+    for xs in inputs:
+        model = build_model(spec)
+        model(xs[iteration]).sum().backward()
+        per_rank.append([p.grad for p in model.parameters()])
+    return [None if gs[0] is None else torch.stack(gs).mean(0) for gs in zip(*per_rank)]
+
+
+def sim_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("simcluster")]
+
+
+# ------------------------------------------------------------------------- the tests
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_allreduce_hook_gives_the_mean_of_local_gradients(world_size: int) -> None:
+    iterations = 3
+    inputs = make_inputs(STACK, world_size, iterations)
+    run = run_real_ddp(lambda: build_model(STACK), inputs, world_size=world_size, hook=allreduce_hook,
+                       iterations=iterations, bucket_cap_mb=CAP)
+    for k in range(iterations):
+        expected = local_mean_grads(STACK, inputs, k)
+        for rank in range(world_size):
+            torch.testing.assert_close(run.grads[k][rank], expected)
+            assert all(torch.equal(a, b) for a, b in zip(run.grads[k][rank], run.grads[k][0])), "replicas differ"
+    assert len(run.hook_calls[0]) > iterations  # several buckets per iteration were exercised
+
+
+def test_builtin_reducer_without_a_hook_also_averages() -> None:
+    inputs = make_inputs(STACK, 2, 2)
+    run = run_real_ddp(lambda: build_model(STACK), inputs, world_size=2, hook=None, iterations=2)
+    assert run.hook_calls == [[], []]
+    torch.testing.assert_close(run.grads[1][1], local_mean_grads(STACK, inputs, 1))
+
+
+def test_ranks_start_from_rank_0s_parameters_as_ddp_broadcasts_them() -> None:
+    seeds = iter(range(100))  # every rank's model is initialised differently
+
+    def factory() -> Net:
+        return build_model({**STACK, "seed": next(seeds)})
+
+    inputs = make_inputs(STACK, 2, 1)
+    run = run_real_ddp(factory, inputs, world_size=2, hook=allreduce_hook, iterations=1)
+    # the mean of local gradients computed with rank 0's initial parameters (seed 0)
+    torch.testing.assert_close(run.grads[0][1], local_mean_grads(STACK, inputs, 0))
+
+
+@pytest.mark.parametrize("name,spec,kwargs,ready_order", LAYOUT_CASES, ids=[c[0] for c in LAYOUT_CASES])
+def test_hook_calls_match_the_layout_model(name: str, spec: dict[str, Any], kwargs: dict[str, Any],
+                                           ready_order: list[int] | None) -> None:
+    iterations = 4
+    run = run_real_ddp(lambda: build_model(spec), make_inputs(spec, 2, iterations), world_size=2,
+                       hook=allreduce_hook, iterations=iterations, **kwargs)
+    params = list(build_model(spec).parameters())
+    layout_kwargs = {k: v for k, v in kwargs.items() if k != "gradient_as_bucket_view"}
+    for k in range(iterations):
+        expected = [tuple(c) for c in bucket_calls(params, iteration=k, ready_order=ready_order, **layout_kwargs)]
+        for rank in range(2):
+            got = [call[1:] for call in run.hook_calls[rank] if call[0] == k]
+            assert got == expected, f"{name}, iteration {k}, rank {rank}"
+
+
+def test_unused_parameter_gets_no_gradient_and_used_ones_the_mean() -> None:
+    inputs = make_inputs(UNUSED, 2, 2)
+    run = run_real_ddp(lambda: build_model(UNUSED), inputs, world_size=2, hook=allreduce_hook, iterations=2,
+                       find_unused_parameters=True)
+    expected = local_mean_grads(UNUSED, inputs, 1)
+    got = run.grads[1][0]
+    assert got[4] is None and got[5] is None  # layer 2 never ran
+    torch.testing.assert_close(got[:4], expected[:4])
+
+
+def test_state_factory_is_called_per_rank_with_that_ranks_group() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def factory(group: dist.ProcessGroup) -> dist.ProcessGroup:
+        seen.append((group.rank(), dist.get_rank()))  # dist.get_rank() resolves per thread
+        return group
+
+    run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=allreduce_hook,
+                 state=factory, iterations=1)
+    assert sorted(seen) == [(0, 0), (1, 1)]
+
+
+def test_torch_state_is_restored_and_no_thread_is_left() -> None:
+    world, rng = c10d._world, torch.get_rng_state()
+    flag = torch._C._is_multithreading_enabled()
+    run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=allreduce_hook,
+                 iterations=1)
+    assert c10d._world is world and not dist.is_initialized()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch._C._is_multithreading_enabled() == flag
+    assert sim_threads() == []
+
+
+# --------------------------------------------------------------------- broken hooks
+def test_mismatched_collectives_across_ranks_are_reported() -> None:
+    def fp16_on_rank_1(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        if dist.get_rank() == 1:
+            buffer = buffer.half()
+        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: bucket.buffer())
+
+    with pytest.raises(CollectiveMismatchError, match=r"rank 1: all_reduce\(float16"):
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 2), world_size=2, hook=fp16_on_rank_1,
+                     iterations=2, timeout=10)
+    assert sim_threads() == []
+
+
+def test_a_rank_that_ends_without_its_collective_is_a_deadlock() -> None:
+    calls = [0, 0]
+
+    def skip_last_on_rank_1(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        rank = dist.get_rank()
+        calls[rank] += 1
+        if rank == 1 and calls[rank] == 2:  # rank 1 skips the collective of its second (last) bucket
+            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        return allreduce_hook(state, bucket)
+
+    with pytest.raises(DeadlockError, match=r"ranks \[1\] ended without posting call #\d+ on WORLD") as info:
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 2), world_size=2,
+                     hook=skip_last_on_rank_1, iterations=2, timeout=10)
+    assert "rank 0: in backward() of iteration 1" in str(info.value)
+    assert sim_threads() == []
+
+
+def test_a_future_nobody_completes_is_reported_stuck_and_its_waiters_are_released() -> None:
+    def never(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return torch.futures.Future()
+
+    with pytest.raises(StuckError, match="rank 0: in backward\\(\\) of iteration 0") as info:
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=never,
+                     iterations=1, timeout=0.5)
+    assert "rank 1: in backward() of iteration 0" in str(info.value)
+    assert "abandoned" not in str(info.value)
+    assert sim_threads() == []
+
+
+def test_an_exception_in_the_hook_is_raised_as_itself_with_the_rank() -> None:
+    def boom_on_rank_1(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if dist.get_rank() == 1:
+            raise KeyError("boom")
+        return allreduce_hook(state, bucket)
+
+    with pytest.raises(KeyError, match="boom") as info:
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=boom_on_rank_1,
+                     iterations=1, timeout=10)
+    assert any("raised on rank 1 of 2" in note for note in info.value.__notes__)
+    assert sim_threads() == []
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="inputs_per_rank"):
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 1, 1), world_size=2, hook=allreduce_hook)
+    with pytest.raises(UsageError, match="state="):
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=allreduce_hook,
+                     state="world", iterations=1)
+
+
+# ----------------------------------------------------------------- against real gloo
+GLOO_CASES = [
+    (STACK, dict(bucket_cap_mb=CAP)),
+    (SWAPPED, dict(bucket_cap_mb=1e-9, static_graph=True)),
+    (UNUSED, dict(bucket_cap_mb=CAP, find_unused_parameters=True)),
+]
+GLOO_ITERATIONS = 3
+
+
+def gloo_ddp_job(rank: int, world_size: int, payload: Any) -> list[dict[str, Any]]:
+    """In a real gloo process: the same training loop as run_real_ddp, for each case."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    results = []
+    for spec, kwargs in payload["cases"]:
+        model = build_model(spec)
+        params = list(model.parameters())
+        ddp = DistributedDataParallel(model, **kwargs)
+        it = [0]
+        calls: list[tuple[int, int, bool, tuple[int, ...]]] = []
+
+        def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            ids = tuple(next(i for i, q in enumerate(params) if q is p) for p in bucket.parameters())
+            calls.append((it[0], bucket.index(), bucket.is_last(), ids))
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+        grads = []
+        inputs = make_inputs(spec, world_size, GLOO_ITERATIONS)[rank]
+        for k in range(GLOO_ITERATIONS):
+            it[0] = k
+            ddp(inputs[k]).sum().backward()
+            grads.append([None if p.grad is None else p.grad.clone() for p in params])
+            ddp.zero_grad(set_to_none=True)
+        del ddp
+        gc.collect()
+        results.append({"grads": grads, "calls": calls})
+    return results
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("world_size", [2])
+def test_same_gradients_bits_and_hook_calls_as_real_gloo(world_size: int) -> None:
+    from simcluster.gloo_runner import run_gloo
+
+    real = run_gloo(gloo_ddp_job, world_size, [{"cases": GLOO_CASES}] * world_size, timeout=120.0)
+    for c, (spec, kwargs) in enumerate(GLOO_CASES):
+        sim = run_real_ddp(lambda spec=spec: build_model(spec), make_inputs(spec, world_size, GLOO_ITERATIONS),
+                           world_size=world_size, hook=allreduce_hook, iterations=GLOO_ITERATIONS, **kwargs)
+        for rank in range(world_size):
+            assert sim.hook_calls[rank] == real[rank][c]["calls"], f"case {c}, rank {rank}"
+            for k in range(GLOO_ITERATIONS):
+                for i, (a, b) in enumerate(zip(sim.grads[k][rank], real[rank][c]["grads"][k])):
+                    assert (a is None) == (b is None), f"case {c}, rank {rank}, iteration {k}, param {i}"
+                    if a is not None:
+                        assert torch.equal(a, b), f"case {c}, rank {rank}, iteration {k}, param {i}: bits differ"
