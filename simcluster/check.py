@@ -1,0 +1,423 @@
+"""The checking engine: Hypothesis drives simulated DDP runs of a hook, the oracles judge them.
+
+    >>> from hooks.reference import mean_allreduce_hook
+    >>> report = check_hook(mean_allreduce_hook, examples=5, world_sizes=(2, 3))
+    >>> report.passed, report.properties
+    (True, ['contract', 'liveness', 'replicas_agree', 'averages', 'schedule_independence'])
+
+For each backend model, one Hypothesis test draws an :class:`~simcluster.strategies.Example`
+(world size, layout, ``steps`` steps of per-rank gradients, a completion schedule), runs
+:class:`~simcluster.ddp.SimDDP` on it, and applies the oracles of
+:mod:`simcluster.properties` in a fixed order — liveness, contract, replicas_agree,
+averages, error_feedback, schedule_independence — raising on the first violation. Each
+property raises its own exception class, so Hypothesis shrinks each failing property
+separately and the report lists every one, each with its **shrunk** counterexample.
+
+What a hook's own exception counts as: the step cannot complete, so *liveness* — except
+when ``error_feedback`` is checked and the exception comes after step 0 (the memory kept
+across steps broke it), then *error_feedback*. Errors of simcluster's contract model
+(``CopyBackError``, bucket misuse, a backend rejecting an op) count as *contract*.
+
+**Replay.** Every failure carries a token ``sc1.<base64url(zlib(JSON of the Example,
+plus the backend))>``: the concrete counterexample, not Hypothesis' internal choice
+sequence, so it survives Hypothesis upgrades. ``check_hook(..., replay=token)`` (CLI:
+``--replay TOKEN``) runs exactly that example once, bit for bit. With ``database=DIR``
+Hypothesis also keeps failing examples there and tries them first on later runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import inspect
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from simcluster import properties as P
+from simcluster.bucket import GradBucketMisuse
+from simcluster.cluster import SimCluster
+from simcluster.ddp import DDPConfig, SimDDP, subgroups
+from simcluster.errors import BackendError, HookContractError, UnsupportedError, UsageError
+from simcluster.report import PROPERTIES, CheckReport, PropertyFailure
+from simcluster.strategies import (
+    DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy,
+)
+from simcluster.targets import load_state, load_target
+
+__all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "Violation"]
+
+TOKEN_PREFIX = "sc1."
+BACKENDS = ("gloo", "nccl")
+_ORDER = ("liveness", "contract", "replicas_agree", "averages", "error_feedback", "schedule_independence")
+DRAIN_STEPS = 6
+
+
+class Violation(AssertionError):
+    """A property failed on one example; ``info`` holds the failure's fields."""
+
+    prop = ""
+
+    def __init__(self, message: str, info: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.info = info
+
+
+# One subclass per property, so Hypothesis tells the failures apart and shrinks each.
+_VIOLATIONS: dict[str, type[Violation]] = {
+    name: type(f"{''.join(w.title() for w in name.split('_'))}Violation", (Violation,), {"prop": name})
+    for name in PROPERTIES
+}
+
+
+# --------------------------------------------------------------------------- replay tokens
+def encode_example(example: Example, backend: str) -> str:
+    """The replay token of ``example`` on ``backend`` (see the module docstring)."""
+    data = {"backend": backend, "example": dataclasses.asdict(example)}
+    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def decode_example(token: str) -> tuple[Example, str]:
+    """``(example, backend)`` from a replay token; UsageError if it is not one."""
+    try:
+        if not token.startswith(TOKEN_PREFIX):
+            raise ValueError("no sc1. prefix")
+        body = token[len(TOKEN_PREFIX):]
+        data = json.loads(zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))))
+        ex = data["example"]
+        layout = Layout(**{**ex["layout"], "shapes": tuple(tuple(s) for s in ex["layout"]["shapes"]),
+                           "ready_order": tuple(ex["layout"]["ready_order"])})
+        b = ex["base"]
+        base = StepSpec(ranks=tuple(RankSpec(r["fill"], r["exp"], r["seed"], r["value"],
+                                             tuple((p, v) for p, v in r["specials"]), r["zero"]) for r in b["ranks"]),
+                        shared=tuple((p, v) for p, v in b["shared"]), exp=b["exp"], shift=b["shift"])
+        example = Example(ex["world_size"], layout, base, tuple(ex["shifts"]), tuple(ex["schedule"]), ex["dtype"],
+                          ex["values"], ex["exact"], ex["subgroups"])
+        return example, data["backend"]
+    except Exception as exc:  # noqa: BLE001 - any malformation is the caller's
+        raise UsageError(f"--replay {token[:40]!r}…: not a simcluster replay token ({exc})") from None
+
+
+# --------------------------------------------------------------------------- one example
+@dataclasses.dataclass
+class _Options:
+    hook: Callable[..., Any]
+    target: str
+    state: Any  # None | "group" | factory
+    state_name: str
+    tolerance: str
+    api: str
+    seed: int
+    props: tuple[str, ...]
+    ef_drain: int
+
+
+def _groups(example: Example) -> list[list[int]]:
+    size = example.world_size // example.subgroups
+    return [list(range(i * size, (i + 1) * size)) for i in range(example.subgroups)]
+
+
+def _simulate(opts: _Options, example: Example, backend: str, schedule: Any,
+              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int]:
+    """Run every step; (step results, the error that stopped the run or None, its step)."""
+    cluster = SimCluster(example.world_size, seed=opts.seed, backend=backend, schedule=schedule)
+    lay = example.layout
+    config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
+                       find_unused_parameters=lay.find_unused_parameters,
+                       gradient_as_bucket_view=lay.gradient_as_bucket_view, ready_order=lay.ready_order, api=opts.api)
+    factory = subgroups(*_groups(example)) if example.subgroups > 1 else None
+    ddp = SimDDP(cluster, opts.hook, list(lay.shapes), state=opts.state, config=config,
+                 dtype=DTYPES[example.dtype], process_group_factory=factory)
+    results: list[Any] = []
+    for t, step_grads in enumerate(grads):
+        try:
+            results.append(ddp.step(step_grads))
+        except (UsageError, UnsupportedError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the hook's failure is the finding
+            return results, exc, t
+    return results, None, len(grads)
+
+
+def run_example(opts: _Options, example: Example, backend: str) -> None:
+    """Run ``example`` and apply the oracles; raise the :class:`Violation` of the first that fails."""
+    grads = example.grads()
+    drain_from = len(grads)
+    if "error_feedback" in opts.props:
+        zero = [[[torch.zeros_like(t) for t in rank] for rank in grads[0]]]
+        grads = grads + zero * opts.ef_drain
+    chooser = ScheduleChoices(example.schedule)
+    results, error, at = _simulate(opts, example, backend, chooser, grads)
+    taken = [pick for _, pick in chooser.taken]
+    while taken and taken[-1] == 0:
+        taken.pop()
+    info: dict[str, Any] = {"example": example, "backend": backend, "schedule": taken, "step": at}
+
+    def fail(prop: str, message: str, **extra: Any) -> None:
+        raise _VIOLATIONS[prop](message, {**info, **extra})
+
+    if error is not None:
+        etype = type(error).__name__
+        head = f"step {at}: {etype}: {str(error).splitlines()[0] if str(error) else ''}"
+        if "liveness" in opts.props and P.liveness(error):
+            fail("liveness", head, error_type=etype)
+        if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
+            if "contract" in opts.props:
+                fail("contract", head, error_type=etype)
+        elif "error_feedback" in opts.props and at >= 1:
+            fail("error_feedback", f"{head} (the hook's memory from earlier steps broke step {at})", error_type=etype)
+        elif "liveness" in opts.props:
+            fail("liveness", f"{head} (the hook raised: the step cannot complete on every rank)", error_type=etype)
+        return
+    groups = _groups(example)
+    for t, res in enumerate(results):
+        info["step"] = t
+        sizes = [sum(int(torch.Size(example.layout.shapes[i]).numel()) for i in b) for b in res.bucket_params]
+        if "contract" in opts.props:
+            for r, outs in enumerate(res.outputs):
+                for k, value in enumerate(outs):
+                    problem = P.result_problem(value, sizes[k], opts.api)
+                    if problem:
+                        fail("contract", f"step {t}, rank {r}, bucket {k}: {problem}")
+        if "replicas_agree" in opts.props and (msg := P.replicas_agree(res.grads, groups)):
+            fail("replicas_agree", f"step {t}: {msg}")
+        if "averages" in opts.props and t < drain_from and (msg := P.averages(res.grads, grads[t], opts.tolerance,
+                                                                              groups)):
+            fail("averages", f"step {t}: {msg}")
+    if "error_feedback" in opts.props:
+        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
+        if msg:
+            fail("error_feedback", msg)
+    if "schedule_independence" in opts.props and taken:
+        info["step"] = 0
+        in_order, error_b, at_b = _simulate(opts, example, backend, "in_order", grads)
+        if error_b is not None:
+            fail("schedule_independence", f"in-order completion fails at step {at_b} ({type(error_b).__name__}: "
+                 f"{str(error_b).splitlines()[0]}) where the drawn schedule completes", error_type=type(error_b).__name__)
+        msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order],
+                                      f"the schedule {taken}")
+        if msg:
+            fail("schedule_independence", msg)
+
+
+# --------------------------------------------------------------------------- rendering
+def _abridge(t: torch.Tensor, limit: int = 6) -> str:
+    flat = t.detach().reshape(-1).to(torch.float64).tolist()
+    if flat and all(v == flat[0] for v in flat) and len(flat) > 1:
+        return f"[{flat[0]!r} ×{len(flat)}]"
+    shown = ", ".join(repr(v) for v in flat[:limit])
+    return f"[{shown}{', …' if len(flat) > limit else ''}]" + (f"({len(flat)})" if len(flat) > limit else "")
+
+
+def render_gradients(example: Example, upto: int, max_ranks: int = 4) -> str:
+    """Steps ``0..upto``, rank by rank, each parameter abridged to a few values."""
+    grads = example.grads()
+    lines = []
+    for t, step in enumerate(grads[: upto + 1]):
+        ranks = [f"r{r}: " + " ".join(_abridge(g) for g in rank) for r, rank in enumerate(step[:max_ranks])]
+        more = f" (+{len(step) - max_ranks} ranks)" if len(step) > max_ranks else ""
+        lines.append(f"step {t}: " + " | ".join(ranks) + more)
+    return "\n             ".join(lines)
+
+
+def _describe_layout(example: Example, steps: int) -> str:
+    text = example.layout.describe() + f", {steps} steps, {example.dtype} gradients"
+    if example.values != example.dtype:
+        text += f" holding {example.values} values"
+    if example.subgroups > 1:
+        text += f", DDP on {example.subgroups} subgroups of {example.world_size // example.subgroups} ranks"
+    return text
+
+
+def _name_of(obj: Any) -> str | None:
+    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{qual}" if module and qual and "<" not in qual else None
+
+
+def _replay_command(opts: _Options, backend: str, world: int, token: str, steps: int) -> str:
+    parts = ["simcluster check", opts.target]
+    if opts.state_name != "none":
+        parts.append(f"--state {opts.state_name}")
+    parts += [f"--tolerance {opts.tolerance}"]
+    if opts.api != "current":
+        parts.append(f"--api {opts.api}")
+    parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}",
+              f"--replay {token}"]
+    return " ".join(parts)
+
+
+def _failure(opts: _Options, v: Violation, steps: int) -> PropertyFailure:
+    example: Example = v.info["example"]
+    backend: str = v.info["backend"]
+    token = encode_example(example, backend)
+    return PropertyFailure(
+        property=v.prop, backend=backend, message=str(v), world_size=example.world_size,
+        layout=_describe_layout(example, steps), gradients=render_gradients(example, v.info.get("step", 0)),
+        schedule=list(v.info.get("schedule", [])), replay=_replay_command(opts, backend, example.world_size, token, steps),
+        error_type=v.info.get("error_type", ""), details={"step": v.info.get("step", 0), "token": token},
+    )
+
+
+def _violations(exc: BaseException) -> list[Violation]:
+    if isinstance(exc, Violation):
+        return [exc]
+    if isinstance(exc, BaseExceptionGroup):
+        return [v for sub in exc.exceptions for v in _violations(sub)]
+    return []
+
+
+# --------------------------------------------------------------------------- the API
+def _resolve_state(state: Any) -> tuple[Any, str]:
+    if state is None or state == "none":
+        return None, "none"
+    if state == "group":
+        return "group", "group"
+    if isinstance(state, str):
+        return load_state(state), state
+    if callable(state):
+        return state, _name_of(state) or "<factory>"
+    raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
+
+
+def _choose_properties(properties: Sequence[str] | None, tolerance: str, state: Any) -> tuple[str, ...]:
+    if properties is None:
+        chosen = ["contract", "liveness", "replicas_agree", "schedule_independence"]
+        if tolerance != "none":
+            chosen.insert(3, "averages")
+        if tolerance == "none" and callable(state):  # a stateful lossy hook: it should keep a residual
+            chosen.append("error_feedback")
+        return tuple(chosen)
+    unknown = [p for p in properties if p not in PROPERTIES]
+    if unknown or isinstance(properties, str):
+        raise UsageError(f"properties={properties!r}: each must be one of {', '.join(PROPERTIES)}")
+    return tuple(p for p in PROPERTIES if p in properties and not (p == "averages" and tolerance == "none"))
+
+
+def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, state: Any = "none",
+               tolerance: str = "fp32", backends: Sequence[str] = BACKENDS,
+               world_sizes: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3, examples: int = 50,
+               seed: int | None = 0, api: str = "current",
+               database: str | os.PathLike[str] | ExampleDatabase | None = None,
+               properties: Sequence[str] | None = None, progress: Callable[[str], None] | None = None,
+               replay: str | None = None) -> CheckReport:
+    """Check ``hook`` and return a :class:`~simcluster.report.CheckReport` (never raises for findings).
+
+    ``hook``: a callable or a ``module:name`` / ``file.py:name`` string. ``target``: the
+    name used in the report and the replay line (default: the string, or
+    ``module:qualname``). ``state``: ``"none"`` (hook state ``None``, i.e.
+    ``dist.group.WORLD``), ``"group"`` (each rank's process group; also draws DDP on
+    equal subgroups of the world), ``"module:factory"`` or a callable
+    ``factory(process_group)``. ``tolerance``: ``exact`` | ``fp32`` | ``fp16`` | ``bf16`` |
+    ``rtol=R,atol=A`` | ``none`` (skip *averages*); it also picks the inputs (fp16:
+    float16 values up to ±65504; exact: exactly averageable values). ``steps`` >= 1
+    (default 3: iteration 0, the rebuild, one more). ``examples`` per backend; ``seed``
+    fixes generation (``None``: random) and the ranks' RNG. ``api``: ``"current"`` or
+    ``"legacy"``. ``database``: a directory (or an ExampleDatabase) keeping failing
+    examples, replayed first next time. ``properties``: a subset of
+    :data:`~simcluster.report.PROPERTIES` (default: all that apply). ``progress``: called
+    with a line per backend. ``replay``: a token from a failure: run just that example.
+    Usage errors raise :class:`~simcluster.errors.UsageError`.
+    """
+    start = time.monotonic()
+    if isinstance(hook, str):
+        target = target or hook
+        hook = load_target(hook)
+    if not callable(hook):
+        raise UsageError(f"hook={hook!r} is not callable")
+    target = target or _name_of(hook) or repr(hook)
+    state_obj, state_name = _resolve_state(state)
+    tol = P.parse_tolerance(tolerance).describe()
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad or not backends or isinstance(backends, str):
+        raise UsageError(f"backends={backends!r}: use a list of 'gloo' and/or 'nccl'")
+    if not world_sizes or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in world_sizes):
+        raise UsageError(f"world_sizes={world_sizes!r} must be positive ints")
+    for name, value in (("steps", steps), ("examples", examples)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{name}={value!r} must be an int >= 1")
+    if api not in ("current", "legacy"):
+        raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
+    props = _choose_properties(properties, tol, state_obj)
+    opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS)
+    report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
+    if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
+        report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
+                            "(TypeError on CPU/gloo); the hook itself is checked")
+    if "contract" in props and (problem := P.registration_problem(hook, api)):
+        report.failures.append(PropertyFailure("contract", "any", f"registration: {problem}", 0, "-", "-", [],
+                                               f"simcluster check {target} --api {api}", "registration"))
+    if replay is not None:
+        example, backend = decode_example(replay)
+        _run_one(opts, example, backend, report, steps=example.steps)
+    else:
+        for backend in backends:
+            if progress is not None:
+                progress(f"{target}: {backend}, {examples} examples, world sizes {list(world_sizes)}")
+            _run_hypothesis(opts, backend, report, world_sizes, steps, examples, seed, database)
+    report.passed = not report.failures
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _run_one(opts: _Options, example: Example, backend: str, report: CheckReport, steps: int) -> None:
+    report.examples += 1
+    try:
+        run_example(opts, example, backend)
+    except Violation as v:
+        report.failures.append(_failure(opts, v, steps))
+
+
+def _domain(tolerance: str) -> dict[str, Any]:
+    if tolerance == "exact":
+        return {"exact": True}
+    return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
+
+
+def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
+                    examples: int, seed: int | None, database: Any) -> None:
+    count = [0]
+    strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps,
+                                subgroups=opts.state == "group", **_domain(opts.tolerance))
+
+    def test(example: Example) -> None:
+        count[0] += 1
+        run_example(opts, example, backend)
+
+    test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+        f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}".encode())
+    wrapped = given(strategy)(test)
+    if seed is not None:
+        wrapped = hypothesis_seed(seed)(wrapped)
+    db = DirectoryBasedExampleDatabase(os.fspath(database)) if isinstance(database, (str, os.PathLike)) else database
+    wrapped = settings(max_examples=examples, deadline=None, database=db, verbosity=Verbosity.quiet,
+                       derandomize=False, print_blob=False, report_multiple_bugs=True,
+                       suppress_health_check=list(HealthCheck))(wrapped)
+    try:
+        wrapped()
+    except Exception as exc:  # noqa: BLE001 - sorted below
+        found = _violations(exc)
+        if not found:
+            raise
+        seen = {f.property for f in report.failures if f.backend == backend}
+        for v in sorted(found, key=lambda v: _ORDER.index(v.prop)):
+            if v.prop not in seen:
+                seen.add(v.prop)
+                report.failures.append(_failure(opts, v, steps))
+    finally:
+        report.examples += count[0]
+
+
+def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
+    """:func:`check_hook`, raising ``AssertionError(report.format())`` unless every property held."""
+    report = check_hook(hook, **options)
+    if not report.passed:
+        raise AssertionError(report.format())
