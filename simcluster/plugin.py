@@ -1,0 +1,290 @@
+"""simcluster's pytest plugin (entry point ``pytest11``): a fixture, markers, profiles, checks.
+
+Installed with simcluster; nothing to enable. What it gives a test suite:
+
+* **``sim_cluster``** — a fresh :class:`~simcluster.SimCluster` per test, 2 ranks, gloo
+  model, seed 0, unless the test says otherwise with the marker::
+
+      @pytest.mark.simcluster(world_size=4, backend="nccl", seed=3)
+      def test_my_hook(sim_cluster):
+          run = sim_cluster.run_hook(my_hook, [torch.ones(8) * r for r in range(4)])
+          assert all(torch.equal(run.outputs[0], o) for o in run.outputs)
+
+* **``check_hook`` / ``assert_hook``** — the ``simcluster check`` command as functions,
+  with the same options (``state``, ``tolerance``, ``backends``, ``world_sizes``,
+  ``steps``, ``examples``, ``seed``, ``api``, ``database``, ``properties``); the hook, the
+  state and the tolerance may be given as the CLI's strings (``"pkg.mod:hook"``,
+  ``"pkg.mod:factory"``, ``"fp16"``). Options not given come from the active profile::
+
+      from simcluster.plugin import assert_hook
+
+      def test_my_hook_averages():
+          assert_hook("mypkg.hooks:my_hook", tolerance="fp16", world_sizes=(2, 4))
+
+  The fixtures ``simcluster_check`` / ``simcluster_assert`` are the same functions bound
+  to the run's profile and example database (``<rootdir>/.simcluster/examples``).
+
+* **Profiles** — Hypothesis settings profiles named ``ci``, ``dev`` and ``thorough``:
+
+  =========  ========  ============  ==========================================
+  profile    examples  derandomize   example database
+  =========  ========  ============  ==========================================
+  ci         25        yes           the committed one, **read-only**
+  dev        50        yes           the committed one, read and write
+  thorough   500       yes           the committed one, read and write (nightly)
+  =========  ========  ============  ==========================================
+
+  Chosen by ``--simcluster-profile NAME``, else ``$SIMCLUSTER_PROFILE``, else ``ci`` when
+  the ``CI`` environment variable is set (Hypothesis's own CI detection), else ``dev``.
+  A chosen profile is also *loaded* into Hypothesis (as ``--hypothesis-profile`` would),
+  so it governs the suite's own ``@given`` tests too; with ``CI`` set this replaces
+  Hypothesis's built-in ``ci`` profile (which has no database) by ours, which replays the
+  committed counterexamples. A profile of the same name that your ``conftest.py``
+  registered is left alone (yours wins). ``dev`` is used for simcluster's checks without
+  being loaded when nothing was chosen.
+
+Safe under ``pytest -n auto``: every worker configures itself, nothing is shared but the
+example database directory, whose writes are atomic per example (and ``ci`` never
+writes). Per-run data lives in ``config.stash``; heavy imports (torch, Hypothesis) happen
+inside hooks and fixtures, not when pytest loads the plugin.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from simcluster.cluster import SimCluster
+    from simcluster.report import CheckReport
+
+__all__ = ["check_hook", "assert_hook", "Profile", "PROFILES", "choose_profile", "hypothesis_profiles"]
+
+PROFILE_OPTION = "--simcluster-profile"
+PROFILE_ENV = "SIMCLUSTER_PROFILE"
+DATABASE_DIR = ".simcluster/examples"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a profile sets for simcluster's checks (and for Hypothesis, when loaded)."""
+
+    name: str
+    examples: int
+    database: str  # "read-only" | "read-write"
+    description: str
+
+
+PROFILES: Mapping[str, Profile] = MappingProxyType({
+    "ci": Profile("ci", 25, "read-only", "CI: fast, derandomized, replays the committed examples, never writes"),
+    "dev": Profile("dev", 50, "read-write", "local development: finds and keeps new counterexamples"),
+    "thorough": Profile("thorough", 500, "read-write", "nightly: ten times the examples"),
+})
+
+
+@dataclass(frozen=True)
+class _RunOptions:
+    profile: Profile
+    database_dir: Path
+    explicit: bool  # chosen by option, env or CI (and then loaded into Hypothesis)
+
+
+_RUN_OPTIONS = pytest.StashKey[_RunOptions]()
+
+
+def choose_profile(option: str | None, environ: Mapping[str, str]) -> tuple[str, bool]:
+    """``(name, explicit)``: the option, else ``$SIMCLUSTER_PROFILE``, else ``ci`` under CI, else ``dev``.
+
+    >>> choose_profile(None, {"CI": "true"})
+    ('ci', True)
+    >>> choose_profile("thorough", {"CI": "true"})
+    ('thorough', True)
+    >>> choose_profile(None, {})
+    ('dev', False)
+    """
+    name = option or environ.get(PROFILE_ENV) or None
+    if name is not None:
+        if name not in PROFILES:
+            raise pytest.UsageError(f"simcluster profile {name!r} is unknown; choose from {', '.join(PROFILES)}")
+        return name, True
+    if environ.get("CI") is not None:
+        return "ci", True
+    return "dev", False
+
+
+def hypothesis_profiles() -> dict[str, Any]:
+    """The three Hypothesis ``settings`` profiles (for a suite's own ``@given`` tests).
+
+    Hypothesis refuses ``derandomize=True`` together with a database, so the *database*
+    half of a profile lives in simcluster's options instead (:func:`_defaults`): simcluster's
+    checks are seeded (deterministic) and replay the committed examples; the suite's own
+    ``@given`` tests under ``ci`` are derandomized as with Hypothesis's built-in ``ci``.
+    """
+    from hypothesis import HealthCheck, settings
+
+    base = settings.get_profile("default")  # not the current profile: under CI that is the built-in ci
+    out = {}
+    for p in PROFILES.values():
+        extra: dict[str, Any] = {"derandomize": True, "database": None} if p.database == "read-only" else {}
+        out[p.name] = settings(base, max_examples=p.examples, deadline=None, print_blob=True,
+                               suppress_health_check=[HealthCheck.too_slow], **extra)
+    return out
+
+
+def _database(profile: Profile, database_dir: Path) -> Any:
+    """The example database simcluster's checks use under ``profile``: the committed
+    directory, wrapped read-only for ``ci``."""
+    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+
+    db: Any = DirectoryBasedExampleDatabase(str(database_dir))
+    return ReadOnlyDatabase(db) if profile.database == "read-only" else db
+
+
+def _register() -> None:
+    """Register our profiles, leaving any of the same name the user registered (ours fill gaps)."""
+    from hypothesis import settings
+    from hypothesis import _settings as hypothesis_settings_module
+    from hypothesis.errors import InvalidArgument
+
+    builtin_ci = getattr(hypothesis_settings_module, "CI", None)
+    for name, value in hypothesis_profiles().items():
+        try:
+            existing = settings.get_profile(name)
+        except InvalidArgument:
+            existing = None
+        if existing is None or (name == "ci" and existing is builtin_ci):
+            settings.register_profile(name, value)
+
+
+# -- pytest hooks -----------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simcluster", "simcluster: DDP communication hook checks")
+    group.addoption(PROFILE_OPTION, default=None, choices=tuple(PROFILES), metavar="NAME",
+                    help=f"profile for simcluster checks and Hypothesis: {', '.join(PROFILES)} "
+                         f"(default: ${PROFILE_ENV}, else ci when $CI is set, else dev)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "simcluster(world_size=2, backend='gloo', seed=0, schedule='random', rng='per_rank'): "
+        "options of the sim_cluster fixture",
+    )
+    name, explicit = choose_profile(config.getoption(PROFILE_OPTION), os.environ)
+    options = _RunOptions(PROFILES[name], config.rootpath / DATABASE_DIR, explicit)
+    config.stash[_RUN_OPTIONS] = options
+    if explicit:
+        from hypothesis import settings
+
+        _register()
+        settings.load_profile(name)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    options = config.stash.get(_RUN_OPTIONS, None)
+    if options is None:
+        return None
+    return f"simcluster profile {options.profile.name!r}: {options.profile.description}"
+
+
+# -- the checks as functions ------------------------------------------------------------------
+
+
+def _defaults(profile: Profile, database_dir: Path) -> dict[str, Any]:
+    return {"examples": profile.examples, "database": _database(profile, database_dir), "seed": 0}
+
+
+def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """CLI strings → objects: a TARGET string, a state spec, a tolerance (UsageError if bad)."""
+    from simcluster.targets import load_state, load_target, parse_tolerance
+
+    options = dict(options)
+    if isinstance(hook, str):
+        options.setdefault("target", hook)
+        hook = load_target(hook)
+    state = options.get("state")
+    if isinstance(state, str):
+        options["state"] = load_state(state)
+    if isinstance(options.get("tolerance"), str):
+        options["tolerance"] = parse_tolerance(options["tolerance"])
+    return hook, options
+
+
+def _check(hook: Any, defaults: dict[str, Any], options: dict[str, Any]) -> CheckReport:
+    from simcluster.check import check_hook as run_check
+
+    hook, options = _resolve(hook, {**defaults, **options})
+    return run_check(hook, **options)
+
+
+def _default_profile() -> Profile:
+    name, _ = choose_profile(None, os.environ)
+    return PROFILES[name]
+
+
+def check_hook(hook: Callable[..., Any] | str, **options: Any) -> CheckReport:
+    """:func:`simcluster.check.check_hook` with the CLI's spellings and the profile's defaults.
+
+    Outside the fixtures the profile is ``$SIMCLUSTER_PROFILE`` (else ``ci`` under CI,
+    else ``dev``) and the example database is ``.simcluster/examples`` in the current
+    directory; any option given explicitly wins.
+    """
+    return _check(hook, _defaults(_default_profile(), Path(DATABASE_DIR)), options)
+
+
+def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
+    """Like :func:`check_hook`, but raise ``AssertionError`` with the report when a property fails."""
+    report = check_hook(hook, **options)
+    if not report.passed:
+        raise AssertionError(report.format())
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sim_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
+    """A fresh SimCluster: 2 ranks, gloo, seed 0 — or what ``@pytest.mark.simcluster(...)`` says."""
+    from simcluster.cluster import SimCluster
+
+    kwargs: dict[str, Any] = {"world_size": 2, "seed": 0, "backend": "gloo"}
+    marker = request.node.get_closest_marker("simcluster")
+    if marker is not None:
+        if len(marker.args) > 1:
+            pytest.fail("@pytest.mark.simcluster takes at most one positional argument (world_size)", pytrace=False)
+        if marker.args:
+            kwargs["world_size"] = marker.args[0]
+        allowed = {"world_size", "seed", "backend", "schedule", "rng", "stuck_timeout"}
+        unknown = sorted(set(marker.kwargs) - allowed)
+        if unknown:
+            pytest.fail(f"@pytest.mark.simcluster: unknown option(s) {unknown}; known: {sorted(allowed)}", pytrace=False)
+        kwargs.update(marker.kwargs)
+    yield SimCluster(**kwargs)
+
+
+@pytest.fixture
+def simcluster_check(request: pytest.FixtureRequest) -> Callable[..., CheckReport]:
+    """``check(hook, **options) -> CheckReport`` bound to this run's profile and database."""
+    options = request.config.stash[_RUN_OPTIONS]
+    defaults = _defaults(options.profile, options.database_dir)
+    return lambda hook, **kw: _check(hook, defaults, kw)
+
+
+@pytest.fixture
+def simcluster_assert(simcluster_check: Callable[..., CheckReport]) -> Callable[..., None]:
+    """``assert_(hook, **options)``: raise ``AssertionError(report.format())`` if a property fails."""
+
+    def assert_(hook: Any, **options: Any) -> None:
+        report = simcluster_check(hook, **options)
+        if not report.passed:
+            raise AssertionError(report.format())
+
+    return assert_

@@ -1,0 +1,414 @@
+"""The ``simcluster`` command line: exit codes, load errors, the table, --json, explain, replay.
+
+Most tests run ``main(argv)`` in-process with a small fake check function injected
+(fast; independent of the checker); a few run the real program in a subprocess, and the
+replay test runs the real checker once it exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import json
+import pkgutil
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from simcluster.cli import DEFAULT_DATABASE, main
+from simcluster.defaults import TORCH_HOOKS, default_entries
+from simcluster.explain import small_gradients
+from simcluster.progress import ProgressLine
+from simcluster.report import CheckReport, PropertyFailure
+from simcluster.targets import load_target, parse_tolerance, parse_world_sizes
+
+PYTHON = sys.executable
+
+
+class FakeCheck:
+    """Stands in for ``simcluster.check.check_hook``: records calls; fails hooks named in ``fail``."""
+
+    def __init__(self, fail: tuple[str, ...] = ()) -> None:
+        self.fail = fail
+        self.calls: list[tuple[Any, dict[str, Any]]] = []
+
+    def __call__(self, hook: Any, **options: Any) -> CheckReport:
+        self.calls.append((hook, options))
+        failures = []
+        if hook.__name__ in self.fail:
+            failures.append(PropertyFailure(
+                property="averages", backend=options["backends"][0], message="result is the sum, not the mean",
+                world_size=2, layout="1 parameter of shape (3,)", gradients="rank 0: [1, 2, 3]; rank 1: [1, 2, 3]",
+                schedule=[], replay=f"simcluster check {options['target']} --seed 7",
+            ))
+        return CheckReport(target=options["target"], passed=not failures, properties=["averages"],
+                           backends=list(options["backends"]), failures=failures, examples=3, seconds=0.25)
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str], check: FakeCheck | None = None) -> tuple[int, str, str]:
+    code = main(argv, check=check or FakeCheck())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("simcluster: error: ")
+    assert "Traceback" not in err
+
+
+# -- exit 0 and 1 ---------------------------------------------------------------------------
+
+
+def test_passing_target_exits_0_with_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck()
+    report_path = tmp_path / "report.json"
+    code, out, _ = run(["check", "hooks.reference:mean_allreduce_hook", "--json", str(report_path)], capsys, fake)
+    assert code == 0
+    assert "hooks.reference:mean_allreduce_hook" in out and "ok" in out
+    assert "1 checked, 0 failed, 0 skipped" in out
+    data = json.loads(report_path.read_text())
+    assert [d["target"] for d in data] == ["hooks.reference:mean_allreduce_hook"]
+    assert data[0]["status"] == "ok"
+    hook, options = fake.calls[0]
+    from hooks.reference import mean_allreduce_hook
+
+    assert hook is mean_allreduce_hook
+    assert options["backends"] == ("gloo", "nccl") and options["world_sizes"] == (1, 2, 3, 4, 8)
+    assert options["steps"] >= 3 and options["examples"] == 50 and options["seed"] == 0
+    assert options["database"] == DEFAULT_DATABASE and options["tolerance"] == "fp32" and options["state"] == "none"
+
+
+def test_options_reach_the_checker(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck()
+    code, _, _ = run(["check", "hooks.reference:topk_hook", "--state", "hooks.reference:TopKState",
+                      "--tolerance", "rtol=1e-3, atol=0", "--backend", "nccl", "--world-sizes", "2,4",
+                      "--steps", "5", "--examples", "7", "--seed", "11", "--api", "legacy", "--no-database",
+                      "--properties", "contract,liveness"], capsys, fake)
+    assert code == 0
+    options = fake.calls[0][1]
+    # the spec string is passed on (the checker names it in replay lines); it was loaded first
+    assert options["state"] == "hooks.reference:TopKState" and options["tolerance"] == "rtol=1e-3,atol=0"
+    assert options["backends"] == ("nccl",) and options["world_sizes"] == (2, 4)
+    assert (options["steps"], options["examples"], options["seed"], options["api"]) == (5, 7, 11, "legacy")
+    assert options["database"] is None and options["properties"] == ("contract", "liveness")
+
+
+def test_failing_target_exits_1_with_property_counterexample_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck(fail=("forgot_division",))
+    code, out, _ = run(["check", "hooks.reference:mean_allreduce_hook", "hooks.buggy:forgot_division"], capsys, fake)
+    assert code == 1
+    assert "FAILED averages [gloo, world size 2]" in out
+    assert "gradients: rank 0: [1, 2, 3]" in out
+    assert "replay:    simcluster check hooks.buggy:forgot_division --seed 7" in out
+    assert "2 checked, 1 failed" in out
+    assert len(fake.calls) == 2  # the passing hook was checked too
+
+
+def test_internal_error_exits_3_with_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(hook: Any, **options: Any) -> CheckReport:
+        raise RuntimeError("a bug in the checker")
+
+    code = main(["check", "hooks.reference:mean_allreduce_hook"], check=broken)
+    _, err = capsys.readouterr()
+    assert code == 3 and "Traceback" in err and "a bug in the checker" in err
+
+
+# -- exit 2: bad targets, bad options -------------------------------------------------------
+
+
+@pytest.fixture
+def user_files(tmp_path: Path) -> Path:
+    (tmp_path / "raises.py").write_text("x = 1\nraise RuntimeError('boom at import')\n")
+    (tmp_path / "imports_missing.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "hooks_ok.py").write_text("def my_hook(state, bucket):\n    return None\nNOT_CALLABLE = 3\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("no_colon_here", "is not of the form"),
+        ("no_such_module_xyz:hook", "no module named 'no_such_module_xyz'"),
+        ("hooks.no_such_submodule:hook", "no module named 'hooks.no_such_submodule'"),
+        ("hooks.reference:no_such_hook", "has no attribute 'no_such_hook'"),
+        ("hooks.reference:FP16_MAX", "not callable"),
+        ("hooks.reference:1bad", "is not a Python name"),
+        ("{d}/missing.py:hook", "file not found"),
+        ("{d}/raises.py:hook", "RuntimeError: boom at import (line 2)"),
+        ("{d}/imports_missing.py:hook", "ModuleNotFoundError"),
+        ("{d}/hooks_ok.py:nope", "has no attribute 'nope'"),
+        ("{d}/hooks_ok.py:NOT_CALLABLE", "int, not callable"),
+    ],
+)
+def test_bad_target_exits_2_with_one_line(
+    target: str, reason: str, user_files: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeCheck()
+    code, _, err = run(["check", target.format(d=user_files)], capsys, fake)
+    assert code == 2
+    assert_one_line_error(err)
+    assert reason in err
+    assert fake.calls == []
+
+
+def test_bad_state_factory_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["check", "hooks.reference:topk_hook", "--state", "hooks.reference:NoSuchState"], capsys)
+    assert code == 2 and "--state factory" in err
+    assert_one_line_error(err)
+
+
+def test_a_bad_target_among_good_ones_stops_before_any_check(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck()
+    code, _, _ = run(["check", "hooks.reference:mean_allreduce_hook", "hooks.reference:nope"], capsys, fake)
+    assert code == 2 and fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["check", "--tolerance", "fp8"],
+        ["check", "--tolerance", "rtol=x"],
+        ["check", "--tolerance", "rtol=1,rtol=2"],
+        ["check", "--world-sizes", "0,2"],
+        ["check", "--world-sizes", "2,two"],
+        ["check", "--world-sizes", "2,2"],
+        ["check", "--backend", "mpi"],
+        ["check", "--steps", "0"],
+        ["check", "--steps", "three"],
+        ["check", "--examples", "0"],
+        ["check", "--api", "old"],
+        ["check", "--properties", "speed"],
+        ["check", "--json", "/no/such/dir/report.json"],
+        ["check", "--database", "d", "--no-database"],
+        ["check", "--no-such-flag"],
+        ["explain"],
+        ["explain", "hooks.reference:mean_allreduce_hook", "--world-size", "0"],
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck()
+    code, _, err = run(argv, capsys, fake)
+    assert code == 2
+    assert_one_line_error(err)
+    assert fake.calls == []
+
+
+def test_subprocess_bad_target_exits_2_without_traceback() -> None:
+    proc = subprocess.run([PYTHON, "-m", "simcluster", "check", "no_such_module_xyz:hook"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "simcluster: error: TARGET 'no_such_module_xyz:hook': no module named 'no_such_module_xyz'"
+    assert proc.stdout == ""
+
+
+def test_subprocess_bad_option_exits_2_without_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "simcluster", "check", f"{tmp_path}/none.py:h", "--tolerance", "fp8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+LEGACY_FILE = '''
+import torch
+import torch.distributed as dist
+
+def legacy_hook(process_group: object, bucket: dist._GradBucket) -> torch.futures.Future:
+    tensor = bucket.get_tensors()[0]
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: [f.value()[0] / 2])
+'''
+
+
+def test_legacy_file_naming_dist_GradBucket_loads_and_the_alias_is_removed(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    path = tmp_path / "old_hooks.py"
+    path.write_text(LEGACY_FILE)
+    had = hasattr(dist, "_GradBucket")
+    hook = load_target(f"{path}:legacy_hook")
+    assert hook.__name__ == "legacy_hook"
+    assert hook.__annotations__["bucket"] is dist.GradBucket
+    assert hasattr(dist, "_GradBucket") == had  # scoped: gone again (torch 2.13 has none)
+    assert load_target(f"{path}:legacy_hook") is hook  # same file, same module
+
+
+def test_file_target_can_import_its_siblings(tmp_path: Path) -> None:
+    (tmp_path / "helper_mod_for_simcluster_test.py").write_text("FACTOR = 3\n")
+    (tmp_path / "main_hooks.py").write_text("from helper_mod_for_simcluster_test import FACTOR\ndef h(s, bucket):\n    return FACTOR\n")
+    assert load_target(f"{tmp_path}/main_hooks.py:h")(None, None) == 3
+    assert str(tmp_path) not in sys.path
+
+
+@pytest.mark.parametrize("text", ["none", "exact", "fp32", "FP16", "bf16", "rtol=1e-3", "atol=0,rtol=2"])
+def test_tolerances_accepted(text: str) -> None:
+    assert parse_tolerance(text) == text.lower()
+
+
+def test_world_sizes_parsed_in_order() -> None:
+    assert parse_world_sizes("8, 1,3") == (8, 1, 3)
+
+
+# -- the default run ------------------------------------------------------------------------
+
+
+def _torch_hook_names() -> set[str]:
+    """Every public hook-like function torch ships in ddp_comm_hooks, found independently of defaults.py."""
+    import torch.distributed.algorithms.ddp_comm_hooks as pkg
+
+    names = set()
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, obj in vars(module).items():
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_"):
+                params = inspect.signature(obj).parameters
+                if "bucket" in params or "hook" in params or name.endswith("_hook"):
+                    names.add(name)
+    return names
+
+
+def test_defaults_cover_every_torch_hook() -> None:
+    covered = " ".join(f"{e.name} {e.target}" for e in TORCH_HOOKS)
+    missing = [n for n in sorted(_torch_hook_names()) if n not in covered]
+    assert missing == []
+    assert all(e.skipped for e in TORCH_HOOKS if "zero_step" in e.name)
+
+
+def test_default_run_prints_table_with_skipped_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCheck()
+    report_path = tmp_path / "all.json"
+    code, out, _ = run(["check", "--json", str(report_path)], capsys, fake)
+    assert code == 0
+    rows = default_entries()
+    checked = [e for e in rows if e.skipped is None]
+    assert len(fake.calls) == len(checked)
+    for entry in rows:
+        assert entry.name in out
+    for entry in rows:
+        if entry.skipped:
+            assert f"{entry.name}  SKIPPED: {entry.skipped}" in out
+    from hooks import catalogue
+
+    assert {e.name for e in catalogue.REFERENCE} <= {e.name for e in rows}
+    assert not {e.name for e in catalogue.BUGGY} & {e.name for e in rows}
+    powersgd = next(opts for hook, opts in fake.calls if hook.__name__ == "powerSGD_hook")
+    assert powersgd["state"] == "simcluster.defaults:powersgd_state" and powersgd["tolerance"] == "none"
+    data = json.loads(report_path.read_text())
+    assert len(data) == len(rows) and sum(d["status"] == "skipped" for d in data) == len(rows) - len(checked)
+
+
+def test_default_state_factories_build_working_states() -> None:
+    from simcluster import SimCluster
+    from simcluster.defaults import post_localsgd_state, powersgd_state
+
+    def done(state: Any, bucket: Any) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    states = SimCluster(world_size=5, seed=0).run_hook(done, [torch.zeros(4)] * 5, state=post_localsgd_state).states
+    members = [sorted(s.subgroup.spec.ranks) for s in states]
+    assert members == [[0, 1], [0, 1], [2, 3], [2, 3], [4]]
+    assert {s.start_localSGD_iter for s in states} == {2}
+    states = SimCluster(world_size=2, seed=0).run_hook(done, [torch.zeros(4)] * 2, state=powersgd_state).states
+    assert [s.start_powerSGD_iter for s in states] == [2, 2] and all(s.use_error_feedback for s in states)
+
+
+# -- explain --------------------------------------------------------------------------------
+
+
+def test_explain_shows_trace_outputs_and_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", "hooks.buggy:forgot_division", "--world-size", "3", "--seed", "5"], capsys)
+    assert code == 0
+    grads = small_gradients(3, 4, 5)
+    mean = torch.stack([g.double() for g in grads]).mean(0).tolist()
+    total = torch.stack(grads).sum(0).tolist()
+    assert f"mean: {mean}" in out
+    assert str(total) in out  # forgot_division returns the sum
+    assert "posts all_reduce" in out and "replicas agree bitwise: yes" in out
+    assert "simcluster explain hooks.buggy:forgot_division --world-size 3 --backend gloo --seed 5" in out
+
+
+def test_explain_of_a_raising_hook_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.py").write_text("def h(state, bucket):\n    raise ValueError('no good')\n")
+    code, out, _ = run(["explain", f"{tmp_path}/bad.py:h"], capsys)
+    assert code == 1 and "ValueError: no good" in out
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_overwrites_on_a_tty_and_prints_lines_otherwise() -> None:
+    tty, plain = _Tty(), io.StringIO()
+    for stream in (tty, plain):
+        line = ProgressLine(stream, interval=0.0)
+        line.set_prefix("[1/1] h")
+        line("gloo 3/50")
+        line.clear()
+    assert "\r[1/1] h: gloo 3/50\x1b[K" in tty.getvalue() and "\n" not in tty.getvalue()
+    assert plain.getvalue().splitlines() == ["[1/1] h: starting", "[1/1] h: gloo 3/50"]
+    quiet = io.StringIO()
+    ProgressLine(quiet, enabled=False)("x")
+    assert quiet.getvalue() == ""
+
+
+# -- replay with the real checker -----------------------------------------------------------
+
+
+@pytest.fixture
+def no_shrinking() -> Iterator[None]:
+    """Hypothesis without its shrink phase, for this test only (shrinking costs hundreds of runs;
+    the replay token encodes whatever example was found, shrunk or not). Restored after."""
+    from hypothesis import Phase, settings
+
+    previous = settings.get_current_profile_name()
+    settings.register_profile("simcluster-tests-no-shrink", parent=settings.get_profile(previous),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("simcluster-tests-no-shrink")
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+def _failure_block(out: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("FAILED "))
+    return [line for line in lines[start:] if not line.strip().startswith("replay:")]
+
+
+def test_printed_replay_command_reproduces_the_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_shrinking: None
+) -> None:
+    pytest.importorskip("simcluster.check")
+    database = tmp_path / "db"
+    argv = ["check", "hooks.buggy:forgot_division", "--backend", "gloo", "--world-sizes", "2",
+            "--steps", "1", "--examples", "10", "--properties", "averages", "--database", str(database)]
+    code = main(argv)
+    out, _ = capsys.readouterr()
+    assert code == 1, out
+    replays = [line.split("replay:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("replay:")]
+    assert len(replays) == 1 and replays[0].startswith("simcluster check hooks.buggy:forgot_division ")
+    assert any(database.rglob("*")), "the counterexample was not kept in the example database"
+    code2 = main(shlex.split(replays[0])[1:])
+    out2, _ = capsys.readouterr()
+    assert code2 == 1
+    assert _failure_block(out2) == _failure_block(out)  # same property, message, layout, gradients, schedule
