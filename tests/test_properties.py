@@ -1,0 +1,201 @@
+"""Every oracle catches a real bug (a hook of hooks/buggy.py run on SimDDP) and passes the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from hooks import buggy, reference
+from simcluster import properties as P
+from simcluster.cluster import SimCluster
+from simcluster.ddp import DDPConfig, SimDDP, StepResult
+from simcluster.errors import CollectiveMismatchError, DeadlockError
+
+
+def run(hook: Any, steps: Sequence[list[list[torch.Tensor]]], *, state: Any = None, schedule: Any = "in_order",
+        cap_bytes: int | None = None, backend: str = "gloo", seed: int = 0) -> list[StepResult]:
+    world = len(steps[0])
+    shapes = [tuple(g.shape) for g in steps[0][0]]
+    cfg = DDPConfig(bucket_cap_mb=None if cap_bytes is None else cap_bytes / 2**20)
+    ddp = SimDDP(SimCluster(world, seed=seed, backend=backend, schedule=schedule), hook, shapes, state=state,
+                 config=cfg)
+    return ddp.run(steps)
+
+
+def randn(world: int, *shapes: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=gen) * scale for s in shapes] for _ in range(world)]
+
+
+# --------------------------------------------------------------------------- averages
+def test_averages_catches_forgotten_division_and_passes_the_mean() -> None:
+    grads = randn(3, (4,), (2, 3))
+    bad = run(buggy.forgot_division, [grads])[0]
+    good = run(reference.mean_allreduce_hook, [grads])[0]
+    msg = P.averages(bad.grads, grads, "fp32")
+    assert msg is not None and "rank 0" in msg and "bound" in msg
+    assert P.averages(good.grads, grads, "fp32") is None
+
+
+def test_averages_fp16_catches_overflow_of_divide_after_sum() -> None:
+    grads = [[torch.full((3,), 65504.0)], [torch.full((3,), 40000.0)]]
+    bad = run(buggy.fp16_divide_after_allreduce, [grads])[0]
+    assert not bool(torch.isfinite(bad.grads[0][0]).all())
+    msg = P.averages(bad.grads, grads, "fp16")
+    assert msg is not None and "not finite" in msg
+    good = run(reference.fp16_compress_hook, [grads])[0]
+    assert P.averages(good.grads, grads, "fp16") is None
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_fp32_and_fp16_bounds_hold_for_correct_hooks_with_cancellation(world: int) -> None:
+    """Mixed signs and magnitudes: the bound is relative to mean|x|, so correct hooks pass."""
+    gen = torch.Generator().manual_seed(world)
+    grads = [[(torch.randn(64, generator=gen) * 2.0 ** torch.randint(-12, 12, (64,), generator=gen))] for _ in
+             range(world)]
+    for hook, tol in ((reference.mean_allreduce_hook, "fp32"), (reference.fp16_compress_hook, "fp16"),
+                      (reference.allgather_mean_hook, "fp32")):
+        inputs = [[g[0].to(torch.float16).float()] for g in grads] if tol == "fp16" else grads
+        out = run(hook, [inputs])[0]
+        assert P.averages(out.grads, inputs, tol) is None, (hook.__name__, tol)
+
+
+def test_bound_is_tight_enough_to_see_a_few_roundings_too_many() -> None:
+    """An error of 3 units in the last place on a plain mean is beyond fp32's bound at W=2."""
+    x = torch.tensor([1.0, 3.0, -7.0])
+    inputs = [[x], [x]]
+    off = [[x * (1 + 3 * 2.0**-23)]] * 2
+    assert P.averages(off, inputs, "fp32") is not None
+    assert P.averages(off, inputs, "fp16") is None  # but fine for fp16 arithmetic
+    bound_w2 = P.error_bound("fp32", 2, torch.ones(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    bound_w8 = P.error_bound("fp32", 8, torch.ones(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    assert bound_w8 > bound_w2  # more additions, more rounding
+
+
+def test_exact_and_explicit_tolerances() -> None:
+    inputs = [[torch.tensor([3.0, -6.0])], [torch.tensor([9.0, 0.0])], [torch.tensor([0.0, 3.0])]]
+    good = run(reference.mean_allreduce_hook, [inputs])[0]
+    assert P.averages(good.grads, inputs, "exact") is None
+    nudged = [[g[0] + torch.tensor([0.0, 2.0**-20])] for g in good.grads]
+    assert P.averages(nudged, inputs, "exact") is not None
+    assert P.averages(nudged, inputs, "rtol=0,atol=1e-5") is None
+    assert P.averages(nudged, inputs, "rtol=1e-9,atol=0") is not None
+    assert P.averages(nudged, inputs, "none") is None
+
+
+def test_averages_uses_each_subgroups_own_mean() -> None:
+    grads = [[torch.tensor([float(r)])] for r in range(4)]
+    per_group = [[torch.tensor([0.5])], [torch.tensor([0.5])], [torch.tensor([2.5])], [torch.tensor([2.5])]]
+    assert P.averages(per_group, grads, "exact", groups=[[0, 1], [2, 3]]) is None
+    assert P.averages(per_group, grads, "exact") is not None
+
+
+# --------------------------------------------------------------------------- replicas_agree
+def test_replicas_agree_catches_rank_dependent_rounding() -> None:
+    found = False
+    for seed in range(5):
+        grads = [[g[0] * 2.0 ** (8 * r)] for r, g in enumerate(randn(3, (32,), seed=seed))]
+        out = run(buggy.allgather_own_first, [grads])[0]
+        found = found or P.replicas_agree(out.grads) is not None
+        assert P.replicas_agree(run(reference.allgather_mean_hook, [grads])[0].grads) is None
+    assert found
+
+
+def test_replicas_agree_catches_copy_in_the_wrong_direction() -> None:
+    grads = randn(2, (5,))
+    out = run(buggy.fp16_copy_wrong_direction, [grads])[0]
+    msg = P.replicas_agree(out.grads)
+    assert msg is not None and "rank 0 and rank 1" in msg
+
+
+def test_bits_equal_sees_signed_zero() -> None:
+    assert not P.bits_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert P.bits_equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+    assert P.replicas_agree([[torch.tensor([0.0])], [torch.tensor([-0.0])]]) is not None
+
+
+# --------------------------------------------------------------------------- contract
+def test_registration_rules() -> None:
+    assert P.registration_problem(reference.mean_allreduce_hook) is None
+    msg = P.registration_problem(buggy.misnamed_bucket_param)
+    assert msg is not None and "KeyError" in msg
+    msg = P.registration_problem(buggy.string_annotations)
+    assert msg is not None and "annotat" in msg
+    assert P.registration_problem(buggy.string_annotations, api="legacy") is None
+
+
+def test_result_contract_on_real_hook_outputs() -> None:
+    grads = randn(2, (6,))
+    offset = run(buggy.returns_offset_view, [grads])[0]
+    msg = P.result_problem(offset.outputs[0][0], 6)
+    assert msg is not None and "storage offset" in msg
+    strided = run(buggy.returns_strided_view, [grads])[0]
+    assert P.result_problem(strided.outputs[0][0], 6) is not None
+    good = run(reference.mean_allreduce_hook, [grads])[0]
+    assert P.result_problem(good.outputs[0][0], 6) is None
+
+
+def test_result_contract_list_is_legacy_only() -> None:
+    t = torch.zeros(4)
+    assert "pre-1.10" in (P.result_problem([t], 4) or "")
+    assert P.result_problem([t], 4, api="legacy") is None
+    assert P.result_problem(t, 4, api="legacy") is not None
+    assert P.result_problem(torch.zeros(3), 4) is not None  # too short
+    assert P.result_problem(torch.tensor(1.0), 1) is not None  # 0-d
+    assert P.result_problem(None, 4) is not None
+    assert P.result_problem(torch.zeros(5, dtype=torch.float16), 4) is None  # longer, other dtype: accepted
+
+
+# --------------------------------------------------------------------------- liveness
+def test_liveness_catches_a_collective_only_rank_0_issues() -> None:
+    with pytest.raises((CollectiveMismatchError, DeadlockError)) as info:
+        run(buggy.rank0_logs_global_norm, [randn(2, (4,))])
+    assert P.liveness(info.value) is not None
+    assert P.liveness(None) is None and P.liveness(ValueError("hook's own")) is None
+
+
+def test_liveness_catches_skipping_the_allreduce_on_a_zero_rank() -> None:
+    grads = [[torch.zeros(3)], [torch.ones(3)]]
+    with pytest.raises(Exception) as info:
+        run(buggy.skip_allreduce_if_zero, [grads])
+    assert P.liveness(info.value) is not None
+
+
+# --------------------------------------------------------------------------- schedule independence
+def test_schedule_independence_catches_noise_drawn_in_completion_order() -> None:
+    grads = randn(2, (4,), (4,))
+    steps = [grads, grads]  # step 1 has two buckets (cap 16 B) in flight
+    in_order = run(buggy.dp_noise_shared_generator, steps, state=buggy.NoiseState, cap_bytes=16)
+    # choice 1 at the first point with two ready: bucket 1's all_reduce completes first
+    swapped = run(buggy.dp_noise_shared_generator, steps, state=buggy.NoiseState, cap_bytes=16, schedule=[1, 1, 1, 1])
+    msg = P.schedule_independence([r.grads for r in swapped], [r.grads for r in in_order])
+    assert msg is not None and "step 1" in msg
+    ok_a = run(reference.mean_allreduce_hook, steps, cap_bytes=16)
+    ok_b = run(reference.mean_allreduce_hook, steps, cap_bytes=16, schedule=[1, 1, 1, 1])
+    assert P.schedule_independence([r.grads for r in ok_a], [r.grads for r in ok_b]) is None
+
+
+# --------------------------------------------------------------------------- error feedback
+def _ef(hook: Any, state: Any) -> str | None:
+    grads = randn(2, (8,), (3,), seed=3)
+    steps = [grads] * 3 + [[[torch.zeros_like(g) for g in rank] for rank in grads]] * 4
+    results = run(hook, steps, state=state)
+    return P.error_feedback([r.grads[0] for r in results], steps, drain_from=3)
+
+
+def test_error_feedback_catches_a_residual_that_is_never_added() -> None:
+    msg = _ef(buggy.topk_forgets_inplace_add, buggy.IndexedResidualState)
+    assert msg is not None and "zero gradients" in msg
+    assert _ef(reference.topk_hook, reference.TopKState) is None
+
+
+def test_error_feedback_catches_a_growing_lag() -> None:
+    ones = [torch.ones(4)]
+    means = [[ones, ones]] * 5
+    growing = [[torch.full((4,), 1.0 + 10.0 * t)] for t in range(5)]  # lag grows by 10 per step
+    msg = P.error_feedback(growing, means, drain_from=5, lag=4.0)
+    assert msg is not None and "grows" in msg
+    assert P.error_feedback([ones] * 5, means, drain_from=5, lag=4.0) is None
