@@ -47,7 +47,12 @@ class RunResult:
     values: list[Any]
     trace: Trace
     schedule: list[int]
-    replay: str
+    replay_fn: Callable[[], str] = field(repr=False, compare=False, default=lambda: "")
+
+    @property
+    def replay(self) -> str:
+        """A constructor call replaying the cluster up to the end of this run (built on demand)."""
+        return self.replay_fn()
 
 
 @dataclass
@@ -160,10 +165,20 @@ class SimCluster(Runtime):
                     self.choices.extend(choice for _, choice in engine.choices)
         finally:
             self.engine = None
-        replay = self.replay_line()
+        upto = len(self.choices)
+
+        def replay() -> str:
+            return self._replay_upto(upto)
+
         if engine.failures:
-            self._raise_failures(engine, replay)
-        return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay=replay)
+            self._raise_failures(engine, replay())
+        return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay)
+
+    def _replay_upto(self, upto: int) -> str:
+        return (
+            f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
+            f"schedule={self.choices[:upto]!r}, rng={self.rng!r})"
+        )
 
     def _raise_failures(self, engine: Engine, replay: str) -> None:
         failures = sorted(engine.failures, key=lambda f: f[0])
@@ -215,9 +230,9 @@ class SimCluster(Runtime):
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
 
         result = self.run(rank_fn)
-        raise_stored(outputs, self.world_size, bucket_index, result.replay)
+        raise_stored(outputs, self.world_size, bucket_index, result.replay_fn)
         return HookRun(
-            values=result.values, trace=result.trace, schedule=result.schedule, replay=result.replay,
+            values=result.values, trace=result.trace, schedule=result.schedule, replay_fn=result.replay_fn,
             outputs=outputs, buckets=buckets, states=states,
         )
 
@@ -305,7 +320,7 @@ def check_future(future: Any, rank: int, bucket_index: int, hook: Callable[..., 
         )
 
 
-def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay: str) -> None:
+def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay: Callable[[], str]) -> None:
     """Raise the exception a hook's future held (lowest rank first), as DDP's
     ``backward()`` would, with the rank, bucket and replay line attached."""
     raised = [(r, o.exception) for r, o in enumerate(outputs) if isinstance(o, _Raised)]
@@ -316,7 +331,7 @@ def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay:
                           f"bucket {bucket_index}, completed with this error")
     if len(raised) > 1:
         add_context_note(exc, f"simcluster: ranks {[r for r, _ in raised]} all failed this way or similarly")
-    add_context_note(exc, f"simcluster: replay with {replay}")
+    add_context_note(exc, f"simcluster: replay with {replay()}")
     raise exc
 
 
