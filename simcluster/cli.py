@@ -222,6 +222,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
                                  notes=["internal error: see stderr"], seconds=time.perf_counter() - started)
         if not args.targets:
             report.target = row["name"]
+        progress.finish(f"{report.status} ({report.seconds:.1f}s)")
         reports.append(report)
     progress.clear()
     print(format_table(rows, reports))

@@ -53,6 +53,15 @@ def _fmt(t: Any) -> str:
     return f"{type(t).__name__}: {t!r}"
 
 
+def _result_tensor(value: Any) -> torch.Tensor | None:
+    """The result tensor: the value itself, or the one tensor of a legacy ``[tensor]`` result."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return None
+
+
 def _trace_lines(text: str) -> list[str]:
     """The trace, with the harness's own wait (DDP's reducer taking the result) said in words."""
     lines = []
@@ -97,7 +106,8 @@ def explain(
         run = cluster.run_hook(hook, grads, state=None if state == "none" else state)
     except Exception as exc:  # noqa: BLE001 - the hook's own error is the lesson here
         notes = [n for n in getattr(exc, "__notes__", [])]
-        out += _section("2. The hook failed:", [f"{type(exc).__name__}: {str(exc).strip()}", *notes])
+        first = (str(exc).strip().splitlines() or [""])[0]
+        out += _section("2. The hook failed:", [f"{type(exc).__name__}: {first}", *notes])
         return "\n".join(out).rstrip() + "\n", False
     out += _section("2. What happened, in order (the trace):", _trace_lines(run.trace.format()))
     summary = [
@@ -116,7 +126,9 @@ def explain(
     out += _section("4. What each rank's future held (what DDP copies into .grad):", held)
     mean = torch.stack([g.to(torch.float64) for g in grads]).mean(0)
     verdict = [f"mean: {mean.tolist()}"]
-    tensors = [v for v in run.outputs if isinstance(v, torch.Tensor)]
+    tensors = [t for t in (_result_tensor(v) for v in run.outputs) if t is not None]
+    if any(not isinstance(v, torch.Tensor) for v in run.outputs) and len(tensors) == world_size:
+        verdict.append("(comparing the tensor inside each legacy [tensor] result)")
     if len(tensors) == world_size:
         for r, v in enumerate(tensors):
             flat = v.detach().reshape(-1)[:numel].to(torch.float64)

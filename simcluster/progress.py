@@ -10,9 +10,11 @@ so logs stay short. Progress is for people: nothing in a report depends on it.
 >>> line = ProgressLine(out, interval=0.0)
 >>> line.set_prefix("[1/2] allreduce_hook")
 >>> line("gloo, world 2: 10/50 examples")
+>>> line.finish("ok (3.1s)")
 >>> print(out.getvalue(), end="")
 [1/2] allreduce_hook: starting
 [1/2] allreduce_hook: gloo, world 2: 10/50 examples
+[1/2] allreduce_hook: ok (3.1s)
 """
 
 from __future__ import annotations
@@ -40,10 +42,16 @@ class ProgressLine:
         self._last = float("-inf")
 
     def set_prefix(self, prefix: str) -> None:
-        """Start a new row: the next call prints even if the interval has not passed."""
+        """Start a new row: print ``starting``; the next call prints too, interval or not."""
         self.prefix = prefix
         self._last = float("-inf")
         self("starting")
+        self._last = float("-inf")
+
+    def finish(self, text: str) -> None:
+        """End the row with ``text`` (always printed, interval or not)."""
+        self._last = float("-inf")
+        self(text)
 
     def __call__(self, text: str) -> None:
         if not self.enabled:

@@ -359,12 +359,17 @@ class _Tty(io.StringIO):
 def test_progress_overwrites_on_a_tty_and_prints_lines_otherwise() -> None:
     tty, plain = _Tty(), io.StringIO()
     for stream in (tty, plain):
-        line = ProgressLine(stream, interval=0.0)
+        line = ProgressLine(stream, interval=3600.0)
         line.set_prefix("[1/1] h")
         line("gloo 3/50")
+        line("gloo 4/50")
+        line.finish("ok")
         line.clear()
     assert "\r[1/1] h: gloo 3/50\x1b[K" in tty.getvalue() and "\n" not in tty.getvalue()
-    assert plain.getvalue().splitlines() == ["[1/1] h: starting", "[1/1] h: gloo 3/50"]
+    assert tty.getvalue().endswith("\r[1/1] h: ok\x1b[K\r\x1b[K")
+    # plain lines: the first message after "starting" and the finish always print; the rest are throttled
+    plain_lines = plain.getvalue().splitlines()
+    assert plain_lines[:2] == ["[1/1] h: starting", "[1/1] h: gloo 3/50"] and plain_lines[-1] == "[1/1] h: ok"
     quiet = io.StringIO()
     ProgressLine(quiet, enabled=False)("x")
     assert quiet.getvalue() == ""
