@@ -327,7 +327,9 @@ def dp_noise_shared_generator(state: NoiseState, bucket: dist.GradBucket) -> Fut
     in order — including any one-bucket test.
     On a real cluster: completion order varies between runs and between ranks (gloo
     completes on two worker threads, which also race on the generator), so replicas
-    diverge intermittently and no run is reproducible.
+    diverge intermittently and no run is reproducible.  Measured on gloo, 2 ranks, a
+    large bucket issued before two small ones: in 5 of 5 runs some rank drew noise out
+    of bucket order, and in 4 of 5 the replicas differed.
     Caught by: ``schedule_independence`` with >= 2 buckets in flight (replicas still agree
     in a simulation that completes each collective on all ranks at once).  Fix: draw the
     noise in the hook body, which DDP calls in bucket order.
@@ -572,9 +574,12 @@ def scaled_fp16_blocking(process_group: dist.ProcessGroup | None, bucket: dist.G
     Plausible: it is exactly how torch's own ``powerSGD_hook`` is written, and it works
     with one bucket — and on NCCL, where callbacks run inline and collectives "complete"
     on enqueue.
-    On a real cluster (gloo): every rank hangs in ``backward()`` as soon as two buckets
-    are in flight (measured with 2 ranks: 1 bucket fine, 2 buckets hang; torch's
-    ``powerSGD_hook`` under real DDP on gloo hangs the same way with 2 buckets).
+    On a real cluster (gloo), measured with 2 ranks: 1 bucket in flight is fine; 2
+    equal-size buckets hang every rank in ``backward()``; 3 buckets of different sizes
+    hung in some runs and in others aborted the job with ``gloo::EnforceNotMet …
+    Received data size doesn't match expected size`` — the phase-2 collectives are issued
+    from callbacks in *completion* order, which differed between the ranks.  torch's ``powerSGD_hook`` under real DDP on
+    gloo hangs the same way with 2 buckets.
     Caught by: ``liveness`` under the ``gloo`` backend model with >= 2 buckets.
     """
     group = resolve_group(process_group)
