@@ -224,7 +224,7 @@ def allgather_mean_hook(
     return work.get_future().then(aggregate)
 
 
-def _power_of_two_scale(amax: float, world: int) -> float:
+def _power_of_two_scale(amax: float) -> float:
     """The largest power of two s with s * amax <= FP16_MAX / 2 (1.0 for 0, inf or nan).
 
     Each rank sends ``x / W * s``; the sum of W such values is at most ``amax * s``, kept
@@ -275,7 +275,7 @@ def scaled_fp16_hook(
     if buffer.numel():
         amax[0] = buffer.detach().abs().max()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)  # synchronous: waits here
-    scale = _power_of_two_scale(float(amax.item()), world)
+    scale = _power_of_two_scale(float(amax.item()))
     payload = (buffer.to(torch.float64) / world * scale).to(torch.float16)
 
     def unscale(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
