@@ -274,7 +274,7 @@ class SimCluster(Runtime):
         return out
 
 
-def collect(future: torch.futures.Future, into: list[Any], rank: int, context: str) -> None:
+def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -> None:
     """Wait on a hook's future as DDP's reducer does: ``into[rank]`` gets its value, or
     the exception it holds, once it completes; the run cannot end before that.
 
@@ -311,7 +311,9 @@ class _Raised:
 def check_future(future: Any, rank: int, bucket_index: int, hook: Callable[..., Any]) -> None:
     """Real DDP requires the hook to return a ``torch.futures.Future`` (else a cast error,
     and the *next* iteration fails inside the reducer)."""
-    if not isinstance(future, torch.futures.Future):
+    # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
+    # the C++ class itself, which DDP accepts too.
+    if not isinstance(future, torch._C.Future):
         name = getattr(hook, "__qualname__", repr(hook))
         raise HookContractError(
             f"hook {name} returned {type(future).__name__} on rank {rank}, bucket {bucket_index}: a DDP comm hook "

@@ -229,7 +229,7 @@ class SimDDP:
                         "gloo) crashes the process with SIGSEGV in backward() (measured); a DDP communication hook "
                         "must return a torch.futures.Future"
                     )
-                if not isinstance(future, torch.futures.Future):
+                if not isinstance(future, torch._C.Future):
                     raise CopyBackError(
                         f"Unable to cast Python instance of type {type(future)} to C++ type '?' (#define "
                         "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
