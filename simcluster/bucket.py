@@ -303,13 +303,21 @@ def make_bucket(
                 f"bucket {index}: grads[{k}] ({got}) must have parameter {k}'s shape={tuple(p.shape)} "
                 f"and dtype={p.dtype}"
             )
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0 or not isinstance(is_last, bool):
+        raise UsageError(f"bucket index must be an int >= 0 and is_last a bool, got index={index!r}, is_last={is_last!r}")
+    if api not in _AVAILABLE:
+        raise UsageError(f"bucket {index}: api must be 'both', 'current' or 'legacy', got api={api!r}")
     with torch.no_grad():
-        buffer = torch.cat([g.detach().reshape(-1) for g in grads])
-    views = [buffer[off : off + n].view(p.shape) for (off, n), p in zip(packing(params), params)]
-    bucket = SimGradBucket(index, buffer, params, is_last=is_last, gradients=views, api=api)
+        buffer = torch.cat([g.detach().reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].detach().reshape(-1).clone()
+    # Packed here by construction, so the constructor's checks are skipped (hot path).
+    bucket = object.__new__(SimGradBucket)
+    layout = packing(params)
+    for name, value in (("_index", index), ("_buffer", buffer), ("_params", params), ("_packing", layout),
+                        ("_is_last", is_last), ("_api", api)):
+        object.__setattr__(bucket, name, value)
     if gradient_as_bucket_view:
-        for p, view in zip(params, views):
-            p.grad = view
+        for p, (off, n) in zip(params, layout):
+            p.grad = buffer[off : off + n].view(p.shape)
     return bucket
 
 
