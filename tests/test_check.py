@@ -1,0 +1,102 @@
+"""check_hook end to end: verdicts, shrunk counterexamples, replay bit for bit, the database, errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hooks import buggy, legacy, reference
+from simcluster.check import assert_hook, check_hook, decode_example, encode_example
+from simcluster.errors import TargetLoadError, UsageError
+
+QUICK = dict(backends=("gloo",), world_sizes=(2, 3), examples=10, seed=0)
+
+
+def test_correct_hook_passes_every_property() -> None:
+    report = check_hook(reference.mean_allreduce_hook, **QUICK)
+    assert report.passed and not report.failures
+    assert report.properties == ["contract", "liveness", "replicas_agree", "averages", "schedule_independence"]
+    assert report.examples >= 10 and report.target == "hooks.reference:mean_allreduce_hook"
+
+
+def test_failure_is_shrunk_and_replays_bit_for_bit() -> None:
+    report = check_hook(buggy.forgot_division, **QUICK)
+    assert not report.passed
+    failure = next(f for f in report.failures if f.property == "averages")
+    assert failure.world_size == 2  # shrunk to the smallest listed world
+    assert "--replay sc1." in failure.replay and "--backend gloo" in failure.replay
+    token = failure.details["token"]
+    example, backend = decode_example(token)
+    assert backend == "gloo" and encode_example(example, backend) == token
+    again = check_hook(buggy.forgot_division, backends=("gloo",), replay=token)
+    (replayed,) = again.failures
+    assert (replayed.property, replayed.message, replayed.gradients, replayed.layout) == (
+        failure.property, failure.message, failure.gradients, failure.layout)
+    # the same example passes on the fixed hook
+    assert check_hook(reference.mean_allreduce_hook, backends=("gloo",), replay=token).passed
+
+
+def test_same_seed_same_report() -> None:
+    a = check_hook(buggy.forgot_division, **QUICK)
+    b = check_hook(buggy.forgot_division, **QUICK)
+    assert [f.replay for f in a.failures] == [f.replay for f in b.failures]
+
+
+def test_database_replays_saved_counterexamples_first(tmp_path: Path) -> None:
+    db = tmp_path / "examples"
+    first = check_hook(buggy.forgot_division, database=db, **QUICK)
+    assert not first.passed and any(db.rglob("*"))
+    second = check_hook(buggy.forgot_division, database=os.fspath(db), **{**QUICK, "seed": 99})
+    assert [f.message for f in second.failures] == [f.message for f in first.failures]
+    assert second.examples <= first.examples
+
+
+def test_contract_registration_and_legacy_lists() -> None:
+    misnamed = check_hook(buggy.misnamed_bucket_param, **QUICK)
+    assert any(f.property == "contract" and "bucket" in f.message for f in misnamed.failures)
+    as_current = check_hook(legacy.allreduce_hook, **QUICK)
+    assert as_current.failures and all(f.property == "contract" for f in as_current.failures)
+    # under the legacy contract the [tensor] result and the 1.7-era bucket methods are fine
+    assert check_hook(legacy.allreduce_hook, api="legacy", properties=("contract", "liveness"), **QUICK).passed
+
+
+def test_liveness_failure_names_the_error() -> None:
+    report = check_hook(buggy.rank0_logs_global_norm, **QUICK)
+    (failure,) = [f for f in report.failures if f.property == "liveness"]
+    assert failure.error_type in ("CollectiveMismatchError", "DeadlockError")
+
+
+def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:
+    report = check_hook(buggy.topk_forgets_inplace_add, state="hooks.buggy:IndexedResidualState", tolerance="none",
+                        **QUICK)
+    assert "error_feedback" in report.properties and "averages" not in report.properties
+    assert any(f.property == "error_feedback" for f in report.failures)
+
+
+def test_assert_hook_raises_the_formatted_report() -> None:
+    assert_hook(reference.mean_allreduce_hook, **QUICK)
+    with pytest.raises(AssertionError, match="FAILED averages"):
+        assert_hook(buggy.forgot_division, **QUICK)
+
+
+def test_progress_and_string_targets() -> None:
+    lines: list[str] = []
+    report = check_hook("hooks.reference:mean_allreduce_hook", progress=lines.append, **QUICK)
+    assert report.passed and report.target == "hooks.reference:mean_allreduce_hook"
+    assert len(lines) == 1 and "gloo" in lines[0]
+
+
+@pytest.mark.parametrize("options", [
+    {"backends": ("mpi",)}, {"tolerance": "fp8"}, {"properties": ("speed",)}, {"steps": 0},
+    {"world_sizes": (0,)}, {"api": "old"}, {"state": 3}, {"replay": "not-a-token"},
+])
+def test_usage_errors(options: dict) -> None:
+    with pytest.raises(UsageError):
+        check_hook(reference.mean_allreduce_hook, **options)
+
+
+def test_unloadable_target() -> None:
+    with pytest.raises(TargetLoadError):
+        check_hook("hooks.reference:no_such_hook")
