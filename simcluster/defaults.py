@@ -73,6 +73,8 @@ class DefaultEntry:
         if self.state != "none":
             parts.append(f"--state {self.state}")
         parts.append(f"--tolerance {self.tolerance}")
+        if self.properties is not None:
+            parts.append(f"--properties {','.join(self.properties)}")
         if self.api != "current":
             parts.append(f"--api {self.api}")
         return " ".join(parts)
@@ -81,19 +83,23 @@ class DefaultEntry:
 # -- hooks that need building, and states that need arguments -------------------------------
 
 
-def fp16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
-    """``fp16_compress_wrapper(allreduce_hook)``: cast the bucket to float16, run
-    ``allreduce_hook`` on it, cast the result back (torch's wrapper, built per call)."""
+_WRAPPED = {
+    "fp16_wrapped_allreduce_hook": "fp16_compress_wrapper",
+    "bf16_wrapped_allreduce_hook": "bf16_compress_wrapper",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``fp16_wrapped_allreduce_hook`` / ``bf16_wrapped_allreduce_hook``: torch's own
+    ``fp16_compress_wrapper(allreduce_hook)`` / ``bf16_compress_wrapper(allreduce_hook)``,
+    built on access (PEP 562), so what is checked — annotations and registration rules
+    included — is exactly the function torch's wrapper returns, not a stand-in of ours."""
+    wrapper = _WRAPPED.get(name)
+    if wrapper is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    return default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)(state, bucket)
-
-
-def bf16_wrapped_allreduce_hook(state: Any, bucket: Any) -> Any:
-    """``bf16_compress_wrapper(allreduce_hook)``, as :func:`fp16_wrapped_allreduce_hook`."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return default_hooks.bf16_compress_wrapper(default_hooks.allreduce_hook)(state, bucket)
+    return getattr(default_hooks, wrapper)(default_hooks.allreduce_hook)
 
 
 def powersgd_state(process_group: Any) -> Any:
@@ -144,7 +150,7 @@ TORCH_HOOKS: tuple[DefaultEntry, ...] = (
                  tolerance="bf16"),
     DefaultEntry("powerSGD_hook", _T + "powerSGD_hook:powerSGD_hook",
                  state="simcluster.defaults:powersgd_state", tolerance="none",
-                 note="low-rank compression: lossy by design, no per-step accuracy bound"),
+                 note="low-rank compression: lossy by design; torch's defaults otherwise (orthogonalization_epsilon=0)"),
     DefaultEntry("batched_powerSGD_hook", _T + "powerSGD_hook:batched_powerSGD_hook",
                  state="simcluster.defaults:powersgd_state", tolerance="none",
                  note="low-rank compression of the whole bucket: lossy by design"),

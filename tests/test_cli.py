@@ -287,6 +287,24 @@ def test_defaults_cover_every_torch_hook() -> None:
     assert all(e.skipped for e in TORCH_HOOKS if "zero_step" in e.name)
 
 
+def test_wrapper_rows_check_torchs_own_wrapped_hooks() -> None:
+    for precision in ("fp16", "bf16"):
+        hook = load_target(f"simcluster.defaults:{precision}_wrapped_allreduce_hook")
+        assert hook.__qualname__.startswith(f"{precision}_compress_wrapper.")
+        assert hook.__module__ == "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
+
+
+def test_every_checked_row_is_a_valid_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for entry in default_entries():
+        if entry.skipped is None:
+            fake = FakeCheck()
+            assert main(shlex.split(entry.command())[1:] + ["--quiet"], check=fake) == 0, entry.command()
+            options = fake.calls[0][1]
+            assert (options["state"], options["tolerance"]) == (entry.state, entry.tolerance)
+            assert options["properties"] == entry.properties
+    capsys.readouterr()
+
+
 def test_default_run_prints_table_with_skipped_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeCheck()
     report_path = tmp_path / "all.json"
@@ -417,3 +435,12 @@ def test_printed_replay_command_reproduces_the_failure(
     out2, _ = capsys.readouterr()
     assert code2 == 1
     assert _failure_block(out2) == _failure_block(out)  # same property, message, layout, gradients, schedule
+
+
+def test_bad_replay_token_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("simcluster.check")
+    code = main(["check", "hooks.buggy:forgot_division", "--replay", "not-a-token", "--quiet"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert_one_line_error(err)
+    assert "replay token" in err

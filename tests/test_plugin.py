@@ -105,7 +105,6 @@ def test_profile():
 @pytest.mark.parametrize(
     ("env", "args", "expect"),
     [
-        ({"CI": "true"}, [], "ci,25,ro"),  # ours replaces Hypothesis' built-in ci (which has no database)
         ({"SIMCLUSTER_PROFILE": "thorough"}, [], "thorough,500,rw"),
         ({"CI": "true"}, ["--simcluster-profile", "dev"], "dev,50,rw"),
     ],
@@ -198,7 +197,13 @@ def test_fixtures_run_the_real_checker(pytester: pytest.Pytester, clean_env: pyt
     result.assert_outcomes(passed=2)
 
 
-def test_safe_under_xdist(pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch) -> None:
-    pytester.makepyfile(FIXTURE_TESTS)
+def test_under_xdist_with_CI_set_workers_use_our_ci_profile(
+    pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch
+) -> None:
+    """Each xdist worker configures itself: fixtures work, and CI=true loads *our* ci profile
+    (25 examples), not Hypothesis' built-in one that its import loads (DESIGN.md §7)."""
+    clean_env.setenv("CI", "true")
+    clean_env.setenv("EXPECT", "ci,25,ro")
+    pytester.makepyfile(test_fixtures=FIXTURE_TESTS, test_probe=PROFILE_PROBE)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "--strict-markers", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
