@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
     except KeyboardInterrupt:
         print("simcluster: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
 
 
 # -- check ------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def _load(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if row["skipped"] is None:
             row["hook"] = load_target(row["target"])
-            row["state_obj"] = load_state(row["state"])
+            load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
@@ -202,6 +204,10 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
             continue
         progress.set_prefix(f"[{n}/{len(rows)}] {row['name']}")
         backends = tuple(b for b in options["backends"] if row["backends"] is None or b in row["backends"])
+        if not backends:  # a row meant for other backends than the ones asked for
+            reports.append(CheckReport(target=row["name"], passed=True, properties=[], backends=[],
+                                       skipped=f"checked under {', '.join(row['backends'])} only"))
+            continue
         kwargs = dict(options, backends=backends, target=row["target"], state=row["state"],
                       tolerance=row["tolerance"], api=row["api"], progress=progress)
         if row["properties"] is not None:
