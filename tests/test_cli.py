@@ -418,23 +418,41 @@ def _failure_block(out: str) -> list[str]:
     return [line for line in lines[start:] if not line.strip().startswith("replay:")]
 
 
+def _replays(out: str) -> list[str]:
+    return [line.split("replay:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("replay:")]
+
+
 def test_printed_replay_command_reproduces_the_failure(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_shrinking: None
+    capsys: pytest.CaptureFixture[str], no_shrinking: None
 ) -> None:
     pytest.importorskip("simcluster.check")
-    database = tmp_path / "db"
     argv = ["check", "hooks.buggy:forgot_division", "--backend", "gloo", "--world-sizes", "2",
-            "--steps", "1", "--examples", "10", "--properties", "averages", "--database", str(database)]
+            "--steps", "1", "--examples", "10", "--properties", "averages", "--no-database", "--quiet"]
     code = main(argv)
     out, _ = capsys.readouterr()
     assert code == 1, out
-    replays = [line.split("replay:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("replay:")]
+    replays = _replays(out)
     assert len(replays) == 1 and replays[0].startswith("simcluster check hooks.buggy:forgot_division ")
-    assert any(database.rglob("*")), "the counterexample was not kept in the example database"
-    code2 = main(shlex.split(replays[0])[1:])
+    code2 = main(shlex.split(replays[0])[1:] + ["--quiet"])
     out2, _ = capsys.readouterr()
     assert code2 == 1
     assert _failure_block(out2) == _failure_block(out)  # same property, message, layout, gradients, schedule
+
+
+def test_counterexamples_are_kept_in_the_database_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_shrinking: None
+) -> None:
+    pytest.importorskip("simcluster.check")
+    database = tmp_path / "examples"
+    # world size 1 and contract only: found by generation (an explicit @example failure is never saved)
+    argv = ["check", "hooks.buggy:returns_offset_view", "--backend", "gloo", "--world-sizes", "1",
+            "--steps", "1", "--examples", "5", "--properties", "contract", "--database", str(database), "--quiet"]
+    assert main(argv) == 1
+    first, _ = capsys.readouterr()
+    assert any(p.is_file() for p in database.rglob("*")), "the counterexample was not kept"
+    assert main(argv) == 1  # replayed from the database first
+    second, _ = capsys.readouterr()
+    assert _failure_block(second) == _failure_block(first)
 
 
 def test_bad_replay_token_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
