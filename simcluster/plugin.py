@@ -26,22 +26,25 @@ Installed with simcluster; nothing to enable. What it gives a test suite:
 
 * **Profiles** — Hypothesis settings profiles named ``ci``, ``dev`` and ``thorough``:
 
-  =========  ========  ============  ==========================================
-  profile    examples  derandomize   example database
-  =========  ========  ============  ==========================================
-  ci         25        yes           the committed one, **read-only**
-  dev        50        yes           the committed one, read and write
-  thorough   500       yes           the committed one, read and write (nightly)
-  =========  ========  ============  ==========================================
+  =========  ========  ===========================================  ===========================
+  profile    examples  simcluster's example database                the suite's ``@given`` tests
+  =========  ========  ===========================================  ===========================
+  ci         25        the committed one, **read-only**             derandomized, no database
+  dev        50        the committed one, read and write            Hypothesis defaults
+  thorough   500       the committed one, read and write (nightly)  Hypothesis defaults
+  =========  ========  ===========================================  ===========================
+
+  simcluster's checks are always seeded (``seed=0`` unless given), so they are
+  deterministic under every profile and replay the committed examples first. Hypothesis
+  refuses ``derandomize=True`` together with a database, hence the split: the read-only
+  database is simcluster's option, not part of the Hypothesis profile.
 
   Chosen by ``--simcluster-profile NAME``, else ``$SIMCLUSTER_PROFILE``, else ``ci`` when
-  the ``CI`` environment variable is set (Hypothesis's own CI detection), else ``dev``.
-  A chosen profile is also *loaded* into Hypothesis (as ``--hypothesis-profile`` would),
-  so it governs the suite's own ``@given`` tests too; with ``CI`` set this replaces
-  Hypothesis's built-in ``ci`` profile (which has no database) by ours, which replays the
-  committed counterexamples. A profile of the same name that your ``conftest.py``
-  registered is left alone (yours wins). ``dev`` is used for simcluster's checks without
-  being loaded when nothing was chosen.
+  the ``CI`` environment variable is set, else ``dev``. A chosen profile is also *loaded*
+  into Hypothesis (as ``--hypothesis-profile`` would); with ``CI`` set this replaces the
+  built-in ``ci`` profile that Hypothesis loads on import. A profile of the same name
+  that your ``conftest.py`` registered is left alone (yours wins). ``dev`` is used for
+  simcluster's checks without being loaded when nothing was chosen.
 
 Safe under ``pytest -n auto``: every worker configures itself, nothing is shared but the
 example database directory, whose writes are atomic per example (and ``ci`` never
