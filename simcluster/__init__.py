@@ -4,38 +4,43 @@ The public face; the code lives in the modules behind it::
 
     from simcluster import SimCluster
     result = SimCluster(world_size=4, seed=0).run_hook(my_hook, grads, state="group")
+
+Names are imported on first use (PEP 562), so importing ``simcluster`` — as pytest does
+for the plugin — does not import torch.
 """
 
-from simcluster.cluster import HookRun, RunResult, SimCluster
-from simcluster.errors import (
-    BackendError,
-    CollectiveMismatchError,
-    DeadlockError,
-    HookContractError,
-    HookFailure,
-    SimClusterError,
-    StuckError,
-    UnsupportedError,
-    UsageError,
-)
-from simcluster.futures import SimFuture
-from simcluster.process_group import SimProcessGroup, SimWork
-from simcluster.scheduler import ChoiceList, InOrder, Reverse, Scheduler, SeededRandom
-from simcluster.trace import Trace
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    # running hooks
     "SimCluster",
     "RunResult",
     "HookRun",
+    "SimDDP",
+    "DDPConfig",
+    "StepResult",
+    "run_real_ddp",
+    # checking hooks
+    "check_hook",
+    "assert_hook",
+    "CheckReport",
+    "PropertyFailure",
+    # the fakes
     "SimProcessGroup",
     "SimWork",
     "SimFuture",
+    "SimGradBucket",
     "Trace",
+    # schedules
     "Scheduler",
     "InOrder",
     "Reverse",
     "SeededRandom",
     "ChoiceList",
+    # errors
     "SimClusterError",
     "UsageError",
     "UnsupportedError",
@@ -46,3 +51,73 @@ __all__ = [
     "HookContractError",
     "StuckError",
 ]
+
+_HOME = {
+    "SimCluster": "cluster",
+    "RunResult": "cluster",
+    "HookRun": "cluster",
+    "SimDDP": "ddp",
+    "DDPConfig": "ddp",
+    "StepResult": "ddp",
+    "run_real_ddp": "real_ddp",
+    "check_hook": "check",
+    "assert_hook": "check",
+    "CheckReport": "report",
+    "PropertyFailure": "report",
+    "SimProcessGroup": "process_group",
+    "SimWork": "process_group",
+    "SimFuture": "futures",
+    "SimGradBucket": "bucket",
+    "Trace": "trace",
+    "Scheduler": "scheduler",
+    "InOrder": "scheduler",
+    "Reverse": "scheduler",
+    "SeededRandom": "scheduler",
+    "ChoiceList": "scheduler",
+    "SimClusterError": "errors",
+    "UsageError": "errors",
+    "UnsupportedError": "errors",
+    "HookFailure": "errors",
+    "CollectiveMismatchError": "errors",
+    "DeadlockError": "errors",
+    "BackendError": "errors",
+    "HookContractError": "errors",
+    "StuckError": "errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'simcluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"simcluster.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from simcluster.bucket import SimGradBucket
+    from simcluster.check import assert_hook, check_hook
+    from simcluster.cluster import HookRun, RunResult, SimCluster
+    from simcluster.ddp import DDPConfig, SimDDP, StepResult
+    from simcluster.errors import (
+        BackendError,
+        CollectiveMismatchError,
+        DeadlockError,
+        HookContractError,
+        HookFailure,
+        SimClusterError,
+        StuckError,
+        UnsupportedError,
+        UsageError,
+    )
+    from simcluster.futures import SimFuture
+    from simcluster.process_group import SimProcessGroup, SimWork
+    from simcluster.real_ddp import run_real_ddp
+    from simcluster.report import CheckReport, PropertyFailure
+    from simcluster.scheduler import ChoiceList, InOrder, Reverse, Scheduler, SeededRandom
+    from simcluster.trace import Trace
