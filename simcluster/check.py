@@ -9,13 +9,15 @@ For each backend model, one Hypothesis test draws an :class:`~simcluster.strateg
 (world size, layout, ``steps`` steps of per-rank gradients, a completion schedule), runs
 :class:`~simcluster.ddp.SimDDP` on it, and applies the oracles of
 :mod:`simcluster.properties` in a fixed order — liveness, contract, replicas_agree,
-averages, error_feedback, schedule_independence — raising on the first violation. Each
+averages, schedule_independence, error_feedback — raising on the first violation. Each
 property raises its own exception class, so Hypothesis shrinks each failing property
 separately and the report lists every one, each with its **shrunk** counterexample.
 
 What a hook's own exception counts as: the step cannot complete, so *liveness* — except
 when ``error_feedback`` is checked and the exception comes after step 0 (the memory kept
-across steps broke it), then *error_feedback*. Errors of simcluster's contract model
+across steps broke it), then *error_feedback*. ``error_feedback`` is a candidate by
+default for a stateful lossy hook (tolerance ``none``, a state factory) and is checked
+when its state :func:`keeps_residual`, or always when named in ``properties``. Errors of simcluster's contract model
 (``CopyBackError``, bucket misuse, a backend rejecting an op) count as *contract*.
 
 **Replay.** Every failure carries a token ``sc1.<base64url(zlib(JSON of the Example,
@@ -53,13 +55,13 @@ from simcluster.strategies import (
 )
 from simcluster.targets import load_state, load_target
 
-__all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "Violation"]
+__all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
 
 TOKEN_PREFIX = "sc1."
 BACKENDS = ("gloo", "nccl")
-_ORDER = ("liveness", "contract", "replicas_agree", "averages", "error_feedback", "schedule_independence")
+_ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
 DRAIN_STEPS = 4
-SHRINK_BUDGET = 150
+SHRINK_BUDGET = 3  # × examples: simulated examples allowed for shrinking after the first failure
 
 
 class Violation(AssertionError):
@@ -120,6 +122,7 @@ class _Options:
     seed: int
     props: tuple[str, ...]
     ef_drain: int
+    ef_forced: bool = False  # error_feedback named in properties=: check it even without a visible residual
 
 
 def _groups(example: Example) -> list[list[int]]:
@@ -128,8 +131,8 @@ def _groups(example: Example) -> list[list[int]]:
 
 
 def _simulate(opts: _Options, example: Example, backend: str, schedule: Any,
-              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int]:
-    """Run every step; (step results, the error that stopped the run or None, its step)."""
+              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
+    """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
     cluster = SimCluster(example.world_size, seed=opts.seed, backend=backend, schedule=schedule)
     lay = example.layout
     config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
@@ -145,8 +148,24 @@ def _simulate(opts: _Options, example: Example, backend: str, schedule: Any,
         except (UsageError, UnsupportedError):
             raise
         except Exception as exc:  # noqa: BLE001 - the hook's failure is the finding
-            return results, exc, t
-    return results, None, len(grads)
+            return results, exc, t, ddp.states
+    return results, None, len(grads), ddp.states
+
+
+def keeps_residual(states: Sequence[Any]) -> bool:
+    """Whether a hook state looks like error-feedback memory: an attribute whose name
+    contains ``residual`` or ``error`` holding tensors (``TopKState.residuals``,
+    PowerSGD's ``error_dict``). A heuristic; name the property to force the check."""
+    for state in states:
+        names = list(getattr(state, "__dict__", {})) + list(getattr(type(state), "__slots__", ()))
+        for name in names:
+            if "residual" not in name.lower() and "error" not in name.lower():
+                continue
+            value = getattr(state, name, None)
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, torch.Tensor) for v in items):
+                return True
+    return False
 
 
 def run_example(opts: _Options, example: Example, backend: str) -> None:
@@ -157,7 +176,8 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
         zero = [[[torch.zeros_like(t) for t in rank] for rank in grads[0]]]
         grads = grads + zero * opts.ef_drain
     chooser = ScheduleChoices(example.schedule)
-    results, error, at = _simulate(opts, example, backend, chooser, grads)
+    results, error, at, states = _simulate(opts, example, backend, chooser, grads)
+    check_ef = "error_feedback" in opts.props and (opts.ef_forced or keeps_residual(states))
     taken = [pick for _, pick in chooser.taken]
     while taken and taken[-1] == 0:
         taken.pop()
@@ -174,7 +194,7 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
         if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
             if "contract" in opts.props:
                 fail("contract", head, error_type=etype)
-        elif "error_feedback" in opts.props and at >= 1:
+        elif check_ef and at >= 1:
             fail("error_feedback", f"{head} (the hook's memory from earlier steps broke step {at})", error_type=etype)
         elif "liveness" in opts.props:
             fail("liveness", f"{head} (the hook raised: the step cannot complete on every rank)", error_type=etype)
@@ -194,13 +214,9 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
         if "averages" in opts.props and t < drain_from and (msg := P.averages(res.grads, grads[t], opts.tolerance,
                                                                               groups)):
             fail("averages", f"step {t}: {msg}")
-    if "error_feedback" in opts.props:
-        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
-        if msg:
-            fail("error_feedback", msg)
     if "schedule_independence" in opts.props and taken:
         info["step"] = 0
-        in_order, error_b, at_b = _simulate(opts, example, backend, "in_order", grads)
+        in_order, error_b, at_b, _ = _simulate(opts, example, backend, "in_order", grads)
         if error_b is not None:
             fail("schedule_independence", f"in-order completion fails at step {at_b} ({type(error_b).__name__}: "
                  f"{str(error_b).splitlines()[0]}) where the drawn schedule completes", error_type=type(error_b).__name__)
@@ -208,6 +224,10 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
                                       f"the schedule {taken}")
         if msg:
             fail("schedule_independence", msg)
+    if check_ef:
+        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
+        if msg:
+            fail("error_feedback", msg)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -348,7 +368,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if api not in ("current", "legacy"):
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
     props = _choose_properties(properties, tol, state_obj)
-    opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS)
+    opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
+                    ef_forced=properties is not None and "error_feedback" in properties)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -364,6 +385,9 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
             if progress is not None:
                 progress(f"{target}: {backend}, {examples} examples, world sizes {list(world_sizes)}")
             _run_hypothesis(opts, backend, report, world_sizes, steps, examples, seed, database)
+            if not any(f.backend == backend for f in report.failures):
+                for explicit in _explicit_examples(opts, world_sizes, steps):
+                    _run_one(opts, explicit, backend, report, steps)
     report.passed = not report.failures
     report.seconds = time.monotonic() - start
     return report
@@ -391,10 +415,23 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
 
 
+def _explicit_examples(opts: _Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
+    """Known-dangerous inputs tried after the drawn ones pass: every rank at the value dtype's
+    largest finite value (sums of W such values overflow a hook that divides late, and at
+    W = 3 even a float16 sum of the divided values rounds to inf)."""
+    values = {"fp16": "float16", "bf16": "bfloat16"}.get(opts.tolerance)
+    if opts.tolerance not in ("fp32", "fp16", "bf16") or max(world_sizes) < 2:
+        return []
+    world = 3 if 3 in world_sizes else max(world_sizes)
+    top = torch.finfo(DTYPES[values or "float32"]).max
+    base = StepSpec((RankSpec("const", value=top),) * world)
+    return [Example(world, Layout(((4,),), None, (0,)), base, (0,) * (steps - 1), (), "float32", values or "float32")]
+
+
 def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
                     examples: int, seed: int | None, database: Any) -> None:
     count = [0]
-    # Shrink budget: once a failure is found, at most SHRINK_BUDGET more examples are
+    # Shrink budget: once a failure is found, at most max(30, 3 × examples) more examples are
     # simulated; after that only examples that already failed are run again (the
     # shrinker's other candidates are declared passing, so it stops improving and
     # keeps its best). Count-based, so as deterministic as the rest.
@@ -406,7 +443,7 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
     def test(example: Example) -> None:
         if failing:
             spent[0] += 1
-            if spent[0] > SHRINK_BUDGET and example not in failing:
+            if spent[0] > max(30, SHRINK_BUDGET * examples) and example not in failing:
                 return
         count[0] += 1
         try:
