@@ -147,7 +147,8 @@ def layouts(draw: st.DrawFn, *, max_params: int = 4, max_side: int = 8, flags: b
     """
     n = draw(st.integers(1, max_params))
     param_shapes = tuple(draw(shapes(max_side=max_side)) for _ in range(n))
-    cap = draw(st.one_of(st.none(), st.integers(1, 32).map(lambda k: k * 16 / 2**20)))
+    # a small cap 3 times in 4 (several buckets after the rebuild); shrinks to the default
+    cap = None if draw(st.integers(0, 3)) == 0 else draw(st.integers(1, 32)) * 16 / 2**20
     order = tuple(draw(st.permutations(range(n))))
     static = fu = view = False
     if flags and draw(st.integers(0, 3)) == 3:
