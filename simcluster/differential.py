@@ -37,10 +37,17 @@ The gloo side needs names, not objects: the hook and a state factory travel to t
 children as ``"module:qualname"`` and are imported there, so they must be module-level
 and importable (lambdas and closures are refused with a :class:`UsageError`).
 
+Tensors are compared by dtype, shape, stride and storage offset (a hook returning an
+offset or strided view must return the same view on both sides: DDP's copy-back reads
+the storage), then bit for bit.
+
 What cannot be compared step by step: the gloo job returns all steps at once, so a job
-that fails as a whole (a hang, a process aborted by gloo) yields no values. A hang on
-both sides (the simulator's :class:`DeadlockError`, gloo's timeout) counts as agreement,
-with a note; anything else is a :class:`Difference` with ``step=-1``.
+that fails as a whole (a hang, a process aborted by gloo) yields no values. Two such
+outcomes count as agreement, with a note: the simulator's :class:`DeadlockError` against
+a gloo timeout, and its :class:`CollectiveMismatchError` against any failed gloo job (gloo
+aborts the process on a size mismatch and hangs on others). Anything else is a
+:class:`Difference` with ``step=-1``. Same-size collectives issued in swapped order are no
+failure on either side: both pair them by issue position (silent wrong data, bit-identical).
 """
 
 from __future__ import annotations
