@@ -225,12 +225,15 @@ def unsupported_reason(collective: str, op: str | None, dtype: torch.dtype, back
 def _binop(op: str, backend: str, dtype: torch.dtype | None = None) -> _BinOp:
     """``f(acc, x)``: one reduction step with the operand order the backend uses.
 
-    gloo's fp16 PRODUCT keeps ``x``'s NaN when both are NaN (``x * acc``); its bf16
-    arithmetic goes through c10::BFloat16, which writes every NaN as ``0x7FC0``.
+    gloo's fp16 PRODUCT keeps ``x``'s NaN when both are NaN (``x * acc``), its fp16 SUM
+    drops NaN payloads (``0x7E00``/``0xFE00``); its bf16 arithmetic goes through
+    c10::BFloat16, which writes every NaN as ``0x7FC0``.
     """
     if backend == "gloo" and dtype == torch.bfloat16 and op in ("SUM", "AVG", "PRODUCT"):
         step = torch.add if op != "PRODUCT" else torch.mul
         return lambda acc, x: _canonical_bf16_nan(step(acc, x))
+    if backend == "gloo" and dtype == torch.float16 and op in ("SUM", "AVG"):
+        return lambda acc, x: _canonical_fp16_nan(torch.add(acc, x))
     if op in ("SUM", "AVG", "PREMUL_SUM"):
         return torch.add
     if op == "PRODUCT":
@@ -240,6 +243,17 @@ def _binop(op: str, backend: str, dtype: torch.dtype | None = None) -> _BinOp:
     if op == "MAX":
         return torch.fmax if backend == "nccl" else (lambda acc, x: torch.where(x < acc, acc, x))
     return {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
+
+
+def _canonical_fp16_nan(t: torch.Tensor) -> torch.Tensor:
+    """gloo's float16 sum (measured, simcluster.differential): every NaN comes out as
+    ``0x7E00``, or ``0xFE00`` when its sign bit is set — the payload is dropped."""
+    nans = t.isnan()
+    if not bool(nans.any()):
+        return t
+    negative = t.view(torch.int16) < 0
+    canonical = torch.where(negative, torch.tensor(-512, dtype=torch.int16), torch.tensor(0x7E00, dtype=torch.int16))
+    return torch.where(nans, canonical.view(torch.float16), t)
 
 
 def _canonical_bf16_nan(t: torch.Tensor) -> torch.Tensor:

@@ -247,12 +247,16 @@ def nan_payload_steps() -> list[list[torch.Tensor]]:
 
 
 @pytest.mark.gloo
-def test_float16_nan_payloads_differ_gloo_canonicalises_them(world2: GlooCluster) -> None:
+@pytest.mark.parametrize("sign", [1, -1])
+def test_float16_nan_payloads_are_canonicalised_as_gloo_does(world2: GlooCluster, sign: int) -> None:
     """Measured: gloo's float16 SUM returns every NaN as 0x7e00 / 0xfe00 (sign kept, payload
-    dropped, sNaN quieted), at world 2, 3 and 4 and 57 or 5000 elements; the simulator keeps the
-    payload of one operand, as torch's own float16 arithmetic does. float32, float64 and
-    bfloat16 NaNs agree bit for bit. This test pins the divergence (see docs/differential.md);
-    when the engine canonicalises float16 NaNs, turn it into an equality test."""
-    report = compare_with_gloo(default_hooks.allreduce_hook, nan_payload_steps(), world_size=2, cluster=world2)
-    assert [(d.rank, d.step) for d in report.differences] == [(0, 0), (1, 0)]
-    assert report.differences[0].detail == "element 0 of 57 (float16): sim nan (0x7e05) vs gloo nan (0x7e00)"
+    dropped, sNaN quieted), at world 2, 3 and 4 and 57 or 5000 elements. This comparison first
+    found the simulator keeping the payload (as torch's own float16 arithmetic does); the
+    gloo model now drops it, and the two agree bit for bit."""
+    steps = nan_payload_steps()
+    if sign < 0:
+        steps[0][0][0] = -steps[0][0][0]
+    report = compare_with_gloo(default_hooks.allreduce_hook, steps, world_size=2, cluster=world2)
+    assert report.equal, report.summary()
+    out = report.sim_outputs[0][0][0]
+    assert out.view(torch.int16)[0].item() & 0xFFFF == (0x7E00 if sign > 0 else 0xFE00)
