@@ -158,7 +158,7 @@ class SimCluster(Runtime):
             engine.spawn(rank, task(rank), f"rank {rank}'s code")
         self.engine = engine
         try:
-            with patched_torch(self.contexts, lambda: engine.current_rank):
+            with patched_torch(self.contexts, lambda: engine.current_rank, engine):
                 try:
                     engine.run()
                 finally:

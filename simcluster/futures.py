@@ -132,7 +132,7 @@ class SimFuture(torch.futures.Future):
     # -- waiting --------------------------------------------------------------
     def wait(self) -> Any:
         if not self._complete:
-            self._engine.block_until(self, f"rank {self._rank}")
+            self._engine.block_until(self)
         return super().wait()
 
     def value(self) -> Any:

@@ -150,9 +150,31 @@ class RankContexts:
         return pg
 
 
+def user_future_class(engine: Any, plain: type) -> type:
+    """The class ``torch.futures.Future`` names during a run: a future made by hook code
+    (``torch.futures.Future()``) becomes a :class:`~simcluster.futures.SimFuture` of the
+    running rank, so waiting on it while it is pending parks that rank instead of
+    blocking the run's only thread in C++ — a hang becomes a reported deadlock."""
+
+    class Future(futures.SimFuture):
+        def __init__(self, devices: Any = None) -> None:
+            rank = engine.current_rank
+            super().__init__(engine, -1 if rank is None else rank, f"a torch.futures.Future() made by rank {rank}")
+
+        def __class_getitem__(cls, item: Any) -> Any:  # Future[torch.Tensor] in annotations
+            return plain[item]
+
+    Future.__qualname__ = Future.__name__ = "Future"
+    Future.__module__ = "torch.futures"
+    return Future
+
+
 @contextlib.contextmanager
-def patched_torch(contexts: RankContexts, current_rank: Callable[[], int | None]) -> Iterator[None]:
-    """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` for one run."""
+def patched_torch(
+    contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
+) -> Iterator[None]:
+    """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
+    the run's engine, ``torch.futures.Future``) for one run."""
 
     def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
         rank = current_rank()
@@ -166,7 +188,10 @@ def patched_torch(contexts: RankContexts, current_rank: Callable[[], int | None]
         (torch.futures, "collect_all", torch.futures.collect_all),
         (torch.futures, "wait_all", torch.futures.wait_all),
     ]
-    replacements = [new_group, new_group, futures.collect_all, futures.wait_all]
+    replacements: list[Any] = [new_group, new_group, futures.collect_all, futures.wait_all]
+    if engine is not None:
+        saved.append((torch.futures, "Future", torch.futures.Future))
+        replacements.append(user_future_class(engine, torch.futures.Future))
     try:
         for (owner, name, _), replacement in zip(saved, replacements):
             setattr(owner, name, replacement)

@@ -262,3 +262,24 @@ def test_bad_arguments_are_usage_errors() -> None:
         SimCluster(2).run_hook(lambda s, bucket: None, [torch.ones(1)])
     with pytest.raises(UsageError, match="schedule="):
         SimCluster(2, schedule="sideways")
+
+
+def test_waiting_on_a_plain_torch_future_made_in_a_hook_is_a_deadlock_not_a_hang() -> None:
+    """torch.futures.Future() made by hook code during a run is a simulated future, so a
+    wait on one that nobody completes parks the rank and is reported, instead of
+    blocking the run's only thread inside C++ forever."""
+
+    def hook(state: object, bucket) -> torch.futures.Future:
+        gate = torch.futures.Future()
+        assert isinstance(gate, torch.futures.Future)
+
+        def wait_for_gate(fut: torch.futures.Future) -> torch.Tensor:
+            gate.wait()  # BUG: nothing ever sets it
+            return fut.value()[0]
+
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(wait_for_gate)
+
+    plain = torch.futures.Future
+    with pytest.raises(DeadlockError, match=r"blocked in wait\(\) on a torch.futures.Future\(\) made by rank 0 \(gloo-worker WORLD#0\)"):
+        SimCluster(2, stuck_timeout=5).run_hook(hook, [torch.ones(2), torch.ones(2)])
+    assert torch.futures.Future is plain  # restored after the run
