@@ -55,6 +55,7 @@ tensor([0., 0.])
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -384,17 +385,36 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
+    """Every chunk's left fold at once: row ``k`` of the gathered stack holds, in chunk
+    ``c``'s elements, rank ``(c-1-k) mod N``'s values, so folding the rows in order gives
+    chunk ``c`` as ``((x[c-1] op x[c-2]) op …) op x[c-N]`` — N-1 whole-tensor steps
+    instead of N² per-chunk ones, with the same operand order, hence the same bits."""
     n = len(raw)
-    out = raw[0].clone()
-    if n == 1 or out.numel() == 0:
-        return out
-    for c, (lo, hi) in enumerate(ring_chunks(out.numel(), out.element_size(), n)):
-        if lo < hi:
-            acc = raw[(c - 1) % n][lo:hi]
-            for k in range(2, n + 1):
-                acc = f(acc, raw[(c - k) % n][lo:hi])
-            out[lo:hi] = acc
-    return out
+    first = raw[0]
+    if n == 1 or first.numel() == 0:
+        return first.clone()
+    order = _ring_order(first.numel(), first.element_size(), n)
+    stacked = torch.stack(raw)
+    # gather through an integer view: torch's gather does not keep bfloat16 NaN bits
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(first.element_size())
+    if as_int is not None and not first.is_complex():
+        rows = stacked.view(as_int).gather(0, order).view(first.dtype)
+    else:
+        rows = stacked.gather(0, order)
+    acc = rows[0]
+    for k in range(1, n):
+        acc = f(acc, rows[k])
+    return acc if acc.data_ptr() != rows.data_ptr() else acc.clone()
+
+
+@functools.lru_cache(maxsize=64)
+def _ring_order(numel: int, element_size: int, n: int) -> torch.Tensor:
+    """``order[k, e]``: the rank whose value is the k-th operand of element e's fold."""
+    chunk_of = torch.empty(numel, dtype=torch.int64)
+    for c, (lo, hi) in enumerate(ring_chunks(numel, element_size, n)):
+        chunk_of[lo:hi] = c
+    steps = torch.arange(1, n + 1, dtype=torch.int64).unsqueeze(1)
+    return (chunk_of.unsqueeze(0) - steps) % n
 
 
 def _nccl_fold(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
