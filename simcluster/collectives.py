@@ -385,14 +385,23 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
-    """Every chunk's left fold at once: row ``k`` of the gathered stack holds, in chunk
-    ``c``'s elements, rank ``(c-1-k) mod N``'s values, so folding the rows in order gives
-    chunk ``c`` as ``((x[c-1] op x[c-2]) op …) op x[c-N]`` — N-1 whole-tensor steps
-    instead of N² per-chunk ones, with the same operand order, hence the same bits."""
+    """Chunk ``c`` is ``((x[c-1] op x[c-2]) op …) op x[c-N]``. Small tensors fold every
+    chunk at once: row ``k`` of the gathered stack holds, in chunk ``c``'s elements, rank
+    ``(c-1-k) mod N``'s values — N-1 whole-tensor steps instead of N² per-chunk ones, with
+    the same operand order, hence the same bits. Large ones fold chunk by chunk."""
     n = len(raw)
     first = raw[0]
     if n == 1 or first.numel() == 0:
         return first.clone()
+    if first.numel() * n > _GATHER_LIMIT:  # big chunks: per-chunk folds are cheaper than an index
+        out = first.clone()
+        for c, (lo, hi) in enumerate(ring_chunks(first.numel(), first.element_size(), n)):
+            if lo < hi:
+                acc = raw[(c - 1) % n][lo:hi]
+                for k in range(2, n + 1):
+                    acc = f(acc, raw[(c - k) % n][lo:hi])
+                out[lo:hi] = acc
+        return out
     order = _ring_order(first.numel(), first.element_size(), n)
     stacked = torch.stack(raw)
     # gather through an integer view: torch's gather does not keep bfloat16 NaN bits
@@ -405,6 +414,10 @@ def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     for k in range(1, n):
         acc = f(acc, rows[k])
     return acc if acc.data_ptr() != rows.data_ptr() else acc.clone()
+
+
+_GATHER_LIMIT = 1 << 16
+"""Above this many elements (over all ranks) the ring is folded chunk by chunk."""
 
 
 @functools.lru_cache(maxsize=64)
