@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import doctest
 import os
-import pickle
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simcluster.errors import UsageError
+from simcluster.gloo_runner import GlooCluster
 from simcluster.layout import bucket_assignment, bucket_calls, cap_bytes, rebuild_iteration
 
 MiB = 2**20
@@ -216,102 +212,61 @@ def test_mixed_dtypes_keep_ready_order_within_each_dtype(dtypes: list[torch.dtyp
 
 
 # ------------------------------------------------- against real DDP on gloo
-_CHILD = r'''
-import gc, os, pickle, sys
-d, rank, ws = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-import torch, torch.nn as nn, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+class LayerStack(torch.nn.Module):
+    """``layers[k] = (in, out, dtype name)`` applied in the order ``use`` (inputs cast to
+    each layer's dtype)."""
 
-class Net(nn.Module):
-    def __init__(self, layers, use):
+    def __init__(self, layers: list[list[Any]], use: list[int]) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(i, o).to(getattr(torch, dt)) for i, o, dt in layers)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(i, o).to(getattr(torch, dt)) for i, o, dt in layers)
         self.use = use
-    def forward(self, x):
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         for k in self.use:
             x = self.layers[k](x.to(self.layers[k].weight.dtype))
         return x.float()
 
-def run(spec):
+
+def _record_real_ddp(spec: dict[str, Any]) -> dict[str, Any]:
+    """One case in a gloo rank: the ready order and every hook call of real DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
     torch.manual_seed(0)
-    model = Net(spec["layers"], spec["use"])
+    model = LayerStack(spec["layers"], spec["use"])
     params = list(model.parameters())
-    ddp = DDP(model, **spec["ddp"])
+    ddp = DistributedDataParallel(model, **spec["ddp"])
     where = {"it": 0}
-    ready, calls = [], []
+    ready: list[tuple[int, int]] = []
+    calls: list[tuple[int, int, bool, tuple[int, ...]]] = []
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda p, i=i: ready.append((where["it"], i)))
-    def hook(state, bucket):
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects annotations that are strings
         ids = [next(i for i, q in enumerate(params) if q is p) for p in bucket.parameters()]
         calls.append((where["it"], bucket.index(), bucket.is_last(), tuple(ids)))
-        fut = torch.futures.Future()
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
+
     ddp.register_comm_hook(None, hook)
     x = torch.randn(3, spec["layers"][spec["use"][0]][0])
     for it in range(spec["iterations"]):
         where["it"] = it
         ddp(x).sum().backward()
     meta = [(tuple(p.shape), str(p.dtype)) for p in params]
-    del ddp
-    gc.collect()
+    del ddp  # DESIGN.md §7: no DDP object outlives the job (the runner then collects)
     return {"meta": meta, "ready": ready, "calls": calls}
 
-payload = pickle.load(open(os.path.join(d, "payload.pkl"), "rb"))
-dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), ws), rank=rank, world_size=ws)
-result = [run(spec) for spec in payload]
-dist.barrier()
-dist.destroy_process_group()
-with open(os.path.join(d, f"result{rank}.tmp"), "wb") as f:
-    pickle.dump(result, f)
-os.replace(os.path.join(d, f"result{rank}.tmp"), os.path.join(d, f"result{rank}.pkl"))
-sys.stdout.flush()
-os._exit(0)
-'''
 
-
-def _run_real(child: str, payload: Any, world_size: int = 2, timeout: float = 120.0) -> list[Any]:
-    """Run ``child`` (a script) as ``world_size`` gloo ranks; return each rank's result.
-
-    A private stand-in for ``simcluster.gloo_runner`` (not written yet when this test
-    was): a FileStore in a private temp dir, a watchdog, and every child reaped.
-    """
-    d = tempfile.mkdtemp(prefix="simcluster-layout-")
-    procs: list[subprocess.Popen[bytes]] = []
+def real_layout_job(rank: int, world_size: int, payload: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In each gloo rank: every case of ``payload``, with DDP_SET_LAST_BUCKET_CAP unset
+    (it changes the rebuilt layout; see docs/ddp-facts.md) and restored afterwards."""
+    saved = os.environ.pop("DDP_SET_LAST_BUCKET_CAP", None)
     try:
-        with open(os.path.join(d, "payload.pkl"), "wb") as f:
-            pickle.dump(payload, f)
-        for rank in range(world_size):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", child, d, str(rank), str(world_size)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env={k: v for k, v in os.environ.items() if k != "DDP_SET_LAST_BUCKET_CAP"},
-                )
-            )
-        deadline = time.monotonic() + timeout
-        errors = []
-        for rank, p in enumerate(procs):
-            try:
-                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"real DDP rank {rank} did not finish within {timeout} s")
-            if p.returncode != 0:
-                errors.append(f"rank {rank} exited {p.returncode}:\n{err.decode(errors='replace')[-3000:]}")
-        if errors:
-            pytest.fail("\n".join(errors))
-        out = []
-        for rank in range(world_size):
-            with open(os.path.join(d, f"result{rank}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+        return [_record_real_ddp(spec) for spec in payload]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        if saved is not None:
+            os.environ["DDP_SET_LAST_BUCKET_CAP"] = saved
 
 
 STACK = [[8, 16, "float32"], [16, 32, "float32"], [32, 4, "float32"]]
@@ -338,9 +293,9 @@ CASES: list[tuple[str, list[list[Any]], list[int], dict[str, Any], int]] = [
 
 
 @pytest.mark.gloo
-def test_layout_matches_real_ddp_on_gloo() -> None:
+def test_layout_matches_real_ddp_on_gloo(gloo_world: Callable[[int], GlooCluster]) -> None:
     payload = [dict(layers=layers, use=use, ddp=ddp, iterations=n) for _, layers, use, ddp, n in CASES]
-    ranks = _run_real(_CHILD, payload)
+    ranks = gloo_world(2).run(real_layout_job, [payload] * 2)
     assert ranks[0] == ranks[1], "both ranks saw the same hook calls"
     mismatches = []
     for (name, _, _, ddp, iterations), real in zip(CASES, ranks[0]):
