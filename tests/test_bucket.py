@@ -7,11 +7,7 @@ import copy
 import doctest
 import os
 import pickle
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +23,7 @@ from simcluster.bucket import (
     packing,
 )
 from simcluster.errors import HookFailure, UsageError
+from simcluster.gloo_runner import GlooCluster
 
 
 def two_params() -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
@@ -297,82 +294,49 @@ def observe(bucket, params):
     return out
 '''
 
-_CHILD = _OBSERVE + r'''
-import gc, os, pickle, sys
-d, rank, ws = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-import torch.nn as nn, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+def _observer() -> Any:
+    """``observe`` from :data:`_OBSERVE` (the same code observes real and simulated buckets)."""
+    ns: dict[str, Any] = {}
+    exec(compile(_OBSERVE, "<observe>", "exec"), ns)
+    return ns["observe"]
 
-def run(view):
+
+def _observe_real_ddp(view: bool, observe: Any) -> dict[str, Any]:
+    """In a gloo rank: every bucket real DDP hands a recording hook, two iterations."""
+    from torch.nn.parallel import DistributedDataParallel
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2))
     params = list(model.parameters())
-    ddp = DDP(model, bucket_cap_mb=0.00002, gradient_as_bucket_view=view)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.00002, gradient_as_bucket_view=view)
     seen = []
-    def hook(state, bucket):
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects annotations that are strings
         grads = [p.grad.tolist() if p.grad is not None else None for p in bucket.parameters()]
         seen.append((observe(bucket, params), grads))
-        fut = torch.futures.Future()
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
+
     ddp.register_comm_hook(None, hook)
     x = torch.randn(4, 3)
     for _ in range(2):
         ddp(x).sum().backward()
     shapes = [list(p.shape) for p in params]
-    del ddp
-    gc.collect()
+    del ddp  # DESIGN.md §7: no DDP object outlives the job (the runner then collects)
     return {"shapes": shapes, "seen": seen}
 
-dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), ws), rank=rank, world_size=ws)
-result = [run(False), run(True)]
-dist.barrier()
-dist.destroy_process_group()
-with open(os.path.join(d, f"result{rank}.tmp"), "wb") as f:
-    pickle.dump(result, f)
-os.replace(os.path.join(d, f"result{rank}.tmp"), os.path.join(d, f"result{rank}.pkl"))
-sys.stdout.flush()
-os._exit(0)
-'''
 
-
-def _run_real(child: str, world_size: int = 1, timeout: float = 120.0) -> list[Any]:
-    """Run ``child`` as ``world_size`` gloo ranks and return each rank's result.
-
-    A private stand-in for ``simcluster.gloo_runner`` (not written yet when this test
-    was): a FileStore in a private temp dir, a watchdog, and every child reaped.
-    """
-    d = tempfile.mkdtemp(prefix="simcluster-bucket-")
-    procs: list[subprocess.Popen[bytes]] = []
+def real_bucket_job(rank: int, world_size: int, payload: None) -> list[dict[str, Any]]:
+    """In each gloo rank: both ``gradient_as_bucket_view`` settings, with
+    DDP_SET_LAST_BUCKET_CAP unset (it changes the layout) and restored afterwards."""
+    saved = os.environ.pop("DDP_SET_LAST_BUCKET_CAP", None)
     try:
-        for rank in range(world_size):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", child, d, str(rank), str(world_size)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env={k: v for k, v in os.environ.items() if k != "DDP_SET_LAST_BUCKET_CAP"},
-                )
-            )
-        deadline = time.monotonic() + timeout
-        for rank, p in enumerate(procs):
-            try:
-                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"real DDP rank {rank} did not finish within {timeout} s")
-            if p.returncode != 0:
-                pytest.fail(f"rank {rank} exited {p.returncode}:\n{err.decode(errors='replace')[-3000:]}")
-        out = []
-        for rank in range(world_size):
-            with open(os.path.join(d, f"result{rank}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+        observe = _observer()
+        return [_observe_real_ddp(view, observe) for view in (False, True)]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        if saved is not None:
+            os.environ["DDP_SET_LAST_BUCKET_CAP"] = saved
 
 
 def _same(real: Any, sim: Any, path: str = "") -> list[str]:
@@ -388,10 +352,9 @@ def _same(real: Any, sim: Any, path: str = "") -> list[str]:
 
 
 @pytest.mark.gloo
-def test_sim_bucket_matches_real_grad_buckets_inside_ddp() -> None:
-    ns: dict[str, Any] = {}
-    exec(compile(_OBSERVE, "<observe>", "exec"), ns)
-    runs = _run_real(_CHILD)[0]
+def test_sim_bucket_matches_real_grad_buckets_inside_ddp(gloo_world: Callable[[int], GlooCluster]) -> None:
+    observe = _observer()
+    runs = gloo_world(1).run(real_bucket_job)[0]
     diffs: list[str] = []
     calls = 0
     for view, run in zip((False, True), runs):
@@ -406,7 +369,7 @@ def test_sim_bucket_matches_real_grad_buckets_inside_ddp() -> None:
                 gradient_as_bucket_view=view,
                 api="current",
             )
-            diffs += _same(real_obs, ns["observe"](sim, params), f"view={view} bucket {real_obs['index']}")
+            diffs += _same(real_obs, observe(sim, params), f"view={view} bucket {real_obs['index']}")
             calls += 1
     assert calls >= 4, "the run covers iteration 0 and several rebuilt buckets"
     assert not diffs, "\n".join(diffs)
