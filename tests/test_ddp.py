@@ -5,6 +5,7 @@ iterations, DDP on a subgroup, and a differential test against real DDP on gloo.
 from __future__ import annotations
 
 import doctest
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from hooks import buggy
 from simcluster import DeadlockError, HookContractError, SimCluster
 from simcluster.ddp import CopyBackError, DDPConfig, SimDDP, StepResult, subgroups
+from simcluster.gloo_runner import GlooCluster
 
 MiB = 2**20
 
@@ -467,26 +469,24 @@ def real_ddp_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[st
 
 
 @pytest.mark.gloo
-def test_simulated_step_matches_real_ddp_bitwise_on_gloo() -> None:
-    from simcluster.gloo_runner import GlooCluster
-
+def test_simulated_step_matches_real_ddp_bitwise_on_gloo(gloo_world: Callable[[int], GlooCluster]) -> None:
     steps = local_grads(2, GLOO_SHAPES, 3, seed=7)
-    with GlooCluster(2, timeout=120) as real:
-        for name, hook in (("allreduce", default_hooks.allreduce_hook), ("noncontiguous", noncontiguous_hook)):
-            results = real.run(real_ddp_job, [{"hook": name, "grads": steps}] * 2)
-            ddp = SimDDP(SimCluster(2, seed=0), hook, GLOO_SHAPES, config=DDPConfig(bucket_cap_mb=GLOO_CAP_MB))
-            sim = ddp.run(steps)
-            for it, step in enumerate(sim):
-                real_layout = results[0]["layout"][it]
-                assert [ids for _, _, ids in real_layout] == step.bucket_params, (name, it)
-                assert [(i, last) for i, last, _ in real_layout] == [
-                    (k, k == len(step.bucket_params) - 1) for k in range(len(step.bucket_params))
-                ]
-                for rank in range(2):
-                    for i, (real_grad, sim_grad) in enumerate(zip(results[rank]["grads"][it], step.grads[rank])):
-                        assert torch.equal(real_grad, sim_grad), (name, it, rank, i)
-            if name == "noncontiguous":  # the trap really bites: not the mean
-                assert not torch.allclose(sim[-1].grads[0][0], mean_over_ranks(steps[-1])[0].float())
+    real = gloo_world(2)
+    for name, hook in (("allreduce", default_hooks.allreduce_hook), ("noncontiguous", noncontiguous_hook)):
+        results = real.run(real_ddp_job, [{"hook": name, "grads": steps}] * 2)
+        ddp = SimDDP(SimCluster(2, seed=0), hook, GLOO_SHAPES, config=DDPConfig(bucket_cap_mb=GLOO_CAP_MB))
+        sim = ddp.run(steps)
+        for it, step in enumerate(sim):
+            real_layout = results[0]["layout"][it]
+            assert [ids for _, _, ids in real_layout] == step.bucket_params, (name, it)
+            assert [(i, last) for i, last, _ in real_layout] == [
+                (k, k == len(step.bucket_params) - 1) for k in range(len(step.bucket_params))
+            ]
+            for rank in range(2):
+                for i, (real_grad, sim_grad) in enumerate(zip(results[rank]["grads"][it], step.grads[rank])):
+                    assert torch.equal(real_grad, sim_grad), (name, it, rank, i)
+        if name == "noncontiguous":  # the trap really bites: not the mean
+            assert not torch.allclose(sim[-1].grads[0][0], mean_over_ranks(steps[-1])[0].float())
 
 
 def test_gradient_as_bucket_view_makes_p_grad_the_bucket_view() -> None:

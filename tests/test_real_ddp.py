@@ -12,6 +12,7 @@ children import it by name). No ``from __future__ import annotations`` here: DDP
 """
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
+from simcluster.gloo_runner import GlooCluster
 from simcluster.layout import bucket_calls
 from simcluster.real_ddp import run_real_ddp
 
@@ -276,10 +278,9 @@ def gloo_ddp_job(rank: int, world_size: int, payload: Any) -> list[dict[str, Any
 
 @pytest.mark.gloo
 @pytest.mark.parametrize("world_size", [2])
-def test_same_gradients_bits_and_hook_calls_as_real_gloo(world_size: int) -> None:
-    from simcluster.gloo_runner import run_gloo
-
-    real = run_gloo(gloo_ddp_job, world_size, [{"cases": GLOO_CASES}] * world_size, timeout=120.0)
+def test_same_gradients_bits_and_hook_calls_as_real_gloo(world_size: int,
+                                                        gloo_world: Callable[[int], GlooCluster]) -> None:
+    real = gloo_world(world_size).run(gloo_ddp_job, [{"cases": GLOO_CASES}] * world_size)
     for c, (spec, kwargs) in enumerate(GLOO_CASES):
         sim = run_real_ddp(lambda spec=spec: build_model(spec), make_inputs(spec, world_size, GLOO_ITERATIONS),
                            world_size=world_size, hook=allreduce_hook, iterations=GLOO_ITERATIONS, **kwargs)
