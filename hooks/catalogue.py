@@ -46,7 +46,8 @@ NEEDS = {
     "buckets>=3": "three or more buckets in flight",
     "rebuild": "two or more steps with a layout that rebuilds into several buckets",
     "subgroup": "DDP on a proper subgroup of a larger world (state 'group')",
-    "large_values": "gradients near float16's largest finite value, same sign across ranks",
+    "large_values": "gradients near the value dtype's largest finite value (float16's under tolerance fp16), "
+                    "same sign across ranks",
     "zero_rank": "one rank whose bucket is entirely zero",
     "distinct_rng": "ranks starting from different global RNG states",
     "repeated_grads": "gradients that repeat (or keep their sign) across steps",
@@ -77,6 +78,9 @@ class CatalogueEntry:
     * ``needs`` — keys of :data:`NEEDS`: for a buggy entry, conditions without which the
       bug cannot show; for a correct one, conditions its check should cover.
     * ``min_world_size`` — the smallest world size at which it can show (or run).
+    * ``bug_class`` — a few words naming the class of bug (``"overflow"``, ``"buckets in
+      flight"``, …) for the mutation-score table; ``"legacy finding"`` marks a hook written
+      as that era wrote it whose flaw the checker found (kept, not fixed).
     """
 
     name: str
@@ -89,6 +93,7 @@ class CatalogueEntry:
     note: str = ""
     needs: tuple[str, ...] = ()
     min_world_size: int = 1
+    bug_class: str = ""
 
     def __post_init__(self) -> None:
         if self.expected_failure is not None and self.expected_failure not in PROPERTIES:
@@ -109,9 +114,11 @@ def _ref(fn: Callable[..., object], state: str, tolerance: str, note: str, **kw:
     return CatalogueEntry(f"reference.{fn.__name__}", fn, state, tolerance, note=note, **kw)  # type: ignore[arg-type]
 
 
-def _bug(fn: Callable[..., object], prop: str, state: str, tolerance: str, note: str, **kw: object) -> CatalogueEntry:
+def _bug(fn: Callable[..., object], prop: str, bug_class: str, state: str, tolerance: str, note: str,
+         **kw: object) -> CatalogueEntry:
     return CatalogueEntry(
-        f"buggy.{fn.__name__}", fn, state, tolerance, expected_failure=prop, note=note, **kw  # type: ignore[arg-type]
+        f"buggy.{fn.__name__}", fn, state, tolerance, expected_failure=prop, note=note,  # type: ignore[arg-type]
+        bug_class=bug_class, **kw,  # type: ignore[arg-type]
     )
 
 
@@ -130,73 +137,80 @@ REFERENCE: tuple[CatalogueEntry, ...] = (
 
 BUGGY: tuple[CatalogueEntry, ...] = (
     # averages
-    _bug(buggy.forgot_division, "averages", "none", "fp32", "sum, not mean", min_world_size=2),
-    _bug(buggy.fp16_divide_after_allreduce, "averages", "none", "fp16",
+    _bug(buggy.forgot_division, "averages", "arithmetic", "none", "fp32", "sum, not mean", min_world_size=2),
+    _bug(buggy.fp16_divide_after_allreduce, "averages", "overflow", "none", "fp16",
          "fp16 sum before the division overflows to inf", needs=("large_values",), min_world_size=2),
-    _bug(buggy.fp16_no_division, "averages", "none", "fp16", "fp16 sum, never divided", min_world_size=2),
-    _bug(buggy.divides_by_global_world_size, "averages", "group", "fp32",
+    _bug(buggy.fp16_no_division, "averages", "arithmetic + overflow", "none", "fp16", "fp16 sum, never divided", min_world_size=2),
+    _bug(buggy.divides_by_global_world_size, "averages", "subgroups", "group", "fp32",
          "divides by the world's size, sums over a subgroup", needs=("subgroup",), min_world_size=4),
-    _bug(buggy.inflight_shared_compressor, "averages", "hooks.buggy:CompressorState", "fp16",
+    _bug(buggy.inflight_shared_compressor, "averages", "buckets in flight", "hooks.buggy:CompressorState", "fp16",
          "compressor keeps 'the' bucket in self: buckets in flight overwrite it",
          needs=("buckets>=2",), min_world_size=2),
-    _bug(buggy.allgather_assumes_gloo_list, "averages", "none", "fp32",
+    _bug(buggy.allgather_assumes_gloo_list, "averages", "backend portability", "none", "fp32",
          "NCCL's [flat] all_gather value read as gloo's list: rank 0's gradient for all",
          backends=("nccl",), min_world_size=2),
     # replicas_agree
-    _bug(buggy.allgather_own_first, "replicas_agree", "none", "fp32",
+    _bug(buggy.allgather_own_first, "replicas_agree", "replica divergence", "none", "fp32",
          "sums gathered rows starting from its own: rank-dependent rounding",
          needs=("world>=3",), min_world_size=3),
-    _bug(buggy.dp_noise_per_rank_rng, "replicas_agree", "none", "none",
+    _bug(buggy.dp_noise_per_rank_rng, "replicas_agree", "replica divergence", "none", "none",
          "noise added after all_reduce from each rank's own global RNG",
          needs=("distinct_rng",), min_world_size=2),
-    _bug(buggy.fp16_copy_wrong_direction, "replicas_agree", "none", "fp16",
+    _bug(buggy.fp16_copy_wrong_direction, "replicas_agree", "replica divergence", "none", "fp16",
          "reduced.copy_(buffer) instead of buffer.copy_(reduced): local gradient kept", min_world_size=2),
     # schedule_independence
-    _bug(buggy.dp_noise_shared_generator, "schedule_independence", "hooks.buggy:NoiseState", "none",
-         "shared-seed noise drawn in callbacks, i.e. in completion order", needs=("buckets>=2",)),
+    _bug(buggy.dp_noise_shared_generator, "schedule_independence", "schedule dependence", "hooks.buggy:NoiseState", "none",
+         "shared-seed noise drawn in callbacks, i.e. in completion order", needs=("buckets>=2",),
+         backends=("gloo",)),  # NCCL completes a group's collectives in issue order: no reordering to see
     # contract
-    _bug(buggy.returns_offset_view, "contract", "none", "fp32",
+    _bug(buggy.returns_offset_view, "contract", "copy-back", "none", "fp32",
          "returns packed[1:]: DDP reads storage from element 0, gradients shift by one"),
-    _bug(buggy.returns_strided_view, "contract", "none", "fp32",
+    _bug(buggy.returns_strided_view, "contract", "copy-back", "none", "fp32",
          "returns a stride-2 column of stack(dim=1): DDP reads interleaved data"),
-    _bug(buggy.returns_list, "contract", "none", "fp32", "resolves to [tensor] (pre-1.10 style)"),
-    _bug(buggy.returns_future_value, "contract", "none", "fp32", "returns the collective's future: value [tensor]"),
-    _bug(buggy.returns_tensor_not_future, "contract", "none", "fp32", "returns a Tensor, not a Future"),
-    _bug(buggy.misnamed_bucket_param, "contract", "none", "fp32",
+    _bug(buggy.returns_list, "contract", "result type", "none", "fp32", "resolves to [tensor] (pre-1.10 style)"),
+    _bug(buggy.returns_future_value, "contract", "result type", "none", "fp32", "returns the collective's future: value [tensor]"),
+    _bug(buggy.returns_tensor_not_future, "contract", "result type", "none", "fp32", "returns a Tensor, not a Future"),
+    _bug(buggy.misnamed_bucket_param, "contract", "registration", "none", "fp32",
          "second parameter not named 'bucket': KeyError at registration", needs=("registration",)),
-    _bug(buggy.string_annotations, "contract", "none", "fp32",
+    _bug(buggy.string_annotations, "contract", "registration", "none", "fp32",
          "string annotations: ValueError at registration", needs=("registration",)),
-    _bug(buggy.allgather_assumes_nccl_flat, "contract", "none", "fp32",
+    _bug(buggy.allgather_assumes_nccl_flat, "contract", "backend portability", "none", "fp32",
          "gloo's list all_gather value read as NCCL's [flat]: 0-d result", backends=("gloo",)),
     # liveness
-    _bug(buggy.rank0_logs_global_norm, "liveness", "none", "fp32",
+    _bug(buggy.rank0_logs_global_norm, "liveness", "rank-dependent collective", "none", "fp32",
          "collective for a log line issued on rank 0 only", min_world_size=2),
-    _bug(buggy.skip_allreduce_if_zero, "liveness", "none", "fp32",
+    _bug(buggy.skip_allreduce_if_zero, "liveness", "data-dependent collective", "none", "fp32",
          "skips the all_reduce when the local bucket is zero", needs=("zero_rank",), min_world_size=2),
-    _bug(buggy.scaled_fp16_blocking, "liveness", "none", "fp16",
+    _bug(buggy.scaled_fp16_blocking, "liveness", "blocking callback", "none", "fp16",
          ".wait() on a 2nd collective inside .then: starves gloo's 2 workers",
          backends=("gloo",), needs=("buckets>=2",)),
-    _bug(buggy.clip_waits_for_last_bucket, "liveness", "hooks.buggy:ClipState", "none",
-         "callbacks wait for a future only the last bucket completes", needs=("buckets>=3",)),
+    _bug(buggy.clip_waits_for_last_bucket, "liveness", "wait on later work", "hooks.buggy:ClipState", "none",
+         "callbacks wait for a future only the last bucket completes", needs=("buckets>=3",),
+         backends=("gloo",)),  # the NCCL model runs callbacks at completion, not inline at issue: see docs/hooks.md
     # error_feedback
-    _bug(buggy.topk_residual_keyed_by_index, "error_feedback", "hooks.buggy:IndexedResidualState", "none",
+    _bug(buggy.topk_residual_keyed_by_index, "error_feedback", "state vs rebuild", "hooks.buggy:IndexedResidualState", "none",
          "error memory keyed by bucket.index(): wrong size after the rebuild", needs=("rebuild",)),
-    _bug(buggy.topk_forgets_inplace_add, "error_feedback", "hooks.buggy:IndexedResidualState", "none",
+    _bug(buggy.topk_forgets_inplace_add, "error_feedback", "error feedback", "hooks.buggy:IndexedResidualState", "none",
          "buffer.add(residual) (not add_): error feedback silently off", needs=("repeated_grads",)),
 )
 
 LEGACY: tuple[CatalogueEntry, ...] = (
     CatalogueEntry("legacy.allreduce_hook", legacy.allreduce_hook, "none", "fp32", api="legacy",
-                   note="1.7/1.8: get_tensors()[0], divide in callback, [tensor]"),
+                   expected_failure="averages", needs=("large_values",), min_world_size=2,
+                   bug_class="legacy finding",
+                   note="1.7/1.8: get_tensors()[0], divide in the callback after the sum: inf near float32's max"),
     CatalogueEntry("legacy.fp16_compress_hook", legacy.fp16_compress_hook, "none", "fp16", api="legacy",
-                   note="1.8: divide, cast, all_reduce, copy back, [tensor]"),
+                   expected_failure="averages", needs=("large_values",), min_world_size=2,
+                   bug_class="legacy finding",
+                   note="1.8: cast, fp16 all_reduce, divide while copying back: the fp16 sum overflows"),
     CatalogueEntry("legacy.stats_mean_hook", legacy.stats_mean_hook, "hooks.legacy:LegacyStatsState", "fp32",
                    api="legacy", note="1.9: every accessor of the old GradBucket"),
     CatalogueEntry("legacy.fp16_wrapped_allreduce_hook", legacy.fp16_wrapped_allreduce_hook, "none", "fp16",
                    api="legacy", expected_failure="averages", needs=("large_values",), min_world_size=2,
-                   note="fp16 wrapper (set_tensor) around a divide-after-sum hook: inf"),
+                   bug_class="overflow", note="fp16 wrapper (set_tensor) around a divide-after-sum hook: inf"),
     CatalogueEntry("legacy.allreduce_sum_hook", legacy.allreduce_sum_hook, "none", "fp32", api="legacy",
-                   expected_failure="averages", min_world_size=2, note="1.7-era sum hook, no division"),
+                   expected_failure="averages", min_world_size=2, bug_class="arithmetic",
+                   note="1.7-era sum hook, no division"),
 )
 
 

@@ -61,33 +61,44 @@ def _group(process_group: object) -> dist.ProcessGroup:
 def allreduce_hook(process_group: dist.ProcessGroup, bucket: dist._GradBucket) -> torch.futures.Future:
     """1.7/1.8 style mean: all-reduce ``get_tensors()[0]``, divide in the callback, return ``[tensor]``.
 
-    Correct under the legacy contract.  It divides *after* the sum — harmless in float32,
-    an overflow hazard once a float16 wrapper is put around it
-    (:data:`fp16_wrapped_allreduce_hook`).
+    Written the way that era's hooks were: torch 1.8's own ``allreduce_hook`` (and the C++
+    built-in ``allReduceHook``) summed first and divided in the ``then`` callback; the
+    division moved in front of the sum later ("to avoid overflow, especially for FP16").
+    **Legacy finding** (kept, not fixed): the sum of W float32 values near float32's
+    maximum overflows to ``inf`` before the division, although every input and the mean
+    are finite — caught by ``averages`` with same-sign values near 3.4e38.
+    Harmless for ordinary gradients; an overflow hazard once a float16 wrapper is put
+    around it (:data:`fp16_wrapped_allreduce_hook`).
     """
     group = _group(process_group)
     tensor = bucket.get_tensors()[0]
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
     def divide(fut: torch.futures.Future) -> list[torch.Tensor]:
-        return [fut.value()[0].div_(group.size())]
+        return [fut.value()[0].div_(group.size())]  # LEGACY: divides after the sum
 
     return fut.then(divide)
 
 
 def fp16_compress_hook(process_group: dist.ProcessGroup, bucket: dist._GradBucket) -> torch.futures.Future:
-    """1.8 style float16 compression: divide, cast, all-reduce, copy back, return ``[tensor]``.
+    """1.8 style float16 compression: cast, all-reduce, divide while copying back, return ``[tensor]``.
 
-    Correct under the legacy contract: the division precedes the cast, so the float16
-    sum of W shares cannot overflow for inputs finite in float16.
+    Written the way torch 1.8's ``fp16_compress_hook`` was: cast the bucket to float16,
+    sum in float16, and divide by W in the callback while copying back in place.
+    **Legacy finding** (kept, not fixed): the float16 *sum* overflows to ``inf`` as soon
+    as same-sign values add up beyond 65504 (two ranks at 32768 suffice), and the cast
+    itself overflows for ``|x| > 65504``.  Later torch versions divide before the sum;
+    even that overflows at W = 3 for ±65504 (``65504 / 3`` rounds to 21840, and three of
+    them to ``inf``), which :func:`hooks.reference.fp16_compress_hook` avoids with a
+    round-toward-zero cast and a clamp.  Caught by ``averages`` under ``fp16``.
     """
     group = _group(process_group)
     tensor = bucket.get_tensors()[0]
-    compressed = tensor.div(group.size()).to(torch.float16)
+    compressed = tensor.to(torch.float16)
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
     def decompress(fut: torch.futures.Future) -> list[torch.Tensor]:
-        tensor.copy_(fut.value()[0])
+        tensor.copy_(fut.value()[0].div_(group.size()))  # LEGACY: the fp16 sum came first
         return [tensor]
 
     return fut.then(decompress)
