@@ -271,7 +271,10 @@ def gradient_specs(world_size: int, steps: int = 1, values: torch.dtype = torch.
     need: gradients that repeat); ``k > 0`` redraws every rank's values from seed + k,
     keeping their kind and scale. Shrinks towards repeating.
     """
-    return st.tuples(step_specs(world_size, values, exact=exact),
+    # the rank strategy is built once here: step_specs would otherwise build a new one
+    # (a new composite, whose label Hypothesis derives from its source) on every draw
+    ranks = rank_specs(values, exact=exact)
+    return st.tuples(step_specs(world_size, values, exact=exact, _ranks=ranks),
                      st.tuples(*(st.integers(0, 7) for _ in range(steps - 1))))
 
 
