@@ -135,8 +135,7 @@ class Layout:
         return text + (", " + ", ".join(flags) if flags else "")
 
 
-@st.composite
-def layouts(draw: st.DrawFn, *, max_params: int = 4, max_side: int = 8, flags: bool = True) -> Layout:
+def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True) -> st.SearchStrategy[Layout]:
     """A :class:`Layout`: 1 to ``max_params`` parameters, a cap, a ready order.
 
     Caps are drawn in bytes between 16 and 512 (so the rebuild makes several buckets of
@@ -145,15 +144,25 @@ def layouts(draw: st.DrawFn, *, max_params: int = 4, max_side: int = 8, flags: b
     on; they shrink to off). Shrinks towards one ``(1,)`` parameter, default cap,
     identity ready order.
     """
-    n = draw(st.integers(1, max_params))
-    param_shapes = tuple(draw(shapes(max_side=max_side)) for _ in range(n))
-    # a small cap 3 times in 4 (several buckets after the rebuild); shrinks to the default
-    cap = None if draw(st.integers(0, 3)) == 0 else draw(st.integers(1, 32)) * 16 / 2**20
-    order = tuple(draw(st.permutations(range(n))))
-    static = fu = view = False
-    if flags and draw(st.integers(0, 3)) == 3:
-        static, fu, view = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
-    return Layout(param_shapes, cap, order, static, fu, view)
+    # Sub-strategies are built once, not per draw (building costs more than drawing).
+    counts = st.integers(1, max_params)
+    shape = shapes(max_side=max_side)
+    quarter, cap_units, flag = st.integers(0, 3), st.integers(1, 32), st.booleans()
+    orders = {n: st.permutations(range(n)) for n in range(1, max_params + 1)}
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Layout:
+        n = draw(counts)
+        param_shapes = tuple(draw(shape) for _ in range(n))
+        # a small cap 3 times in 4 (several buckets after the rebuild); shrinks to the default
+        cap = None if draw(quarter) == 0 else draw(cap_units) * 16 / 2**20
+        order = tuple(draw(orders[n]))
+        static = fu = view = False
+        if flags and draw(quarter) == 3:
+            static, fu, view = draw(flag), draw(flag), draw(flag)
+        return Layout(param_shapes, cap, order, static, fu, view)
+
+    return build()
 
 
 # --------------------------------------------------------------------------- values
