@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from simcluster import collectives as C
 from simcluster.errors import BackendError, UnsupportedError, UsageError
+from simcluster.gloo_runner import GlooCluster
 
 WORLDS = range(1, 9)
 
@@ -469,12 +470,10 @@ def gloo_world_job(rank: int, world_size: int, payload: Any) -> tuple[list[torch
 
 @pytest.mark.gloo
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_bitwise_against_real_gloo(world: int) -> None:
+def test_bitwise_against_real_gloo(world: int, gloo_world: Callable[[int], GlooCluster]) -> None:
     """One real gloo world per size; world 2 also re-measures the rejection messages."""
-    from simcluster.gloo_runner import run_gloo
-
     probes = REJECTION_PROBES if world == 2 else []
-    real = run_gloo(gloo_world_job, world, [(GLOO_CASES, probes)] * world, timeout=180.0)
+    real = gloo_world(world).run(gloo_world_job, [(GLOO_CASES, probes)] * world, timeout=180.0)
     for i, case in enumerate(GLOO_CASES):
         want = model_bits(case, world)
         for rank in range(world):
