@@ -66,8 +66,19 @@ def test_oracle_catches_the_bug_on_a_triggering_example(entry: CatalogueEntry) -
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", BUGS, ids=lambda e: e.name)
 def test_search_finds_the_bug(entry: CatalogueEntry) -> None:
-    """The generator's side: Hypothesis, not us, must find an input that shows the bug."""
-    report = check(entry)
+    """The generator's side: Hypothesis, not us, must find an input that shows the bug —
+    at the CLI's defaults (50 examples, world sizes 1, 2, 3, 4, 8 from the entry's
+    minimum), as ``benchmarks/mutation_score.py`` measures it: every property first, then
+    the expected one alone.  (The property set changes what is drawn — a stateful lossy
+    hook checked for error feedback gets float16-range values — so the two runs differ:
+    ``clip_waits_for_last_bucket`` is found by the first, not by liveness alone.)  With 12 examples at world
+    sizes 2-3, ``allgather_own_first``, ``skip_allreduce_if_zero`` and
+    ``dp_noise_shared_generator`` were not found at seed 0 (measured)."""
+    sizes = tuple(w for w in (1, 2, 3, 4, 8) if w >= entry.min_world_size)
+    report = check(entry, examples=50, world_sizes=sizes, properties=None)  # as the benchmark: default first
+    caught = {f.backend for f in report.failures if f.property == entry.expected_failure}
+    if any(b not in caught and "any" not in caught for b in entry.backends):
+        report = check(entry, examples=50, world_sizes=sizes)  # then the expected property alone
     caught = {f.backend for f in report.failures if f.property == entry.expected_failure}
     missed = [b for b in entry.backends if b not in caught and "any" not in caught]
     assert not missed, (f"{entry.name}: {entry.expected_failure} did not fail on {missed} "
