@@ -138,24 +138,26 @@ class Layout:
 def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True) -> st.SearchStrategy[Layout]:
     """A :class:`Layout`: 1 to ``max_params`` parameters, a cap, a ready order.
 
-    Caps are drawn in bytes between 16 and 512 (so the rebuild makes several buckets of
-    float32 parameters this small) or ``None``. ``flags`` also draws DDP's
+    Caps are drawn as 1/8 to 8/8 of the parameters' float32 bytes (at least 16) (so the rebuild makes
+    several buckets, as bugs of buckets in flight need) or ``None`` (DDP's default). ``flags`` also draws DDP's
     ``static_graph`` / ``find_unused_parameters`` / ``gradient_as_bucket_view`` (rarely
-    on; they shrink to off). Shrinks towards one ``(1,)`` parameter, default cap,
-    identity ready order.
+    on; they shrink to off). Shrinks towards one ``(1,)`` parameter, the smallest
+    cap, identity ready order.
     """
     # Sub-strategies are built once, not per draw (building costs more than drawing).
     counts = st.integers(1, max_params)
     shape = shapes(max_side=max_side)
-    quarter, cap_units, flag = st.integers(0, 3), st.integers(1, 32), st.booleans()
+    quarter, eighths, flag = st.integers(0, 3), st.integers(1, 8), st.booleans()
     orders = {n: st.permutations(range(n)) for n in range(1, max_params + 1)}
 
     @st.composite
     def build(draw: st.DrawFn) -> Layout:
         n = draw(counts)
         param_shapes = tuple(draw(shape) for _ in range(n))
-        # a small cap 3 times in 4 (several buckets after the rebuild); shrinks to the default
-        cap = None if draw(quarter) == 0 else draw(cap_units) * 16 / 2**20
+        # mostly a cap of 1/8 .. 8/8 of the parameters' bytes, so the rebuild makes several
+        # buckets (bugs of buckets in flight need them); DDP's default cap when quarter == 3
+        total = 4 * sum(math.prod(s) for s in param_shapes)
+        cap = None if draw(quarter) == 3 else max(16, total * draw(eighths) // 8) / 2**20
         order = tuple(draw(orders[n]))
         static = fu = view = False
         if flags and draw(quarter) == 3:
