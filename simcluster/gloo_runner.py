@@ -34,11 +34,15 @@ signal (gloo aborts the process on some mismatches) is reported with the tail of
 captured stdout/stderr. Children are reaped on every path, KeyboardInterrupt included.
 Children leave with ``os._exit`` after a closing barrier, so no DDP object or group is
 destroyed at interpreter exit. Each child runs ``torch.set_num_threads(1)``.
+
+This module is the parent side: starting, watching, killing and reaping the processes
+and turning what they report into results or a :class:`GlooRunError`. What runs inside
+each process (joining the group, the job loop, RNG reset, leaving) is
+:mod:`simcluster.gloo_child`.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -50,13 +54,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simcluster.errors import SimClusterError, TargetLoadError, UsageError
+from simcluster.errors import SimClusterError, UsageError
+
+# _child_entry is not used here: the ``python -c`` child program (_CHILD_CODE) imports it
+# from this module. resolve_target is part of this module's public API.
+from simcluster.gloo_child import _CHILD_CODE, _child_entry, _mp_child, resolve_target  # noqa: F401
 
 __all__ = ["GlooCluster", "GlooRunError", "run_gloo"]
 
@@ -106,160 +112,7 @@ def target_name(fn: Target) -> str:
     return f"{module}:{qualname}"
 
 
-def resolve_target(name: str) -> Callable[..., Any]:
-    """Import ``"module:qualname"`` and return the callable; :class:`TargetLoadError` otherwise."""
-    module_name, sep, qualname = name.partition(":")
-    if not sep or not module_name or not qualname:
-        raise TargetLoadError(f"target={name!r} is not of the form 'module:qualname'")
-    try:
-        obj: Any = sys.modules["__main__"] if module_name == "__main__" else importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise TargetLoadError(f"target={name!r} could not be loaded: {type(exc).__name__}: {exc}") from exc
-    if not callable(obj):
-        raise TargetLoadError(f"target={name!r} is not callable (type={type(obj).__name__})")
-    return obj
-
-
-# --------------------------------------------------------------------------- child side
-
-_CHILD_CODE = (
-    "import json, os, sys; "
-    "sys.path[:0] = [p for p in json.loads(os.environ['SIMCLUSTER_GLOO_SYS_PATH']) if p not in sys.path]; "
-    "from simcluster.gloo_runner import _child_entry; _child_entry(sys.argv[1:])"
-)
-
-
-def _child_entry(argv: list[str]) -> None:
-    """``python -c _CHILD_CODE rank world_size store_path fd gloo_timeout persistent``."""
-    rank, world_size, store_path, fd, gloo_timeout, persistent = argv
-    conn = mpc.Connection(int(fd))
-    _serve(int(rank), int(world_size), store_path, conn, float(gloo_timeout), persistent == "1")
-
-
-def _mp_child(rank: int, world_size: int, store_path: str, log_path: str, conn: mpc.Connection,
-              gloo_timeout: float, persistent: bool) -> None:
-    """Entry point under a ``multiprocessing`` start method: send output to the log, then serve."""
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    _serve(rank, world_size, store_path, conn, gloo_timeout, persistent)
-
-
-def _serve(rank: int, world_size: int, store_path: str, conn: mpc.Connection,
-           gloo_timeout: float, persistent: bool) -> None:
-    """One rank: join the group, then run the jobs arriving on ``conn``.
-
-    Messages to the parent are ``(kind, rank, data)``: ``ready``, ``returned`` (fn came
-    back; the closing barrier follows), ``result`` (pickled bytes) and ``error``
-    (traceback text). The child leaves with ``os._exit``: after its only job when not
-    ``persistent``, after any error, and when the parent closes the pipe.
-    """
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    phase = "init_process_group"
-    try:
-        import datetime
-        import gc
-
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=gloo_timeout))
-        fresh_rng = _rng_snapshot()
-        gc.freeze()  # torch's own objects: keeps the per-job gc.collect() at ~1 ms, not ~50 ms
-        conn.send(("ready", rank, None))
-        while True:
-            phase = "waiting for a job"
-            try:
-                name, payload, sys_path, main_path = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                _leave(0)
-            sys.path[:0] = [p for p in sys_path if p not in sys.path]
-            _rng_restore(fresh_rng)
-            phase = f"running {name}"
-            result = _child_target(name, main_path)(rank, world_size, payload)
-            conn.send(("returned", rank, None))
-            phase = "pickling its result"
-            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-            del result
-            phase = "the closing barrier"
-            gc.collect()
-            dist.barrier()
-            conn.send(("result", rank, data))
-            if not persistent:
-                _leave(0)
-    except BaseException:  # report everything, KeyboardInterrupt included, then leave
-        text = f"rank {rank} failed in {phase}:\n{traceback.format_exc()}"
-        try:
-            conn.send(("error", rank, text))
-        except (OSError, ValueError):
-            pass
-        _leave(1)
-
-
-def _child_target(name: str, main_path: str | None) -> Callable[..., Any]:
-    """Resolve ``name`` in a child; ``__main__`` targets load the parent's script by path.
-
-    The script is run under the module name ``__simcluster_main__`` (so its
-    ``if __name__ == "__main__":`` block does not run), once per child.
-    """
-    if name.startswith("__main__:"):
-        if "__simcluster_main__" not in sys.modules:
-            if not main_path:
-                raise TargetLoadError(f"target={name!r}: the parent's __main__ has no file to load")
-            import runpy
-            import types
-
-            module = types.ModuleType("__simcluster_main__")
-            module.__dict__.update(runpy.run_path(main_path, run_name="__simcluster_main__"))
-            sys.modules["__simcluster_main__"] = module
-        name = "__simcluster_main__:" + name.partition(":")[2]
-    return resolve_target(name)
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    """Backstop if the parent is killed outright: its watchdog died with it."""
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    _leave(3)
-
-
-def _leave(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _rng_snapshot() -> tuple[Any, Any, Any]:
-    """Seed every RNG from OS entropy (a forked child shares its server's state) and save it."""
-    import random
-
-    import numpy
-    import torch
-
-    torch.seed()
-    random.seed()
-    numpy.random.seed()
-    return torch.get_rng_state(), random.getstate(), numpy.random.get_state()
-
-
-def _rng_restore(state: tuple[Any, Any, Any]) -> None:
-    import random
-
-    import numpy
-    import torch
-
-    torch.set_rng_state(state[0])
-    random.setstate(state[1])
-    numpy.random.set_state(state[2])
-
-
-# --------------------------------------------------------------------------- parent side
+# --------------------------------------------------------------------------- processes
 
 
 class _Child:
@@ -335,7 +188,7 @@ class _World:
                     # what constructing a DistributedDataParallel imports (measured: ~1.6 s
                     # alone, ~3.7 s with 2 ranks on 2 cores, in *every* rank of every
                     # world); preloaded, the children inherit it and the gc.freeze() in
-                    # _serve covers its objects, so each job's gc.collect() stays ~1 ms
+                    # gloo_child._serve covers its objects, so each job's gc.collect() stays ~1 ms
                     # instead of ~0.1-0.25 s once a job has built a DDP.
                     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy"])
                 conn, theirs_conn = ctx.Pipe(duplex=True)
