@@ -71,7 +71,8 @@ class Call:
     call of every rank on a channel belongs to the same collective. ``signature`` must
     be equal on every rank (op, dtypes, shapes, reduce op, root, …) or the run fails
     with :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
-    call) returns each rank's result; ``deliver`` hands a rank its result.
+    call, in the order of ``ranks``) returns each rank's result; ``deliver`` hands a rank
+    its result.
     """
 
     rank: int
@@ -405,7 +406,7 @@ class Engine:
         self.trace.add(Completed(inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options))
         self._completions += 1
         try:
-            results = inst.first.compute(inst.calls)
+            results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
         except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
             calls = "\n".join(f"  rank {r}: {c.describe}" for r, c in sorted(inst.calls.items()))
             self._fail(CollectiveMismatchError(

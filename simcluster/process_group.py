@@ -169,12 +169,14 @@ class SimProcessGroup(dist.ProcessGroup):
         ranks: tuple[int, ...] | None = None,
         error: str | None = None,
     ) -> SimWork:
-        """Post this rank's part; ``compute`` maps every rank's call to each rank's
-        ``(value, exception)`` for its future."""
+        """Post this rank's part; ``compute`` maps every rank's call (in group order) to
+        each rank's ``(value, exception)`` for its future."""
         engine = self._engine(op)
         backend = self._runtime.backend
-        if error is not None and backend.errors_at_call:
-            raise BackendError(error)
+        if error is not None:
+            if backend.errors_at_call:
+                raise BackendError(error)
+            compute = _rejected(error)  # the collective runs, and fails at wait() on every rank
         future = SimFuture(engine, self.global_rank, "")
         finished = SimFuture(engine, self.global_rank, "")
         shape = tuple(tensor.shape) if tensor is not None else ()
@@ -201,7 +203,7 @@ class SimProcessGroup(dist.ProcessGroup):
             nbytes=nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),
             detail=detail,
             uses_worker=channel is None,
-            payload=(payload, error),
+            payload=payload,
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
@@ -221,14 +223,11 @@ class SimProcessGroup(dist.ProcessGroup):
         backend = self._runtime.backend.name
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            err = calls[ranks[0]].payload[1]
-            if err is not None:
-                return {r: (None, RuntimeError(err)) for r in ranks}
-            result = collectives.reduce([calls[r].payload[0] for r in ranks], name, backend, premul_factor=factor)
+            ranks = list(calls)
+            result = collectives.reduce([calls[r].payload for r in ranks], name, backend, premul_factor=factor)
             out = {}
             for r in ranks:
-                mine = calls[r].payload[0]
+                mine = calls[r].payload
                 collectives.copy_bits_(mine, result)
                 out[r] = ([mine], None)
             return out
@@ -246,15 +245,13 @@ class SimProcessGroup(dist.ProcessGroup):
         shapes = tuple((_dtype(t), tuple(t.shape)) for t in tensors)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            if calls[ranks[0]].payload[1] is not None:
-                return {r: (None, RuntimeError(calls[ranks[0]].payload[1])) for r in ranks}
-            parts = collectives.all_reduce_coalesced([calls[r].payload[0] for r in ranks], name, backend,
+            ranks = list(calls)
+            parts = collectives.all_reduce_coalesced([calls[r].payload for r in ranks], name, backend,
                                                      premul_factor=factor)
             for r in ranks:
-                for mine, part in zip(calls[r].payload[0], parts):
+                for mine, part in zip(calls[r].payload, parts):
                     collectives.copy_bits_(mine, part)
-            return {r: (list(calls[r].payload[0]), None) for r in ranks}
+            return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
                           nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=name, error=error)
@@ -268,16 +265,13 @@ class SimProcessGroup(dist.ProcessGroup):
         root_global = self.spec.ranks[root]
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            err = calls[ranks[0]].payload[1]
-            if err is not None:
-                return {r: (None, RuntimeError(err)) for r in ranks}
+            ranks = list(calls)
             buffers = collectives.reduce_to_root(
-                [calls[r].payload[0] for r in ranks], name, backend, root, premul_factor=factor
+                [calls[r].payload for r in ranks], name, backend, root, premul_factor=factor
             )
             for r, buffer in zip(ranks, buffers):
-                collectives.copy_bits_(calls[r].payload[0], buffer)
-            return {r: ([calls[r].payload[0]], None) for r in ranks}
+                collectives.copy_bits_(calls[r].payload, buffer)
+            return {r: ([calls[r].payload], None) for r in ranks}
 
         return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{name}, root {root}", error=error)
 
@@ -310,18 +304,16 @@ class SimProcessGroup(dist.ProcessGroup):
         group = self.spec.ranks
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=group.index)
-            if calls[ranks[0]].payload[1] is not None:
-                return {r: (None, RuntimeError(calls[ranks[0]].payload[1])) for r in ranks}
-            inputs = [calls[s].payload[0][1] for s in ranks]
+            ranks = list(calls)
+            inputs = [calls[s].payload[1] for s in ranks]
             if op == "reduce_scatter_tensor":
-                whole = [calls[s].payload[0][2] for s in ranks]
+                whole = [calls[s].payload[2] for s in ranks]
                 parts = collectives.reduce_scatter_tensor(whole, name, backend, premul_factor=factor)
             else:
                 parts = collectives.reduce_scatter(inputs, name, backend, premul_factor=factor)
             results = {}
             for r, part in zip(ranks, parts):
-                mine = calls[r].payload[0][0]
+                mine = calls[r].payload[0]
                 collectives.copy_bits_(mine, part.view(mine.shape))
                 results[r] = ([mine], None)
             return results
@@ -344,11 +336,11 @@ class SimProcessGroup(dist.ProcessGroup):
         backend = self._runtime.backend
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            sources = [calls[r].payload[0][1].clone() for r in ranks]
+            ranks = list(calls)
+            sources = [calls[r].payload[1].clone() for r in ranks]
             results = {}
             for r in ranks:
-                mine = calls[r].payload[0][0]
+                mine = calls[r].payload[0]
                 for o, s in zip(mine, sources):
                     o.copy_(s.view(o.shape))
                 results[r] = (backend.all_gather_value(mine), None)
@@ -367,11 +359,11 @@ class SimProcessGroup(dist.ProcessGroup):
         backend, size = self._runtime.backend, self.size()
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            flat = torch.cat([calls[r].payload[0][1].reshape(-1) for r in ranks])
+            ranks = list(calls)
+            flat = torch.cat([calls[r].payload[1].reshape(-1) for r in ranks])
             results = {}
             for r in ranks:
-                out, inp = calls[r].payload[0]
+                out, inp = calls[r].payload
                 out.copy_(flat.view(out.shape))
                 results[r] = (backend.all_gather_into_tensor_value(out, tuple(inp.shape), size), None)
             return results
@@ -390,11 +382,11 @@ class SimProcessGroup(dist.ProcessGroup):
         root_global = self.spec.ranks[root]
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            source = calls[root_global].payload[0].clone()
+            source = calls[root_global].payload.clone()
             results = {}
             for r, call in calls.items():
-                call.payload[0].copy_(source)
-                results[r] = ([call.payload[0]], None)
+                call.payload.copy_(source)
+                results[r] = ([call.payload], None)
             return results
 
         return self._post("broadcast", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, t, detail=f"root {root}")
@@ -409,10 +401,10 @@ class SimProcessGroup(dist.ProcessGroup):
             self._list_len("gather", "gather_list", gather_list)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            dest = calls[root_global].payload[0][0]
+            ranks = list(calls)
+            dest = calls[root_global].payload[0]
             for o, r in zip(dest, ranks):
-                o.copy_(calls[r].payload[0][1])
+                o.copy_(calls[r].payload[1])
             return {r: (list(dest) if r == root_global else [], None) for r in ranks}
 
         return self._post("gather", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, (list(gather_list), t),
@@ -428,11 +420,11 @@ class SimProcessGroup(dist.ProcessGroup):
             self._list_len("scatter", "scatter_list", scatter_list)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            sources = [s.clone() for s in calls[root_global].payload[0][1]]
+            ranks = list(calls)
+            sources = [s.clone() for s in calls[root_global].payload[1]]
             results = {}
             for r, s in zip(ranks, sources):
-                mine = calls[r].payload[0][0]
+                mine = calls[r].payload[0]
                 mine.copy_(s)
                 results[r] = ([mine], None)
             return results
@@ -446,11 +438,11 @@ class SimProcessGroup(dist.ProcessGroup):
         self._list_len("all_to_all", "input_tensor_list", inputs)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            sent = {r: [t.clone() for t in calls[r].payload[0][1]] for r in ranks}
+            ranks = list(calls)
+            sent = {r: [t.clone() for t in calls[r].payload[1]] for r in ranks}
             results = {}
             for j, r in enumerate(ranks):
-                outs = calls[r].payload[0][0]
+                outs = calls[r].payload[0]
                 for i, s in enumerate(ranks):
                     outs[i].copy_(sent[s][j])
                 results[r] = (list(outs), None)
@@ -470,11 +462,11 @@ class SimProcessGroup(dist.ProcessGroup):
         outs = _split(output, output_split_sizes, size, "output", self.global_rank)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            ranks = sorted(calls, key=self.spec.ranks.index)
-            sent = {r: [t.clone() for t in calls[r].payload[0][1]] for r in ranks}
+            ranks = list(calls)
+            sent = {r: [t.clone() for t in calls[r].payload[1]] for r in ranks}
             results = {}
             for j, r in enumerate(ranks):
-                out_full, out_parts = calls[r].payload[0][0]
+                out_full, out_parts = calls[r].payload[0]
                 for i, s in enumerate(ranks):
                     if out_parts[i].numel() != sent[s][j].numel():
                         raise ValueError(
@@ -517,8 +509,8 @@ class SimProcessGroup(dist.ProcessGroup):
         channel = f"{self.spec.name} p2p {src}->{dst} tag {tag}"
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            calls[dst_g].payload[0].copy_(calls[src_g].payload[0])
-            return {r: ([calls[r].payload[0]], None) for r in calls}
+            calls[dst_g].payload.copy_(calls[src_g].payload)
+            return {r: ([calls[r].payload], None) for r in calls}
 
         return self._post(op, t, (_dtype(t), tuple(t.shape), f"{src}->{dst}", f"tag={tag}"), compute, t,
                           channel=channel, ranks=(src_g, dst_g), detail=f"{src}->{dst} tag {tag}")
@@ -545,6 +537,16 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
                 f"{self.spec.name} has {self.size()} ranks"
             )
+
+
+def _rejected(error: str) -> Callable[[dict[int, Call]], dict[int, Any]]:
+    """A collective the backend rejects at ``wait()`` (gloo: ``PREMUL_SUM``, bitwise ops on
+    floats): it completes, leaves the data alone, and every rank's future holds the error."""
+
+    def compute(calls: dict[int, Call]) -> dict[int, Any]:
+        return {r: (None, RuntimeError(error)) for r in calls}
+
+    return compute
 
 
 def _reduce_op(opts: Any) -> Any:

@@ -299,7 +299,7 @@ class ThreadedEngine:
     def _complete(self, pending: _Pending) -> None:
         first = pending.calls[pending.ranks[0]]
         try:
-            results = first.compute(pending.calls)
+            results = first.compute({rank: pending.calls[rank] for rank in pending.ranks})
         except Exception as exc:  # noqa: BLE001 - the ranks' calls cannot be combined
             calls = "\n".join(f"  rank {r}: {c.describe}" for r, c in sorted(pending.calls.items()))
             self._fail(CollectiveMismatchError(
