@@ -30,6 +30,7 @@ from simcluster.backends import backend_model
 from simcluster.bucket import SimGradBucket, make_bucket
 from simcluster.engine import Engine
 from simcluster.errors import HookContractError, UsageError, add_context_note
+from simcluster.futures import SimFuture
 from simcluster.process_group import Runtime, SimProcessGroup
 from simcluster.rank_context import RankContexts, patched_torch
 from simcluster.scheduler import Scheduler, make_scheduler
@@ -112,13 +113,14 @@ class SimCluster(Runtime):
             raise UsageError(f"rank={rank} is not in 0..{self.world_size - 1}")
         return self.contexts.world_groups[rank]
 
-    def replay_line(self, pending: Sequence[int] = ()) -> str:
+    def replay_line(self, pending: Sequence[int] = (), *, upto: int | None = None) -> str:
         """A constructor call that replays every run of this cluster so far, bit for bit
         (making the same calls on it in the same order); ``pending``: choices of the run
-        in progress."""
+        in progress; ``upto``: only the first ``upto`` choices made (a past run's end)."""
+        choices = self.choices if upto is None else self.choices[:upto]
         return (
             f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
-            f"schedule={[*self.choices, *pending]!r}, rng={self.rng!r})"
+            f"schedule={[*choices, *pending]!r}, rng={self.rng!r})"
         )
 
     # -- running --------------------------------------------------------------
@@ -168,17 +170,11 @@ class SimCluster(Runtime):
         upto = len(self.choices)
 
         def replay() -> str:
-            return self._replay_upto(upto)
+            return self.replay_line(upto=upto)
 
         if engine.failures:
             self._raise_failures(engine, replay())
         return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay)
-
-    def _replay_upto(self, upto: int) -> str:
-        return (
-            f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
-            f"schedule={self.choices[:upto]!r}, rng={self.rng!r})"
-        )
 
     def _raise_failures(self, engine: Engine, replay: str) -> None:
         failures = sorted(engine.failures, key=lambda f: f[0])
@@ -281,8 +277,6 @@ def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -
     Nothing blocks (the reducer's wait has no side effect a hook could observe), so a
     hook that never blocks runs without a single thread hand-over.
     """
-    from simcluster.futures import SimFuture
-
     def store(fut: torch.futures.Future) -> None:
         try:
             into[rank] = fut.value()
