@@ -50,6 +50,8 @@ __all__ = [
     "BackendError",
     "HookContractError",
     "StuckError",
+    "ForeignThreadError",
+    "HookExited",
 ]
 
 _HOME = {
@@ -83,6 +85,8 @@ _HOME = {
     "BackendError": "errors",
     "HookContractError": "errors",
     "StuckError": "errors",
+    "ForeignThreadError": "errors",
+    "HookExited": "errors",
 }
 
 
@@ -108,7 +112,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         BackendError,
         CollectiveMismatchError,
         DeadlockError,
+        ForeignThreadError,
         HookContractError,
+        HookExited,
         HookFailure,
         SimClusterError,
         StuckError,

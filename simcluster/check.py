@@ -30,13 +30,14 @@ Hypothesis also keeps failing examples there and tries them first on later runs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import inspect
 import json
 import os
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -48,11 +49,14 @@ from simcluster import properties as P
 from simcluster.bucket import GradBucketMisuse
 from simcluster.cluster import SimCluster
 from simcluster.ddp import DDPConfig, SimDDP, subgroups
-from simcluster.errors import BackendError, HookContractError, UnsupportedError, UsageError
+from simcluster.engine import is_stop_request
+from simcluster.errors import BackendError, HookContractError, HookExited, UnsupportedError, UsageError
+from simcluster.limits import EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
 from simcluster.report import PROPERTIES, CheckReport, PropertyFailure
 from simcluster.strategies import (
     DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy,
 )
+from simcluster.supervisor import DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised
 from simcluster.targets import load_state, load_target
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
@@ -123,6 +127,8 @@ class _Options:
     props: tuple[str, ...]
     ef_drain: int
     ef_forced: bool = False  # error_feedback named in properties=: check it even without a visible residual
+    monitor: Monitor = dataclasses.field(default_factory=Monitor)  # announces examples to a supervisor
+    deadline: float = DEFAULT_DEADLINE
 
 
 def _groups(example: Example) -> list[list[int]]:
@@ -141,13 +147,15 @@ def _simulate(opts: _Options, example: Example, backend: str, schedule: Any,
     factory = subgroups(*_groups(example)) if example.subgroups > 1 else None
     ddp = SimDDP(cluster, opts.hook, list(lay.shapes), state=opts.state, config=config,
                  dtype=DTYPES[example.dtype], process_group_factory=factory)
+    if opts.monitor.enabled:
+        ddp.on_hook_call = opts.monitor.at
     results: list[Any] = []
     for t, step_grads in enumerate(grads):
         try:
             results.append(ddp.step(step_grads))
         except (UsageError, UnsupportedError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the hook's failure is the finding
+        except (Exception, SystemExit, GeneratorExit) as exc:  # noqa: BLE001 - the hook's failure is the finding
             return results, exc, t, ddp.states
     return results, None, len(grads), ddp.states
 
@@ -169,7 +177,29 @@ def keeps_residual(states: Sequence[Any]) -> bool:
 
 
 def run_example(opts: _Options, example: Example, backend: str) -> None:
-    """Run ``example`` and apply the oracles; raise the :class:`Violation` of the first that fails."""
+    """Run ``example`` and apply the oracles; raise the :class:`Violation` of the first that fails.
+
+    Under a supervisor the example is announced first (its replay token), so an example
+    that never ends is reported as itself."""
+    if opts.monitor.enabled:
+        opts.monitor.begin({"backend": backend, "token": encode_example(example, backend)})
+    try:
+        _judge_example(opts, example, backend)
+    finally:
+        opts.monitor.end()
+
+
+def _exit_head(error: BaseException, at: int) -> str | None:
+    """How a hook that tried to end its process is described (None for other errors)."""
+    if isinstance(error, SystemExit):
+        return (f"step {at}: the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's "
+                "process ends here and its peers hang or crash")
+    if isinstance(error, HookExited):
+        return f"step {at}: HookExited: {str(error).splitlines()[0]}"
+    return None
+
+
+def _judge_example(opts: _Options, example: Example, backend: str) -> None:
     grads = example.grads()
     drain_from = len(grads)
     if "error_feedback" in opts.props:
@@ -189,6 +219,8 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
     if error is not None:
         etype = type(error).__name__
         head = f"step {at}: {etype}: {str(error).splitlines()[0] if str(error) else ''}"
+        if (exit_head := _exit_head(error, at)) is not None:
+            fail("liveness", f"{exit_head}{raise_site(error)}", error_type=etype)
         if "liveness" in opts.props and P.liveness(error):
             fail("liveness", head, error_type=etype)
         if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
@@ -196,9 +228,8 @@ def run_example(opts: _Options, example: Example, backend: str) -> None:
                 fail("contract", head, error_type=etype)
         elif check_ef and at >= 1:
             fail("error_feedback", f"{head} (the hook's memory from earlier steps broke step {at})", error_type=etype)
-        elif "liveness" in opts.props:
-            fail("liveness", f"{head} (the hook raised: the step cannot complete on every rank)", error_type=etype)
-        return
+        # Whatever properties were chosen, a step that cannot complete was not checked: never a pass.
+        fail("liveness", f"{head} (the hook raised: the step cannot complete on every rank)", error_type=etype)
     groups = _groups(example)
     for t, res in enumerate(results):
         info["step"] = t
@@ -271,8 +302,10 @@ def _replay_command(opts: _Options, backend: str, world: int, token: str, steps:
     parts += [f"--tolerance {opts.tolerance}"]
     if opts.api != "current":
         parts.append(f"--api {opts.api}")
-    parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}",
-              f"--replay {token}"]
+    parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]
+    if opts.deadline != DEFAULT_DEADLINE:
+        parts.append(f"--deadline {opts.deadline:g}")
+    parts.append(f"--replay {token}")
     return " ".join(parts)
 
 
@@ -329,7 +362,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                seed: int | None = 0, api: str = "current",
                database: str | os.PathLike[str] | ExampleDatabase | None = None,
                properties: Sequence[str] | None = None, progress: Callable[[str], None] | None = None,
-               replay: str | None = None) -> CheckReport:
+               replay: str | None = None, deadline: float = DEFAULT_DEADLINE,
+               supervise: bool = True) -> CheckReport:
     """Check ``hook`` and return a :class:`~simcluster.report.CheckReport` (never raises for findings).
 
     ``hook``: a callable or a ``module:name`` / ``file.py:name`` string. ``target``: the
@@ -347,6 +381,16 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     :data:`~simcluster.report.PROPERTIES` (default: all that apply). ``progress``: called
     with a line per backend. ``replay``: a token from a failure: run just that example.
     Usage errors raise :class:`~simcluster.errors.UsageError`.
+
+    **Supervision.** Each backend's search runs in a forked child process
+    (:mod:`simcluster.supervisor`): an example that runs longer than ``deadline``
+    seconds (spinning, blocked in C, sleeping) or that kills or ends its process is a
+    *liveness* failure of the hook, reported with the rank, step and bucket of the last
+    hook call, the stuck code's stack and the example's replay command; the other
+    backend is still checked. ``KeyboardInterrupt`` and pytest's outcome exceptions
+    (``pytest.fail``, pytest-timeout's) end the whole check at once and propagate.
+    ``supervise=False`` runs in this process (no deadline: a hook that never returns
+    hangs the caller).
     """
     start = time.monotonic()
     if isinstance(hook, str):
@@ -360,16 +404,20 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends or isinstance(backends, str):
         raise UsageError(f"backends={backends!r}: use a list of 'gloo' and/or 'nccl'")
-    if not world_sizes or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in world_sizes):
-        raise UsageError(f"world_sizes={world_sizes!r} must be positive ints")
-    for name, value in (("steps", steps), ("examples", examples)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UsageError(f"{name}={value!r} must be an int >= 1")
+    if not world_sizes or isinstance(world_sizes, (str, int)):
+        raise UsageError(f"world_sizes={world_sizes!r} must be a non-empty list of ints")
+    for w in world_sizes:
+        check_int("world size", w, *WORLD_SIZES)
+    check_int("steps", steps, *STEPS)
+    check_int("examples", examples, *EXAMPLES)
+    if seed is not None:
+        check_int("seed", seed, *SEEDS)
+    deadline = check_deadline(deadline, "deadline")
     if api not in ("current", "legacy"):
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
     props = _choose_properties(properties, tol, state_obj)
     opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
-                    ef_forced=properties is not None and "error_feedback" in properties)
+                    ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -379,18 +427,93 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                                                f"simcluster check {target} --api {api}", "registration"))
     if replay is not None:
         example, backend = decode_example(replay)
-        _run_one(opts, example, backend, report, steps=example.steps)
+
+        def replay_job(monitor: Monitor) -> tuple[list[PropertyFailure], int]:
+            part = _partial(opts, monitor)
+            _run_one(part.opts, example, backend, part.report, steps=example.steps)
+            return part.report.failures, part.report.examples
+
+        _supervised(replay_job, opts, backend, report, example.steps, deadline, supervise)
     else:
         for backend in backends:
             if progress is not None:
                 progress(f"{target}: {backend}, {examples} examples, world sizes {list(world_sizes)}")
-            _run_hypothesis(opts, backend, report, world_sizes, steps, examples, seed, database)
-            if not any(f.backend == backend for f in report.failures):
-                for explicit in _explicit_examples(opts, world_sizes, steps):
-                    _run_one(opts, explicit, backend, report, steps)
+
+            def backend_job(monitor: Monitor, backend: str = backend) -> tuple[list[PropertyFailure], int]:
+                part = _partial(opts, monitor)
+                _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
+                if not part.report.failures:
+                    for explicit in _explicit_examples(opts, world_sizes, steps):
+                        _run_one(part.opts, explicit, backend, part.report, steps)
+                return part.report.failures, part.report.examples
+
+            _supervised(backend_job, opts, backend, report, steps, deadline, supervise)
     report.passed = not report.failures
     report.seconds = time.monotonic() - start
     return report
+
+
+@dataclasses.dataclass
+class _Partial:
+    opts: _Options
+    report: CheckReport
+
+
+def _partial(opts: _Options, monitor: Monitor) -> _Partial:
+    """What one supervised job fills in: options bound to its monitor, an empty report."""
+    return _Partial(dataclasses.replace(opts, monitor=monitor),
+                    CheckReport(target=opts.target, passed=True, properties=[], backends=[]))
+
+
+def _supervised(job: Callable[[Monitor], tuple[list[PropertyFailure], int]], opts: _Options, backend: str,
+                report: CheckReport, steps: int, deadline: float, supervise: bool) -> None:
+    """Run one backend's search (or one replay) as ``job``, supervised unless told not to,
+    and add what it found to ``report``. A child that died or overran its deadline is a
+    liveness failure of the hook; stop requests and usage errors propagate."""
+    if not supervise:
+        failures, count = job(Monitor())
+        report.failures += failures
+        report.examples += count
+        return
+    outcome = run_supervised(job, deadline=deadline)
+    if outcome.value is not None:
+        failures, count = outcome.value
+        report.failures += failures
+        report.examples += count
+    elif outcome.death is not None:
+        report.examples += 1
+        report.failures.append(_death_failure(opts, backend, outcome.death, steps))
+    elif outcome.error is not None:
+        error = outcome.error
+        if isinstance(error, (SystemExit, HookExited)):  # user code ended the child outside any example
+            report.failures.append(PropertyFailure(
+                "liveness", backend, f"{_exit_head(error, 0) or error!r}", 0, "-", "-", [],
+                f"simcluster check {opts.target}", type(error).__name__))
+            return
+        raise error
+
+
+def _death_failure(opts: _Options, backend: str, death: ChildDeath, steps: int) -> PropertyFailure:
+    """The liveness failure of an example whose process never answered."""
+    stack = format_stack(death.stacks)
+    if death.kind == "deadline":
+        message = f"the example {death.detail} (hook code spinning or blocked); stuck at {death.where()}"
+    else:
+        message = f"the example's process ended: {death.detail}; it was at {death.where()}"
+    if stack:
+        message += "\n  the stuck code (outermost call first):\n" + stack
+    token = (death.payload or {}).get("token")
+    if token is None:
+        return PropertyFailure("liveness", backend, message, 0, "-", "-", [], f"simcluster check {opts.target}",
+                               "Stuck" if death.kind == "deadline" else "ProcessDied", {"stack": death.stacks})
+    example, _ = decode_example(token)
+    step = death.position[1] if death.position else 0
+    violation = _VIOLATIONS["liveness"](message, {"example": example, "backend": backend, "schedule": [],
+                                                   "step": step, "error_type": "Stuck" if death.kind == "deadline"
+                                                   else "ProcessDied"})
+    failure = _failure(opts, violation, steps)
+    failure.details["stack"] = death.stacks
+    return failure
 
 
 def _run_one(opts: _Options, example: Example, backend: str, report: CheckReport, steps: int) -> None:
@@ -462,7 +585,8 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
                        derandomize=False, print_blob=False, report_multiple_bugs=True,
                        suppress_health_check=list(HealthCheck))(wrapped)
     try:
-        wrapped()
+        with _count_budgeted_search():
+            wrapped()
     except Exception as exc:  # noqa: BLE001 - sorted below
         found = _violations(exc)
         if not found:
@@ -474,6 +598,43 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
                 report.failures.append(_failure(opts, v, steps))
     finally:
         report.examples += count[0]
+
+
+class _FrozenClock:
+    """``time`` as Hypothesis's engine sees it during a check: the clock never moves.
+
+    Hypothesis stops generating 10 s after the first bug and stops shrinking after
+    300 s of wall time, so on a slower machine it would report a different (less
+    shrunk) counterexample. With the clock frozen those limits never fire; the search is
+    bounded by counts alone (``max_examples``, Hypothesis' shrink-call limits and
+    :data:`SHRINK_BUDGET`), so the same seed gives the same report on any machine."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._now = real.monotonic()
+
+    def monotonic(self) -> float:
+        return self._now
+
+    perf_counter = monotonic
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def _count_budgeted_search() -> Iterator[None]:
+    from hypothesis.internal.conjecture import engine as conjecture_engine
+
+    real = getattr(conjecture_engine, "time", None)
+    if real is None:  # a Hypothesis that reads time differently: its limits apply (documented)
+        yield
+        return
+    conjecture_engine.time = _FrozenClock(real)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        conjecture_engine.time = real  # type: ignore[assignment]
 
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:

@@ -31,6 +31,7 @@ from simcluster.bucket import SimGradBucket, make_bucket
 from simcluster.engine import Engine
 from simcluster.errors import HookContractError, UsageError, add_context_note
 from simcluster.futures import SimFuture
+from simcluster.limits import check_memory
 from simcluster.process_group import Runtime, SimProcessGroup
 from simcluster.rank_context import RankContexts, patched_torch
 from simcluster.scheduler import Scheduler, make_scheduler
@@ -95,6 +96,7 @@ class SimCluster(Runtime):
             raise UsageError(f"world_size={world_size!r} must be a positive int")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise UsageError(f"seed={seed!r} (type={type(seed).__name__}) must be an int")
+        check_memory(world_size)
         self.world_size = world_size
         self.seed = seed
         self.backend = backend_model(backend)

@@ -172,6 +172,9 @@ class SimDDP:
             raise UsageError(f"state={state!r}: use None, 'group' or a factory(process_group)")
         self.cluster, self.hook, self.config, self.state_spec = cluster, hook, config, state
         self.process_group_factory = process_group_factory
+        self.on_hook_call: Callable[[int, int, int], None] | None = None
+        """Called as ``(rank, iteration, bucket index)`` before every hook call (the
+        supervisor uses it to say where a hook that never returns was)."""
         self.params = _make_params(cluster.world_size, param_shapes, parameters, dtype)
         self.iteration = 0
         self.groups: list[Any] = [None] * cluster.world_size
@@ -218,6 +221,8 @@ class SimDDP:
                     api=bucket_api,
                 )
                 where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
+                if self.on_hook_call is not None:
+                    self.on_hook_call(rank, it, call.index)
                 try:
                     future = self.hook(state, bucket)
                 except Exception as exc:

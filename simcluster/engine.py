@@ -22,8 +22,19 @@ something completes). Its rules:
    that is a deadlock: the engine unwinds every parked thread and raises
    :class:`~simcluster.errors.DeadlockError` listing each rank's blocked wait and
    every unmatched call. Code blocked *outside* the engine (a lock, a plain C++
-   future) cannot be interrupted: a watchdog reports it as
-   :class:`~simcluster.errors.StuckError` instead of hanging.
+   future, a spin) cannot be interrupted from inside the process: while the calling
+   thread is parked a watchdog reports it as :class:`~simcluster.errors.StuckError`;
+   :mod:`simcluster.supervisor` ends it from outside (a checked example runs in a
+   child process that is killed at its deadline).
+5. **Only the engine's threads are ranks.** A collective, a wait or a future
+   completion from any other thread (one a hook started) raises
+   :class:`~simcluster.errors.ForeignThreadError` in that thread at once, before it
+   touches the engine, so the run never depends on that thread's timing.
+6. **Stop means stop.** ``KeyboardInterrupt`` and pytest's outcome exceptions
+   (``pytest.fail``/``skip``/``exit``, pytest-timeout's signal-method ``Failed``) raised
+   in rank code abort the whole run and propagate from :meth:`Engine.run` as
+   themselves; every parked thread is unwound first. ``SystemExit`` is not one of
+   them: a hook calling ``sys.exit`` is that hook's failure, recorded like any other.
 
 How features interact: a mismatched collective is fatal at once (the run is
 unwound and the mismatch raised); an exception escaping a rank's task is recorded,
@@ -39,11 +50,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from simcluster.errors import CollectiveMismatchError, DeadlockError, SimClusterError, StuckError, UsageError
+from simcluster.errors import (
+    CollectiveMismatchError, DeadlockError, ForeignThreadError, SimClusterError, StuckError, UsageError,
+)
 from simcluster.scheduler import Scheduler
 from simcluster.trace import Blocked, Completed, Posted, Resumed, Trace
 
-__all__ = ["Engine", "Call", "RunAborted", "Waitable"]
+__all__ = ["Engine", "Call", "RunAborted", "Waitable", "is_stop_request", "thread_description"]
+
+
+def is_stop_request(exc: BaseException) -> bool:
+    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``
+    or one of pytest's outcome exceptions (``Failed``, ``Skipped``, ``Exit``…, which
+    pytest-timeout's signal method raises too). Such an exception is never a finding."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return any(getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
+
+
+def thread_description(thread: threading.Thread) -> str:
+    """A thread named by what it runs (its target's qualified name), not by its
+    process-wide counter (``Thread-7``), so messages are the same run after run."""
+    target = getattr(thread, "_target", None)
+    name = getattr(target, "__qualname__", None) or type(thread).__qualname__
+    return f"a thread running {name}" if target is not None else f"a {name} thread"
 
 
 class RunAborted(BaseException):
@@ -205,6 +235,10 @@ class Engine:
         self.failures: list[tuple[int, str, BaseException]] = []
         self.deadlock: DeadlockError | None = None
         self.running = False
+        self._stop: BaseException | None = None
+        self._dead = False
+        self._owned: set[int] = set()
+        self.started_threads: list[tuple[int, str]] = []  # (rank, description) of threads rank code started
 
     # ----------------------------------------------------------------- public
     def replay(self) -> str:
@@ -231,45 +265,102 @@ class Engine:
         The calling thread drives first, so a hook that never blocks runs without a
         single thread hand-over. Pool threads appear only when code blocks; while the
         calling thread is parked it watches for code stuck outside the simulator.
-        Raises the fatal error (mismatch, deadlock, stuck code) if there was one; task
-        failures are left in :attr:`failures` for the caller to report.
+        Raises a stop request (rule 6) or the fatal error (mismatch, deadlock, stuck
+        code) if there was one; task failures are left in :attr:`failures` for the
+        caller to report. However it ends, the caller's torch state is restored and
+        every parked simulator thread is unwound and ended.
         """
         self.running = True
         home = self._home = _Slot(self, -1, thread=threading.current_thread())
+        self._owned.add(threading.get_ident())
+        real_start = threading.Thread.start
+        engine = self
+
+        def start(thread: threading.Thread) -> None:
+            if threading.get_ident() in engine._owned and engine.running:
+                engine.started_threads.append((engine._rank if engine._rank is not None else -1,
+                                               thread_description(thread)))
+            real_start(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign]
         try:
             home.command = "drive"
             while True:
                 if home.command == "drive":
                     self._drive(home)
-                if self._done:
+                if self._done or self._dead:
                     break
                 self._park_watching(home)
-            self._switch(self._rank, None)
-            self._rank = None
         finally:
+            threading.Thread.start = real_start  # type: ignore[method-assign]
             self.running = False
+            if self._rank is not None:
+                self._switch(self._rank, None)
+                self._rank = None
         self._stop_pool()
+        if self._stop is not None:
+            raise self._stop
         if self._fatal is not None:
             raise self._fatal
 
-    def _park_watching(self, home: "_Slot") -> None:
-        """Park the calling thread; report code stuck outside the simulator."""
-        last_steps, quiet = self._steps, 0.0
-        while not home.lock.acquire(timeout=0.5):
-            if self._steps != last_steps:
-                last_steps, quiet = self._steps, 0.0
+    def check_thread(self, what: str) -> None:
+        """Reject ``what`` (a collective, a wait, completing a future) unless the calling
+        thread is one this engine runs rank code on (rule 5)."""
+        if threading.get_ident() in self._owned:
+            return
+        raise ForeignThreadError(
+            f"{what} from {thread_description(threading.current_thread())}, which is not a simulated rank: "
+            "a thread a hook starts is not a rank, and simcluster rejects its collectives, waits and future "
+            "completions (on a real cluster it would use its own process's group; run that work on the "
+            "rank's own code path instead)"
+        )
+
+    def _abandon(self) -> None:
+        """The calling thread is leaving a run that did not finish (interrupted, stuck):
+        unwind every parked thread, one at a time, end the idle pool threads, and mark
+        the engine dead so any code still running gets ``RunAborted`` from it."""
+        self._dead = self._aborting = True
+        self.running = False
+        me = threading.current_thread()
+        for index in sorted(self._parked):
+            slot = self._parked[index][0]
+            if slot.thread is me:
                 continue
-            quiet += 0.5
-            if quiet >= self._stuck_timeout:
-                self.running = False
-                raise StuckError(
-                    f"rank {self._rank}'s code ({self._where}) has been blocked outside the simulator for "
-                    f"{self._stuck_timeout:.0f}s — e.g. waiting on a plain torch Future, a lock or a socket. "
-                    "simcluster cannot interrupt it; its thread is abandoned."
-                ).with_replay(self.replay())
+            slot.abort = True
+            slot.wake()
+            slot.thread.join(timeout=5.0)
+        self._parked.clear()
+        self._stop_pool()
+
+    def _park_watching(self, home: "_Slot") -> None:
+        """Park the calling thread until it is handed the baton. If the code holding the
+        baton makes no progress for ``stuck_timeout`` seconds (blocked outside the
+        simulator, or spinning), or a signal raises here (Ctrl-C, pytest-timeout), the
+        run is abandoned: :attr:`_dead` is set and the caller unwinds."""
+        last_steps, quiet = self._steps, 0.0
+        try:
+            while not home.lock.acquire(timeout=0.5):
+                if self._steps != last_steps:
+                    last_steps, quiet = self._steps, 0.0
+                    continue
+                quiet += 0.5
+                if quiet >= self._stuck_timeout:
+                    self._fail(StuckError(
+                        f"rank {self._rank}'s code ({self._where}) has been blocked outside the simulator for "
+                        f"{self._stuck_timeout:.0f}s — e.g. waiting on a plain torch Future, a lock or a socket, "
+                        "or spinning. simcluster cannot interrupt it in this process; its thread is abandoned "
+                        "(check_hook runs examples in a supervised child process, which is killed instead)."
+                    ))
+                    self._abandon()
+                    return
+        except BaseException as exc:  # noqa: BLE001 - a signal: Ctrl-C, pytest-timeout's Failed
+            if self._stop is None:
+                self._stop = exc
+            self._abandon()
 
     def post(self, call: Call) -> None:
         """Post ``call`` for the running rank; completes later, when scheduled."""
+        self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
         self._check_alive()
         if call.rank != self._rank:
             raise UsageError(
@@ -315,6 +406,7 @@ class Engine:
 
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
+        self.check_thread(f"wait() on pending {waitable.label}")
         self._check_alive()
         slot = self._current
         if slot is None or slot.thread is not threading.current_thread():
@@ -336,8 +428,8 @@ class Engine:
         else:
             slot.park()
         self._current = slot
-        del self._parked[slot.index]
-        if slot.abort:
+        self._parked.pop(slot.index, None)
+        if slot.abort or self._dead:
             raise RunAborted()
         self._enter(rank, where)
         self.trace.add(Resumed(rank, waitable.label))
@@ -442,15 +534,19 @@ class Engine:
     def _pool_main(self, slot: _Slot) -> None:
         while True:
             slot.park()
-            if slot.command == "stop":
+            if slot.command == "stop" or self._dead:
                 return
             self._drive(slot)
+            if self._dead:
+                return
 
     def _drive(self, slot: _Slot) -> None:
         self._current = slot
         while True:
+            if self._dead:
+                return
             self._steps += 1
-            if self._fatal is not None and not self._aborting:
+            if (self._fatal is not None or self._stop is not None) and not self._aborting:
                 self._begin_abort()
             if self._runnable:
                 item = self._runnable.popleft()
@@ -484,7 +580,11 @@ class Engine:
         except RunAborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
-            self.failures.append((task.rank, task.label, exc))
+            if is_stop_request(exc):
+                if self._stop is None:
+                    self._stop = exc
+            else:
+                self.failures.append((task.rank, task.label, exc))
         finally:
             if task.on_done is not None and not self._aborting:
                 task.on_done()
@@ -501,6 +601,8 @@ class Engine:
         slot = _Slot(self, len(self._slots))
         self._slots.append(slot)
         slot.thread.start()
+        assert slot.thread.ident is not None
+        self._owned.add(slot.thread.ident)
         return slot
 
     def _stop_pool(self) -> None:
@@ -514,7 +616,7 @@ class Engine:
 
     # ---------------------------------------------------------------- failure
     def _check_alive(self) -> None:
-        if self._aborting or self._fatal is not None:
+        if self._aborting or self._fatal is not None or self._stop is not None or self._dead:
             raise RunAborted()
         if not self.running:
             raise UsageError("simulated collectives and waits only work inside a SimCluster run")
@@ -565,4 +667,7 @@ class Engine:
                     f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {waiting} behind "
                     f"{self._workers_per_channel} busy backend worker threads of that group"
                 )
+        for rank, thread in self.started_threads:
+            lines.append(f"  rank {rank} started {thread}: it is not a simulated rank: any collective, wait or future completion "
+                         "it makes is rejected (ForeignThreadError, raised in that thread)")
         return "\n".join(lines)

@@ -28,6 +28,8 @@ __all__ = [
     "BackendError",
     "HookContractError",
     "StuckError",
+    "ForeignThreadError",
+    "HookExited",
     "add_context_note",
 ]
 
@@ -94,6 +96,23 @@ class StuckError(SimClusterError):
 
     simcluster cannot interrupt such a wait; the stuck thread is abandoned as a
     daemon and the run is reported instead of hanging.
+    """
+
+
+class ForeignThreadError(HookFailure):
+    """Code on a thread the simulator does not run (one a hook started) touched the simulation.
+
+    On a real cluster a helper thread talks to its own process's group; in the simulation
+    it is not a rank, so its collectives, waits and future completions are rejected — at
+    once, in that thread, before they reach the engine — and the run never depends on it.
+    """
+
+
+class HookExited(HookFailure):
+    """User code tried to end the process (``os._exit``) or ended it (killed, a signal).
+
+    On a real cluster that rank's process dies and its peers hang or crash; here the
+    check reports it as a *liveness* failure of the hook, never as the program's exit.
     """
 
 

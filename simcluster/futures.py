@@ -90,7 +90,15 @@ class SimFuture(torch.futures.Future):
     def done(self) -> bool:
         return self._complete
 
+    def _check_completer(self) -> None:
+        """A future may be completed only by code the engine runs (not by a thread a hook
+        started): otherwise the run's outcome would depend on that thread's timing."""
+        check = getattr(self._engine, "check_thread", None)
+        if check is not None and self._engine.running:
+            check(f"completing {self.label}")
+
     def set_result(self, result: Any) -> None:
+        self._check_completer()
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -100,6 +108,7 @@ class SimFuture(torch.futures.Future):
         self._finish()
 
     def set_exception(self, result: BaseException) -> None:  # type: ignore[override]
+        self._check_completer()
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "

@@ -1,0 +1,100 @@
+"""What simcluster supports, in one place: option ranges and the memory a run needs.
+
+Every front door (the CLI, :func:`~simcluster.check.check_hook`, the pytest plugin,
+:class:`~simcluster.SimCluster`) validates through these functions, so an option out of
+range is one clear :class:`~simcluster.errors.UsageError` (exit 2) that states the
+supported range — never a traceback or a machine brought to its knees.
+
+=============  ==================  ===================================================
+option         supported           why
+=============  ==================  ===================================================
+world sizes    1 … 1024            a simulated rank costs ~150 KiB before gradients
+                                   (measured at world 1024); checks draw several
+                                   examples per world size
+seed           0 … 2**32 − 1       every generator a rank owns (torch, Python's
+                                   ``random``, numpy's legacy one) must accept
+                                   ``seed + rank``; numpy's takes 32 bits
+steps          1 … 100             each step is a whole simulated DDP iteration
+examples       1 … 100 000         per backend; Hypothesis keeps them in memory
+deadline       0 < s ≤ 86 400      seconds one example may run (see supervisor)
+=============  ==================  ===================================================
+
+>>> check_int("--steps", 3, *STEPS)
+3
+>>> check_int("--steps", 0, *STEPS)
+Traceback (most recent call last):
+...
+simcluster.errors.UsageError: --steps 0: must be an integer from 1 to 100
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from simcluster.errors import UsageError
+
+__all__ = [
+    "WORLD_SIZES", "SEEDS", "STEPS", "EXAMPLES", "DEADLINE_MAX", "RANK_OVERHEAD_BYTES",
+    "check_int", "check_deadline", "check_memory", "available_memory",
+]
+
+WORLD_SIZES = (1, 1024)
+SEEDS = (0, 2**32 - 1)
+STEPS = (1, 100)
+EXAMPLES = (1, 100_000)
+DEADLINE_MAX = 86_400.0
+RANK_OVERHEAD_BYTES = 160 * 1024
+"""Memory one simulated rank costs before its gradients (RSS, measured: ~140 KiB at
+world 1024 with ``allreduce_hook``: its world, process groups, generator states,
+bucket and future objects)."""
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` if it is an int in ``low..high``; else a one-line :class:`UsageError`."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise UsageError(f"{name} {value!r}: must be an integer from {low} to {high:,}")
+    return value
+
+
+def check_deadline(value: Any, name: str = "--deadline") -> float:
+    """A per-example deadline in seconds: a finite number in ``(0, 86400]``."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} {value!r}: must be a number of seconds") from None
+    if isinstance(value, bool) or not (0 < seconds <= DEADLINE_MAX) or math.isnan(seconds):
+        raise UsageError(f"{name} {value!r}: must be more than 0 and at most {DEADLINE_MAX:.0f} seconds")
+    return seconds
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(world_size: int, gradient_bytes_per_rank: int = 0, *, what: str = "world_size") -> None:
+    """Refuse a run whose estimated memory exceeds half of what the machine has left.
+
+    Estimate: per rank, :data:`RANK_OVERHEAD_BYTES` plus six copies of its gradients
+    (input, bucket, result, copy-back and the collective's work buffers).
+    """
+    need = world_size * (RANK_OVERHEAD_BYTES + 6 * gradient_bytes_per_rank)
+    have = available_memory()
+    if have is not None and need > have // 2:
+        raise UsageError(
+            f"{what}={world_size}: a run needs about {need / 2**30:.1f} GiB "
+            f"({world_size} ranks × {(RANK_OVERHEAD_BYTES + 6 * gradient_bytes_per_rank) / 2**10:.0f} KiB), "
+            f"more than half of the {have / 2**30:.1f} GiB this machine has available"
+        )

@@ -1,0 +1,68 @@
+"""Hostile hooks: each a line or two, each doing what a test harness must survive.
+
+Loaded by path (``tests/hostile/hooks.py:NAME``) by tests/test_hostile.py.
+"""
+
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _allreduce(bucket):
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def sys_exit_zero(state, bucket):
+    sys.exit(0)
+
+
+def sys_exit_one(state, bucket):
+    sys.exit(1)
+
+
+def os_exit_three(state, bucket):
+    os._exit(3)
+
+
+def spins(state, bucket):
+    while True:
+        pass
+
+
+def sleeps(state, bucket):
+    time.sleep(10_000)
+
+
+def waits_forever(state, bucket):
+    threading.Event().wait()
+
+
+def spins_after_wait(state, bucket):
+    """Blocks in a simulated wait first (so the spinning code runs on a pool thread)."""
+    dist.all_reduce(bucket.buffer(), async_op=True).wait()
+    while True:
+        pass
+
+
+def raises_keyboard_interrupt(state, bucket):
+    raise KeyboardInterrupt
+
+
+def posts_from_thread(state, bucket):
+    """Posts the all_reduce from a thread it starts (and does not join)."""
+    box = {}
+    future = torch.futures.Future()
+
+    def worker():
+        box["work"] = dist.all_reduce(bucket.buffer(), async_op=True)
+
+    threading.Thread(target=worker, daemon=True).start()
+    return future
+
+
+def kills_itself(state, bucket):
+    os.kill(os.getpid(), 9)
