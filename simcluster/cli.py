@@ -5,7 +5,7 @@
     simcluster check [TARGET ...] [--state SPEC] [--tolerance T] [--backend gloo|nccl|all]
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
-                     [--properties P,Q] [--quiet]
+                     [--properties P,Q] [--deadline SECONDS] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
 
 ``python -m simcluster`` is the same program. Exit codes:
@@ -16,6 +16,14 @@
 * **2** — usage or load error (bad option, unknown module, no such attribute, not
   callable, file not found): one line on stderr, no traceback;
 * **3** — simcluster itself broke (a bug of ours): the traceback is printed.
+* **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
+  at once; ``--json`` still gets the reports finished so far.
+
+Hooks run in a supervised child process (:mod:`simcluster.supervisor`): a hook that
+spins, blocks, sleeps, calls ``sys.exit``/``os._exit`` or kills its process is a
+*liveness* failure of that hook (exit 1), reported with the rank, step, bucket, the
+stuck code's stack and a replay command — never a hang, never exit 0. ``--deadline``
+(default 60 s) bounds each example.
 
 With no TARGET, ``check`` runs :func:`simcluster.defaults.default_entries` — every hook
 torch ships plus the reference hooks of ``hooks/`` — each with its own state and
@@ -49,7 +57,7 @@ DEFAULT_DATABASE = ".simcluster/examples"
 CheckFunction = Callable[..., CheckReport]
 """``simcluster.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--world-sizes", default="1,2,3,4,8", metavar="LIST")
     check.add_argument("--steps", type=int, default=3, metavar="K", help="DDP steps per example (default 3)")
     check.add_argument("--examples", type=int, default=50, metavar="N", help="Hypothesis examples per backend")
-    check.add_argument("--seed", type=int, default=0, metavar="S")
+    check.add_argument("--seed", type=int, default=0, metavar="S", help="0 .. 2**32-1 (default 0)")
+    check.add_argument("--deadline", default=None, metavar="SECONDS",
+                       help="seconds one example may run before the hook is reported stuck (default 60)")
     check.add_argument("--api", default=None, choices=("current", "legacy"))
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
@@ -103,7 +113,10 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
     ``check`` replaces :func:`simcluster.check.check_hook` (tests inject a fake).
     """
     try:
-        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        try:
+            args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        except SystemExit as exc:  # --help: argparse's own exit, the only one honoured
+            return exc.code if isinstance(exc.code, int) else 0
         if args.command == "explain":
             from simcluster.explain import explain_command
 
@@ -114,24 +127,20 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"simcluster: error: {first}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("simcluster: interrupted", file=sys.stderr)
-        return 130
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
+        for note in getattr(exc, "__notes__", ()):
+            print(note, file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # -- check ------------------------------------------------------------------------------------
 
 
-def _positive(name: str, value: int) -> int:
-    if value < 1:
-        raise UsageError(f"{name} {value}: must be at least 1")
-    return value
-
-
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options shared by every row, validated (UsageError → exit 2 before any work)."""
+    from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_deadline, check_int
+    from simcluster.supervisor import DEFAULT_DEADLINE
     from simcluster.targets import parse_world_sizes
 
     props = None
@@ -145,9 +154,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "backends": ("gloo", "nccl") if args.backend == "all" else (args.backend,),
         "world_sizes": parse_world_sizes(args.world_sizes),
-        "steps": _positive("--steps", args.steps),
-        "examples": _positive("--examples", args.examples),
-        "seed": args.seed,
+        "steps": check_int("--steps", args.steps, *STEPS),
+        "examples": check_int("--examples", args.examples, *EXAMPLES),
+        "seed": check_int("--seed", args.seed, *SEEDS),
+        "deadline": DEFAULT_DEADLINE if args.deadline is None else check_deadline(args.deadline),
         "database": None if args.no_database else args.database,
         "properties": props,
         "replay": args.replay,
@@ -196,6 +206,32 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         from simcluster.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)
     reports: list[CheckReport] = []
+    try:
+        internal = _run_rows(args, rows, options, check, progress, reports)
+    except KeyboardInterrupt:
+        progress.clear()
+        _write_json(args, reports)
+        raise
+    progress.clear()
+    print(format_table(rows, reports))
+    for report in reports:
+        if report.status == "FAILED" and report.failures:
+            print()
+            print(report.format())
+    _write_json(args, reports)
+    if internal:
+        return EXIT_INTERNAL
+    return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
+
+
+def _write_json(args: argparse.Namespace, reports: list[CheckReport]) -> None:
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
+
+
+def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dict[str, Any],
+              check: CheckFunction, progress: ProgressLine, reports: list[CheckReport]) -> bool:
+    """Check every row into ``reports``; True if simcluster itself broke on one of them."""
     internal = False
     for n, row in enumerate(rows, 1):
         if row["skipped"] is not None:
@@ -230,17 +266,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
             report.target = row["name"]
         progress.finish(f"{report.status} ({report.seconds:.1f}s)")
         reports.append(report)
-    progress.clear()
-    print(format_table(rows, reports))
-    for report in reports:
-        if report.status == "FAILED" and report.failures:
-            print()
-            print(report.format())
-    if args.json is not None:
-        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
-    if internal:
-        return EXIT_INTERNAL
-    return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
+    return internal
 
 
 def _backend_status(report: CheckReport, backend: str) -> str:

@@ -582,6 +582,7 @@ class Engine:
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
             if is_stop_request(exc):
                 if self._stop is None:
+                    exc.add_note(f"simcluster: raised on rank {task.rank} ({task.label}, {task.where})")
                     self._stop = exc
             else:
                 self.failures.append((task.rank, task.label, exc))

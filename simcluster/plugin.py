@@ -54,6 +54,7 @@ inside hooks and fixtures, not when pytest loads the plugin.
 
 from __future__ import annotations
 
+import contextvars
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -202,7 +203,47 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def _defaults(profile: Profile, database_dir: Path) -> dict[str, Any]:
-    return {"examples": profile.examples, "database": _database(profile, database_dir), "seed": 0}
+    defaults = {"examples": profile.examples, "database": _database(profile, database_dir), "seed": 0}
+    timeout = _TEST_TIMEOUT.get()
+    if timeout:  # our deadline fires first, so a hung hook is a report with its stack, not a killed test
+        from simcluster.supervisor import DEFAULT_DEADLINE
+
+        defaults["deadline"] = min(DEFAULT_DEADLINE, max(0.5, timeout / 3))
+    return defaults
+
+
+_TEST_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar("simcluster_test_timeout", default=None)
+"""pytest-timeout's limit for the test now running (set around each test call)."""
+
+
+def _test_timeout(item: pytest.Item) -> float | None:
+    """The pytest-timeout limit that applies to ``item`` (marker, option, ini), if any."""
+    marker = item.get_closest_marker("timeout")
+    value: Any = None
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    if value is None:
+        value = item.config.getoption("timeout", None)
+    if value is None:
+        try:
+            value = item.config.getini("timeout")
+        except ValueError:
+            value = None
+    try:
+        return float(value) if value not in (None, "") and float(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Make simcluster's checks in this test use a per-example deadline below pytest-timeout's
+    limit: a stuck hook is then reported (stack, rank, step, bucket) before the test is killed."""
+    token = _TEST_TIMEOUT.set(_test_timeout(item))
+    try:
+        return (yield)
+    finally:
+        _TEST_TIMEOUT.reset(token)
 
 
 def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:

@@ -54,6 +54,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,10 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
         try:
             message: tuple[str, Any] = ("value", job(monitor))
         except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
+            # the traceback does not survive pickling: keep what it said as notes
+            exc.add_note(f"simcluster: raised in the supervised child{raise_site(exc)}")
+            if isinstance(exc, Exception):  # a bug of ours or a usage error: keep the traceback's text
+                exc.add_note("".join(traceback.format_exception(exc)).rstrip())
             message = ("error", exc)
         try:
             data = pickle.dumps(message)
@@ -219,8 +224,11 @@ def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: floa
                     chunks.append(chunk)
                     continue
                 return _finish(pid, page, b"".join(chunks), stack_file, start)
-            stamp = _HEADER.unpack_from(page, 0)[1]
-            if time.monotonic() - (stamp or start) > deadline:
+            stamp, active = _HEADER.unpack_from(page, 0)[1:3]
+            # ``deadline`` bounds an example; simcluster's own work between examples
+            # (Hypothesis generating, shrinking) gets the generous default as a backstop.
+            limit = deadline if active else max(deadline, DEFAULT_DEADLINE)
+            if time.monotonic() - (stamp or start) > limit:
                 stacks = _dump_and_kill(pid, stack_file)
                 return Outcome(death=_death(page, "deadline", f"did not return within {deadline:g} s", stacks),
                                seconds=time.monotonic() - start)
@@ -293,10 +301,11 @@ def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
 
 # --------------------------------------------------------------------------- stacks
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
-_LIBRARY_ROOTS = tuple(
+_LIBRARY_ROOTS = tuple(sorted(
     str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                     sysconfig.get_paths()["platlib"], str(Path(__file__).parent)}
-)
+                                     sysconfig.get_paths()["platlib"], str(Path(__file__).parent), sys.prefix,
+                                     sys.exec_prefix, sys.base_prefix}
+))
 
 
 def _is_user_file(path: str) -> bool:
@@ -327,10 +336,16 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
     if not threads:
         return ""
     with_user = [t for t in threads if any(_is_user_file(f) for f, _, _ in t)]
-    chosen = with_user[0] if with_user else threads[-1]
+    # a thread parked by simcluster (waiting its turn inside a simulated wait) is not the stuck one
+    running = [t for t in with_user if not _parked_by_simcluster(t)]
+    chosen = (running or with_user or threads)[0 if (running or with_user) else -1]
     user = [i for i, (f, _, _) in enumerate(chosen) if _is_user_file(f)]
-    # from the outermost user frame inwards, at most ``limit`` frames
-    frames = list(reversed(chosen[: (user[-1] + 1) if user else len(chosen)]))[-limit:]
+    if user:  # the innermost run of user frames, and up to 3 library frames it called into
+        end = user[0]
+        while end + 1 < len(chosen) and _is_user_file(chosen[end + 1][0]):
+            end += 1
+        chosen = chosen[max(0, user[0] - 3): end + 1]
+    frames = list(reversed(chosen))[-limit:]
     lines = []
     for path, lineno, func in frames:
         shown = _short_path(path)
@@ -339,6 +354,17 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
         if source:
             lines.append(f"        {source}")
     return "\n".join(lines)
+
+
+def _parked_by_simcluster(thread: list[tuple[str, int, str]]) -> bool:
+    """Whether the innermost frames (inside the innermost user frame) are simcluster's."""
+    own = str(Path(__file__).parent.resolve())
+    for path, _, _ in thread:
+        if _is_user_file(path):
+            return False
+        if str(Path(path).resolve()).startswith(own):
+            return True
+    return False
 
 
 def _short_path(path: str) -> str:

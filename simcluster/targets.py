@@ -103,7 +103,7 @@ def _import_module(where: str, spec: str, what: str) -> ModuleType:
         if exc.name is not None and (where == exc.name or where.startswith(exc.name + ".")):
             raise TargetLoadError(f"{what} {spec!r}: no module named {exc.name!r}") from None
         raise TargetLoadError(f"{what} {spec!r}: importing {where} failed: {_one_line(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - any error in the user's module is a load error
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error in the user's module is a load error
         raise TargetLoadError(f"{what} {spec!r}: importing {where} raised {_one_line(exc)}") from None
 
 
@@ -136,7 +136,7 @@ def _load_file(where: str, spec: str, what: str) -> ModuleType:
             module_spec.loader.exec_module(module)
     except BaseException as exc:
         del sys.modules[name]
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, (Exception, SystemExit)):
             raise
         line = ""
         tb = exc.__traceback__
@@ -210,12 +210,17 @@ def parse_tolerance(text: str) -> str:
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:
-    """``"1,2,3,4,8"`` → ``(1, 2, 3, 4, 8)``; each size a positive int, no repeats."""
+    """``"1,2,3,4,8"`` → ``(1, 2, 3, 4, 8)``; each size an int in 1..1024, no repeats."""
+    from simcluster.limits import WORLD_SIZES
+
     sizes: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
             raise UsageError(f"--world-sizes {text!r}: {part!r} is not a positive integer")
+        if int(part) > WORLD_SIZES[1]:
+            raise UsageError(f"--world-sizes {text!r}: {part} is more than the {WORLD_SIZES[1]} ranks "
+                             "simcluster supports")
         if int(part) in sizes:
             raise UsageError(f"--world-sizes {text!r}: {part} is listed twice")
         sizes.append(int(part))

@@ -66,3 +66,10 @@ def posts_from_thread(state, bucket):
 
 def kills_itself(state, bucket):
     os.kill(os.getpid(), 9)
+
+
+def slow_but_fine(state, bucket):
+    """Takes its time (0.3 s a call) and then averages correctly: slowness under the deadline is no finding."""
+    time.sleep(0.3)
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])

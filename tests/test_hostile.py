@@ -1,0 +1,295 @@
+"""Hostile hooks: a check always ends, reports what the hook did, and never passes silently.
+
+Each test runs a tiny hook from ``tests/hostile/hooks.py`` that spins, blocks, exits,
+kills its process, raises ``KeyboardInterrupt`` or posts from a thread of its own, and
+asserts the exit code, what the report names (hook, rank, line, stack), the time bound
+(deadline + a small constant: a stuck example is not re-run) and that nothing is left
+behind (no default group, RNGs restored, no simulator thread, no child process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from simcluster import SimCluster
+from simcluster.check import check_hook
+from simcluster.errors import DeadlockError, ForeignThreadError, StuckError
+
+HERE = Path(__file__).parent
+HOOKS = HERE / "hostile" / "hooks.py"
+SLACK = 12.0  # seconds allowed beyond the deadline: fork, report, a loaded 2-core CI machine
+
+
+def target(name: str) -> str:
+    return f"{HOOKS}:{name}"
+
+
+def children() -> list[int]:
+    """Live (non-zombie) child processes of this process, from /proc."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("PPid", "").strip() == str(me) and not fields.get("State", "").startswith("Z"):
+            out.append(int(entry))
+    return out
+
+
+def simcluster_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("simcluster-")]
+
+
+def check(name: str, **options):
+    options = {"world_sizes": (2,), "examples": 5, "database": None, **options}
+    before = children()
+    start = time.monotonic()
+    report = check_hook(target(name), **options)
+    elapsed = time.monotonic() - start
+    assert children() == before, "a supervised child survived the check"
+    return report, elapsed
+
+
+# ---------------------------------------------------------------- exits
+@pytest.mark.parametrize("name, code", [("sys_exit_zero", "sys.exit(0)"), ("sys_exit_one", "sys.exit(1)"),
+                                         ("os_exit_three", "os._exit(3)")])
+def test_a_hook_that_exits_is_a_liveness_failure(name, code):
+    report, _ = check(name)
+    assert not report.passed
+    assert {(f.property, f.backend) for f in report.failures} == {("liveness", "gloo"), ("liveness", "nccl")}
+    message = report.failures[0].message
+    assert code in message and "rank 0" in message and f"in {name}" in message
+
+
+def test_a_killed_process_is_a_liveness_failure_with_its_position():
+    report, _ = check("kills_itself")
+    failure = report.failures[0]
+    assert failure.property == "liveness" and "killed by SIGKILL" in failure.message
+    assert "rank 0, DDP step 0, bucket 0" in failure.message
+    assert "--replay sc1." in failure.replay
+
+
+# ---------------------------------------------------------------- stuck code
+@pytest.mark.parametrize("name, line", [("spins", "while True:"), ("sleeps", "time.sleep(10_000)"),
+                                         ("waits_forever", "threading.Event().wait()"),
+                                         ("spins_after_wait", "while True:")])
+def test_stuck_code_is_reported_within_the_deadline(name, line):
+    report, elapsed = check(name, deadline=1.0, backends=("gloo",))
+    assert elapsed < 1.0 + SLACK, f"took {elapsed:.1f}s: a stuck example was re-run"
+    [failure] = report.failures
+    assert failure.property == "liveness" and failure.backend == "gloo"
+    assert "did not return within 1 s" in failure.message
+    assert f"in {name}" in failure.message and line in failure.message
+    assert "rank " in failure.message and "DDP step 0" in failure.message
+    assert report.examples == 1  # the stuck example is reported as it is, not shrunk by re-running it
+
+
+def test_a_slow_hook_under_the_deadline_passes():
+    report, _ = check("slow_but_fine", deadline=20.0, examples=2, backends=("gloo",), world_sizes=(2,), steps=1)
+    assert report.passed, report.format()
+
+
+def test_the_stuck_replay_reproduces_as_printed():
+    report, _ = check("spins", deadline=1.0, backends=("nccl",))
+    replay = report.failures[0].replay
+    token = replay.split("--replay ")[1]
+    again = check_hook(target("spins"), deadline=1.0, replay=token, database=None)
+    assert [f.message for f in again.failures] == [report.failures[0].message]
+
+
+# ---------------------------------------------------------------- stop means stop
+def test_keyboard_interrupt_from_a_hook_stops_the_whole_check():
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        check_hook(target("raises_keyboard_interrupt"), world_sizes=(4,), examples=50, database=None)
+    assert time.monotonic() - start < SLACK
+    assert any("raises_keyboard_interrupt" in note for note in info.value.__notes__)
+
+
+def test_keyboard_interrupt_in_process_needs_one_raise_and_cleans_up():
+    cluster = SimCluster(4)
+    rng = torch.get_rng_state()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run_hook(HOOK_MODULE.raises_keyboard_interrupt, [torch.ones(2)] * 4)
+    assert_clean(rng)
+
+
+# ---------------------------------------------------------------- threads
+def test_a_collective_from_a_foreign_thread_is_rejected_deterministically():
+    seen = []
+    for _ in range(3):
+        with pytest.raises(DeadlockError) as info:
+            SimCluster(2).run_hook(HOOK_MODULE.posts_from_thread, [torch.ones(2)] * 2)
+        seen.append(str(info.value))
+    assert len(set(seen)) == 1
+    assert "posts_from_thread.<locals>.worker" in seen[0] and "not a simulated rank" in seen[0]
+
+
+def test_the_foreign_thread_gets_a_clear_error():
+    errors = []
+    old = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+    try:
+        with pytest.raises(DeadlockError):
+            SimCluster(2).run_hook(HOOK_MODULE.posts_from_thread, [torch.ones(2)] * 2)
+        deadline = time.monotonic() + 10
+        while len(errors) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        threading.excepthook = old
+    assert errors and all(isinstance(e, ForeignThreadError) for e in errors)
+    assert "all_reduce on WORLD" in str(errors[0]) and "posts_from_thread.<locals>.worker" in str(errors[0])
+
+
+# ---------------------------------------------------------------- clean state after any ending
+def assert_clean(rng: torch.Tensor) -> None:
+    assert not dist.is_initialized()
+    assert torch.equal(torch.get_rng_state(), rng)
+    deadline = time.monotonic() + 5
+    while simcluster_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert simcluster_threads() == []
+
+
+def _ok_hook(state, bucket):
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _raising_hook(state, bucket):
+    raise ValueError("boom")
+
+
+def _deadlocking_hook(state, bucket):
+    if dist.get_rank() == 0:
+        dist.all_reduce(bucket.buffer(), async_op=True).wait()
+    return _ok_hook(state, bucket)
+
+
+def _blocks_in_c_after_wait(state, bucket):
+    dist.all_reduce(bucket.buffer(), async_op=True).wait()
+    threading.Event().wait(3)
+    return _ok_hook(state, bucket)
+
+
+@pytest.mark.parametrize("hook, error", [(_ok_hook, None), (_raising_hook, ValueError),
+                                          (_deadlocking_hook, DeadlockError)])
+def test_state_is_clean_after_each_ending(hook, error):
+    rng = torch.get_rng_state()
+    cluster = SimCluster(3)
+    if error is None:
+        cluster.run_hook(hook, [torch.ones(2)] * 3)
+    else:
+        with pytest.raises(error):
+            cluster.run_hook(hook, [torch.ones(2)] * 3)
+    assert_clean(rng)
+
+
+def test_state_is_clean_after_a_stuck_run_in_process():
+    rng = torch.get_rng_state()
+    with pytest.raises(StuckError):
+        SimCluster(2, stuck_timeout=1).run_hook(_blocks_in_c_after_wait, [torch.ones(2)] * 2)
+    assert not dist.is_initialized()
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_state_is_clean_after_a_killed_example():
+    rng = torch.get_rng_state()
+    check("kills_itself", backends=("gloo",))
+    assert_clean(rng)
+
+
+# ---------------------------------------------------------------- the command line
+def run_cli(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=HERE.parent, **kwargs)
+
+
+def test_cli_sys_exit_fails_and_other_targets_are_still_reported(tmp_path):
+    out = tmp_path / "report.json"
+    result = run_cli("hooks.buggy:forgot_division", target("sys_exit_zero"), "--examples", "5",
+                     "--world-sizes", "2", "--json", str(out))
+    assert result.returncode == 1, result.stderr
+    assert "forgot_division" in result.stdout and "FAIL:averages" in result.stdout
+    assert "sys_exit_zero" in result.stdout and "FAIL:liveness" in result.stdout
+    reports = json.loads(out.read_text())
+    assert [r["passed"] for r in reports] == [False, False]
+
+
+def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
+    out = tmp_path / "report.json"
+    start = time.monotonic()
+    result = run_cli(target("sleeps"), "--deadline", "1", "--backend", "gloo", "--json", str(out))
+    assert time.monotonic() - start < 1 + SLACK + 10  # + the interpreter's start-up
+    assert result.returncode == 1, result.stderr
+    assert "time.sleep(10_000)" in result.stdout and "did not return within 1 s" in result.stdout
+    assert json.loads(out.read_text())[0]["failures"][0]["property"] == "liveness"
+
+
+def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process():
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database",
+                             target("spins"), "--backend", "gloo"], cwd=HERE.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(8)  # imports torch, forks, starts spinning
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # no process of the run's group is left
+
+
+@pytest.mark.parametrize("option, value", [("--world-sizes", "100000"), ("--seed", "99999999999999999999999"),
+                                            ("--steps", "0"), ("--examples", "1000000"), ("--deadline", "-1")])
+def test_out_of_range_options_exit_2_with_the_range(option, value):
+    result = run_cli("hooks.reference:mean_allreduce_hook", option, value)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("simcluster: error:")
+    assert option in result.stderr
+
+
+@pytest.mark.parametrize("method", ["signal", "thread"])
+def test_pytest_timeout_ends_a_hung_hook_and_says_where(method):
+    case = HERE / "hostile" / "pytest_timeout_case.py"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case),
+                             "--timeout", "24", "--timeout-method", method, "-o", "addopts=", "-x",
+                             "-k", "test_hung_hook_is_reported"],
+                            capture_output=True, text=True, timeout=120, cwd=HERE / "hostile",
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "time.sleep(10_000)" in result.stdout and "liveness" in result.stdout
+
+
+@pytest.mark.parametrize("method", ["signal", "thread"])
+def test_pytest_timeout_ends_an_in_process_spin(method):
+    case = HERE / "hostile" / "pytest_timeout_case.py"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case),
+                             "--timeout", "3", "--timeout-method", method, "-o", "addopts=",
+                             "-k", "test_hung_hook_in_process"],
+                            capture_output=True, text=True, timeout=120, cwd=HERE / "hostile",
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode != 0
+    assert "Timeout" in result.stdout + result.stderr
+    assert "in spins" in result.stdout + result.stderr or "spins" in result.stdout + result.stderr
+
+
+import importlib.util as _util  # noqa: E402 - the hooks module, loaded once by path
+
+_spec = _util.spec_from_file_location("simcluster_hostile_hooks", HOOKS)
+HOOK_MODULE = _util.module_from_spec(_spec)
+_spec.loader.exec_module(HOOK_MODULE)
