@@ -73,3 +73,21 @@ def slow_but_fine(state, bucket):
     time.sleep(0.3)
     buffer = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+THREAD_ERRORS: list = []
+
+
+def posts_from_joined_thread(state, bucket):
+    """Starts a thread that posts a collective, joins it, keeps what it raised, then averages normally."""
+    def worker():
+        try:
+            dist.all_reduce(bucket.buffer(), async_op=True)
+        except Exception as exc:  # noqa: BLE001 - kept for the test to look at
+            THREAD_ERRORS.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
