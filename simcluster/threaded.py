@@ -30,8 +30,11 @@ rank gets from a collective) are still exact and repeatable.
 
 Never hangs: :meth:`run` watches the threads. A Python-visible wait (``fut.wait()``,
 ``work.wait()``) is known to the engine; when every live thread sits in one, or a
-collective still misses a rank whose thread has ended, that is a
-:class:`~simcluster.errors.DeadlockError`. Waits inside C++ cannot be seen: after
+collective still misses a rank whose thread has ended and whose workers hold no work,
+that is a :class:`~simcluster.errors.DeadlockError`. Both are decided from events, not
+from time: a waiter is marked running by the code that completes its future (under the
+engine's lock), and a worker is marked running before it takes a task off its queue, so
+a slow-starting or descheduled thread can never be mistaken for a deadlocked one. Waits inside C++ cannot be seen: after
 ``timeout`` seconds without progress the run is aborted and a
 :class:`~simcluster.errors.StuckError` names what each rank thread was doing. Aborting
 fails every pending collective's futures with an error, which wakes C++ waiters on
@@ -55,7 +58,6 @@ from simcluster.trace import Blocked, Completed, Posted, Resumed, Trace
 __all__ = ["ThreadedEngine"]
 
 _POLL = 0.01  # seconds between watchdog looks and between abort checks in waits
-_QUIET = 0.2  # seconds without progress before a missing rank that has ended counts as a deadlock
 _GRACE = 2.0  # seconds an aborted run waits for threads to unwind before abandoning them
 
 
@@ -111,7 +113,8 @@ class _Workers:
                 if not self.queue:
                     return
                 task = self.queue.popleft()
-            engine._set_status(key, "running a completion")
+                # marked running before the queue is seen empty: never "idle" with work in hand
+                engine._set_status(key, "running a completion")
             try:
                 task()
             except RunAborted:
@@ -250,12 +253,22 @@ class ThreadedEngine:
         if rank is None:
             raise UsageError(f"wait() on pending {waitable.label} from a thread simcluster does not run")
         event = threading.Event()
-        waitable._on_done(event.set)
         self.trace.add(Blocked(rank, waitable.label, context or where))
         key = (rank, where)
         with self._lock:
             previous = self._status.get(key, "")
             self._status[key] = f"blocked in wait() on {waitable.label}"
+
+        def wake() -> None:
+            # The waiter counts as running from the moment its future completes — set by
+            # the completing thread, under the lock — not from when the OS gets round to
+            # waking it: so "every thread is blocked" is an event, not a timing guess.
+            with self._lock:
+                self._status[key] = "resuming after wait()"
+                self._steps += 1
+            event.set()
+
+        waitable._on_done(wake)
         try:
             while not event.wait(_POLL):
                 if self._aborting:
@@ -369,11 +382,13 @@ class ThreadedEngine:
             queued = any(pool.queue for pool in self._workers.values())
             if alive and everyone_waits and not queued and quiet >= _POLL * 5:
                 return "every running thread is blocked in wait()"
-            if quiet >= _QUIET:
-                for p in self._pending.values():
-                    missing = [r for r in p.ranks if r not in p.calls]
-                    if missing and all(r in self._finished for r in missing):
-                        return f"ranks {missing} ended without posting call #{p.seq} on {p.channel}"
+            # A rank can post again only from its thread or a completion on its workers:
+            # once its thread has finished and its workers hold no work, it never will.
+            active = {pool.rank for pool in self._workers.values() if pool.busy()}
+            for p in self._pending.values():
+                missing = [r for r in p.ranks if r not in p.calls]
+                if missing and all(r in self._finished and r not in active for r in missing):
+                    return f"ranks {missing} ended without posting call #{p.seq} on {p.channel}"
         return None
 
     def _abort(self) -> None:
