@@ -188,20 +188,43 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def _load(rows: list[dict[str, Any]]) -> None:
-    """Load every hook and state before running anything: a bad TARGET exits 2 at once."""
+def _load(rows: list[dict[str, Any]], deadline: float) -> None:
+    """Load every hook and state before running anything: a bad TARGET exits 2 at once.
+
+    Importing a TARGET runs its module's code, which may spin, exit or crash like a hook:
+    it is first imported in a supervised child (bounded by ``deadline``); only a module
+    that imported cleanly there is imported here."""
+    from simcluster.errors import TargetLoadError
+    from simcluster.supervisor import format_stack, run_supervised
     from simcluster.targets import load_state, load_target
 
-    for row in rows:
-        if row["skipped"] is None:
-            row["hook"] = load_target(row["target"])
-            load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
+    import torch  # noqa: F401 - imported once here, not in every child (it takes seconds)
+
+    def load_all(monitor: Any = None) -> bool:
+        if monitor is not None:
+            monitor.begin({"phase": "loading the targets"})
+        for row in rows:
+            if row["skipped"] is None:
+                row["hook"] = load_target(row["target"])
+                load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
+        return True
+
+    outcome = run_supervised(load_all, deadline=deadline)
+    if isinstance(outcome.error, Exception):
+        raise outcome.error
+    if outcome.error is not None:  # Ctrl-C while importing
+        raise outcome.error
+    if outcome.death is not None:
+        frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]
+        raise TargetLoadError(f"importing the TARGETs {outcome.death.detail}"
+                              + (f" (at {frames[-1]})" if frames else ""))
+    load_all()
 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
     rows = _rows(args)
-    _load(rows)
+    _load(rows, options["deadline"])
     if check is None:
         from simcluster.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)

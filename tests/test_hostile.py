@@ -286,3 +286,11 @@ import importlib.util as _util  # noqa: E402 - the hooks module, loaded once by 
 _spec = _util.spec_from_file_location("simcluster_hostile_hooks", HOOKS)
 HOOK_MODULE = _util.module_from_spec(_spec)
 _spec.loader.exec_module(HOOK_MODULE)
+
+
+@pytest.mark.parametrize("module, says", [("import_spins", "did not return within 2 s (at tests/hostile/import_spins.py:2"),
+                                           ("import_exits", "raised SystemExit: 0")])
+def test_a_target_whose_import_spins_or_exits_is_a_load_error(module, says):
+    result = run_cli(f"{HERE / 'hostile' / module}.py:hook", "--deadline", "2")
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and result.stderr.count("\n") == 1
