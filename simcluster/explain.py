@@ -129,7 +129,7 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
     for k in range(len(step.bucket_params)):
         inputs = [_bucket_flat(step, r, k) for r in range(story.world_size)]
         mean = torch.stack([g.to(torch.float64) for g in inputs]).mean(0)
-        lines.append(f"bucket {k}: float64 mean of the inputs {mean.tolist()}")
+        lines.append(f"bucket {k}: the inputs' float64 mean: {mean.tolist()}")
         tensors = []
         for r in range(story.world_size):
             value = step.result.outputs[r][k]
@@ -143,7 +143,8 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
         if len(tensors) == story.world_size:
             agree = all(torch.equal(tensors[0], t) and tensors[0].dtype == t.dtype for t in tensors)
             lines.append("  replicas agree bitwise: " + ("yes" if agree else "NO — the model copies would drift apart"))
-    return lines + [f"DDP copies these into .grad ({len(step.result.warnings)} copy-back warning(s))"]
+    return lines + ["DDP copies these into .grad" + ("" if not step.result.warnings else ", with warnings:"),
+                    *("  " + w for w in step.result.warnings)]
 
 
 def format_failure(exc: BaseException) -> list[str]:
