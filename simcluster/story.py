@@ -78,6 +78,7 @@ class Story:
     shapes: tuple[tuple[int, ...], ...]
     bucket_cap_mb: float | None
     steps: list[StepStory] = field(default_factory=list)
+    states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
 
     @property
     def failed(self) -> StepStory | None:
@@ -163,4 +164,5 @@ def record(
             one.error = exc
             one.events = list(seen[0].events) if seen else []
             break
+    story.states = list(ddp.states)
     return story

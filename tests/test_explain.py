@@ -35,7 +35,7 @@ def test_default_explain_shows_the_rebuild_and_three_buckets_in_flight(capsys: p
     assert "bucket 0: params [2]" in step1 and "bucket 2: params [0]" in step1
     assert "for all 3 buckets before any collective completes" in step1
     # the wire: fp16 halves the bytes against plain allreduce on the same buckets (W=2: ring sends n)
-    assert "rank 0 sends 20 B this step; plain allreduce_hook on these buckets sends 40 B (2.00x" in step1
+    assert "rank 0 sends 20 B this step; plain allreduce_hook on these buckets sends 40 B: compression ratio 2.00" in step1
 
 
 def test_params_and_cap_choose_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,3 +146,15 @@ def test_safe_range_of_plain_allreduce_is_the_whole_float32_range_at_world_2() -
     # allreduce_hook divides first: M/2 + M/2 never overflows, up to the largest float32
     result = safe_range(allreduce_hook, 2, tolerance="fp32")
     assert result.unsafe is None and result.safe == 3.4028234663852886e38
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    import simcluster.explain
+    import simcluster.story
+    import simcluster.wire
+
+    for module in (simcluster.explain, simcluster.story, simcluster.wire):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
