@@ -113,8 +113,16 @@ def test_a_blocked_wait_on_a_worker_is_drawn_on_that_workers_lane() -> None:
                    bucket_cap_mb=64 / 2**20, steps=3)
     assert story.failed is not None and type(story.failed.error).__name__ == "DeadlockError"
     root = ET.fromstring(render_svg(story, NET))
+    lane_at = {}  # the lane a y coordinate falls in, from the drawn lane backgrounds and their names
+    drawn = list(root)
+    for i, e in enumerate(drawn):
+        if e.get("class") == "lane":
+            lane_at[float(e.get("y"))] = drawn[i + 1].text
     blocked = [e for e in root.iter() if e.get("class") == "ev blocked"]
-    assert blocked and all(float(e.get("y")) > 40 + 24 for e in blocked)  # below rank 0's own lane
+    assert len(blocked) == 4  # two ranks, each with both gloo workers held by a waiting callback
+    for e in blocked:
+        top = max(y for y in lane_at if y <= float(e.get("y")))
+        assert "gloo-worker" in lane_at[top], lane_at[top]
 
 
 def test_chrome_trace_has_the_required_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
