@@ -160,6 +160,16 @@ def format_failure(exc: BaseException) -> list[str]:
     return lines
 
 
+def _open_calls(events: Sequence[Any]) -> list[str]:
+    """Which hook calls raised, or had not returned when the step failed (from the trace)."""
+    state: dict[tuple[int, int], str] = {}
+    for e in events:
+        if isinstance(e, HookCall):
+            state[(e.rank, e.bucket)] = e.phase
+    words = {"call": "was still inside the hook (called, never returned)", "raise": "raised from inside the hook"}
+    return [f"rank {r}, bucket {b}: {words[phase]}" for (r, b), phase in state.items() if phase in words]
+
+
 def explain_story(story: Story, *, label: str, network: Network | None = None) -> tuple[str, bool]:
     """Render a recorded :class:`Story`; returns ``(text, ran)`` (``ran`` False if a step failed)."""
     network = network or PRESETS[DEFAULT_NETWORK]
@@ -177,7 +187,8 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
         title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")
         out += _section(title, [event_line(e) for e in step.events] or ["(no events)"])
         if step.error is not None:
-            out += _section(f"4. The hook failed at step {step.step}:", format_failure(step.error))
+            out += _section(f"4. The hook failed at step {step.step}:",
+                            format_failure(step.error) + _open_calls(step.events))
             return "\n".join(out).rstrip() + "\n", False
         out += _section("4. The collectives and the bytes on the wire:", _wire_lines(story, step, network))
         out += _section("5. What each future held (what DDP copies into .grad):", _result_lines(story, step))

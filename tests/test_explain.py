@@ -74,7 +74,9 @@ def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnosti
     failure = out[out.index("4. The hook failed at step 0:"):]
     assert "CollectiveMismatchError" in failure
     # the per-rank calls sit on the diagnostic's later lines: they must not be cut away
-    assert "all_reduce" in failure and "broadcast" in failure and "replay" in failure
+    assert "rank 0: all_reduce(float32, (10,), SUM)" in failure and "rank 1: broadcast(float32, (10,), root=0)" in failure
+    assert "replay: SimCluster(" in failure
+    assert "rank 1, bucket 0: raised from inside the hook" in failure and "rank 0, bucket 0" not in failure
 
 
 def _story(seed: int = 0):  # type: ignore[no-untyped-def]
