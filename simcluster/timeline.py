@@ -45,7 +45,7 @@ OP_COLOURS = {
 }
 _KIND_COLOURS = {"hook": "#d9d9d9", "callback": "#8cd17d", "blocked": "#d62728", "tick": "#555555",
                  "raise": "#d62728", "completed": "#222222"}
-DX, LANE_H, LEFT, TOP = 14, 24, 250, 40
+DX, LANE_H, LEFT, TOP, TRACKS = 14, 36, 250, 40, 3
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,24 @@ def _rect(m: Mark, y: float, h: float, fill: str, x1: float, x2: float, extra: s
             f'width="{max(x2 - x1, 2):.1f}" height="{h:.1f}" fill="{fill}"{extra}><title>{tip}</title></rect>')
 
 
-def _mark_svg(m: Mark, row: dict[str, int]) -> str:
+def _tracks(all_marks: list[Mark]) -> dict[tuple[int, int], int]:
+    """A sub-row (0..TRACKS-1) for each collective bar, so collectives in flight together on one
+    lane sit one under another instead of on top of each other."""
+    ends: dict[str, list[int]] = {}
+    out = {}
+    for m in all_marks:
+        if m.kind == "post":
+            lane_ends = ends.setdefault(m.lanes[0], [])
+            free = next((t for t, end in enumerate(lane_ends) if end < m.start), len(lane_ends))
+            if free == len(lane_ends):
+                lane_ends.append(m.end)
+            else:
+                lane_ends[free] = m.end
+            out[m.event] = free % TRACKS
+    return out
+
+
+def _mark_svg(m: Mark, row: dict[str, int], track: int = 0) -> str:
     xs, xe = LEFT + m.start * DX, LEFT + m.end * DX
     y = TOP + row[m.lanes[0]] * LANE_H
     if m.kind == "completed":
@@ -170,8 +187,11 @@ def _mark_svg(m: Mark, row: dict[str, int]) -> str:
                 f'y1="{min(ys) + 2:.1f}" x2="{xs + DX / 2:.1f}" y2="{max(ys) + LANE_H - 2:.1f}" '
                 f'stroke="{OP_COLOURS.get(m.op, "#222")}" stroke-width="2"><title>{escape(m.label)}</title></line>')
     if m.kind == "post":
-        body = _rect(m, y + 4, LANE_H - 8, OP_COLOURS.get(m.op, "#bab0ac"), xs + 2, xe + DX / 2, ' opacity="0.75"')
-        return body + f'<text x="{xs + 4:.1f}" y="{y + LANE_H - 9:.1f}">{escape(m.label)}</text>'
+        top = y + 3 + track * 10
+        body = _rect(m, top, 9, OP_COLOURS.get(m.op, "#bab0ac"), xs + 2, xe + DX / 2, ' opacity="0.8"')
+        if xe + DX / 2 - xs - 4 < 4.2 * len(m.label):  # no room: the tooltip has it
+            return body
+        return body + f'<text x="{xs + 4:.1f}" y="{top + 7.5:.1f}" font-size="7" fill="#fff">{escape(m.label)}</text>'
     if m.kind in ("hook", "blocked"):
         fill = _KIND_COLOURS[m.kind]
         return _rect(m, y + 1, LANE_H - 2, fill, xs, xe + DX, ' opacity="0.35"' if m.kind == "blocked" else "")
@@ -195,9 +215,10 @@ def render_svg(story: Story, network: Network, *, title: str = "") -> str:
     for name, i in row.items():
         y = TOP + i * LANE_H
         out.append(f'<rect class="lane" x="0" y="{y}" width="{width}" height="{LANE_H}" '
-                   f'fill="{"#f7f7f7" if i % 2 else "#ffffff"}"/><text x="8" y="{y + 15}" font-size="11">{escape(name)}</text>')
+                   f'fill="{"#f7f7f7" if i % 2 else "#ffffff"}"/><text x="8" y="{y + 21}" font-size="11">{escape(name)}</text>')
     out += _step_headers(story, net_y)
-    out += [_mark_svg(m, row) for m in all_marks]
+    tracks = _tracks(all_marks)
+    out += [_mark_svg(m, row, tracks.get(m.event, 0)) for m in all_marks]
     out += _network_lane(all_marks, net_y, columns)
     out.append("</svg>")
     return "\n".join(out) + "\n"
