@@ -103,6 +103,12 @@ def part_powersgd() -> list[str]:
         f"```\nsimcluster explain {PS} --state simcluster.defaults:powersgd_state --params 16x16,16x16 "
         "--bucket-cap-mb 0.0009765625 --steps 3 --backend nccl\n```",
         "",
+        "Iteration 1 (after the rebuild) is still a plain all_reduce of each bucket:",
+        "",
+        excerpt(text_nccl, "4. The collectives and the bytes on the wire", "5. What each future", after="== step 1"),
+        "",
+        "Iteration 2 switches to compression:",
+        "",
         excerpt(text_nccl, "== step 2", "2. What each rank"),
         "",
         excerpt(text_nccl, "4. The collectives and the bytes on the wire", "5. What each future", after="== step 2"),

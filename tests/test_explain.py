@@ -168,3 +168,15 @@ def test_module_examples_run() -> None:
     for module in (simcluster.explain, simcluster.story, simcluster.wire):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
+
+
+def test_range_on_the_command_line_for_the_legacy_hook(capsys: pytest.CaptureFixture[str]) -> None:
+    # hooks/legacy.py's 1.8-era hook sums in fp16 before dividing. At W=8 any M that rounds to
+    # fp16 8192 (fp16's spacing is 4 below 8192; 8190 is the tie and goes to the even 8192) sums to
+    # 8·8192 = 65536 → inf, while fp16(M) = 8188 sums to at most 65504. So the largest safe float32
+    # is the one just below 8190.
+    code, out, _ = run(["explain", "hooks.legacy:fp16_compress_hook", "--api", "legacy", "--range",
+                        "--world-sizes", "8"], capsys)
+    below_8190 = 8189.99951171875
+    assert code == 0 and f"world 8: safe up to M = {below_8190:.9g}; at 8190 (the next float32): " in out
+    assert "got inf" in out
