@@ -115,7 +115,7 @@ def _wire_lines(story: Story, step: StepStory, network: Network) -> list[str]:
         return ["none: this hook does not communicate"]
     mine = sum(row.sent[row.ranks.index(0)] for row in rows if 0 in row.ranks)
     base = allreduce_baseline(step.bucket_numel, story.world_size)
-    ratio = f"{base / mine:.2f}" if mine else "∞ (nothing sent)"
+    ratio = f"{base / mine:.2f}" if mine else "n/a (nothing to send)" if not base else "∞ (nothing sent)"
     total = sum(row.seconds for row in rows)
     out.append(f"rank 0 sends {mine} B this step; plain allreduce_hook on these buckets sends {base} B: "
                f"compression ratio {ratio}; α-β total {total * 1e6:.1f} µs, one collective at a time "
