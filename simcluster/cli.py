@@ -7,6 +7,9 @@
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--deadline SECONDS] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
+                       [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
+                       [--network NET] [--timeline PATH.svg|.html] [--chrome-trace PATH.json]
+                       [--range [--tolerance T] [--world-sizes LIST]]
 
 ``python -m simcluster`` is the same program. Exit codes:
 
@@ -103,7 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     explain.add_argument("--seed", type=int, default=0, metavar="S")
     explain.add_argument("--state", default="none", metavar="SPEC")
-    explain.add_argument("--numel", type=int, default=4, metavar="N", help="elements per gradient (default 4)")
+    explain.add_argument("--numel", type=int, default=None, metavar="N", help="one parameter of N elements (one bucket)")
+    explain.add_argument("--params", default=None, metavar="SHAPES",
+                         help="parameter shapes, e.g. 4x5,5,1000 (default 2x2,3,3 with a 12-byte cap: three buckets)")
+    explain.add_argument("--bucket-cap-mb", type=float, default=None, metavar="X", help="DDP's bucket_cap_mb")
+    explain.add_argument("--steps", type=int, default=2, metavar="K", help="DDP steps (default 2: the rebuild)")
+    explain.add_argument("--api", default="current", choices=("current", "legacy"))
+    explain.add_argument("--network", default="ethernet25", metavar="NET",
+                         help="ethernet25 (default) | ib200 | LATENCY_US,BANDWIDTH_GBIT for the α-β estimate")
+    explain.add_argument("--timeline", default=None, metavar="PATH", help="draw the run to PATH.svg or PATH.html")
+    explain.add_argument("--chrome-trace", default=None, metavar="PATH", help="write a Perfetto/Chrome trace (.json)")
+    explain.add_argument("--range", action="store_true",
+                         help="search the largest gradient magnitude the hook keeps finite and within --tolerance")
+    explain.add_argument("--tolerance", default="fp16", metavar="T", help="for --range (default fp16)")
+    explain.add_argument("--world-sizes", default="2,3,8", metavar="LIST", help="for --range (default 2,3,8)")
     return parser
 
 
@@ -120,8 +136,7 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
         if args.command == "explain":
             from simcluster.explain import explain_command
 
-            return explain_command(args.target, world_size=args.world_size, backend=args.backend,
-                                   seed=args.seed, state=args.state, numel=args.numel)
+            return explain_command(args)
         return _check_command(args, check)
     except SimClusterError as exc:  # usage and load errors: one line, no traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -45,6 +45,7 @@ __all__ = [
     "load_state",
     "parse_tolerance",
     "parse_world_sizes",
+    "parse_shapes",
     "legacy_aliases",
     "TOLERANCE_NAMES",
 ]
@@ -225,3 +226,16 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
             raise UsageError(f"--world-sizes {text!r}: {part} is listed twice")
         sizes.append(int(part))
     return tuple(sizes)
+
+
+def parse_shapes(text: str, option: str = "--params") -> tuple[tuple[int, ...], ...]:
+    """``"4x5,5,1000"`` → ``((4, 5), (5,), (1000,))``: comma-separated parameter shapes,
+    dimensions joined by ``x``, each a positive int. Raises :class:`UsageError` (one line)."""
+    shapes: list[tuple[int, ...]] = []
+    for part in str(text).split(","):
+        dims = part.strip().lower().split("x")
+        if not all(d.strip().isdigit() and int(d) >= 1 for d in dims):
+            raise UsageError(f"{option} {text!r}: {part.strip()!r} is not a shape like 4x5 or 1000 "
+                             "(positive dimensions joined by 'x')")
+        shapes.append(tuple(int(d) for d in dims))
+    return tuple(shapes)

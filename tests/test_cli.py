@@ -349,7 +349,7 @@ def test_default_state_factories_build_working_states() -> None:
 
 
 def test_explain_shows_trace_outputs_and_mean(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["explain", "hooks.buggy:forgot_division", "--world-size", "3", "--seed", "5"], capsys)
+    code, out, _ = run(["explain", "hooks.buggy:forgot_division", "--world-size", "3", "--seed", "5", "--numel", "4"], capsys)
     assert code == 0
     grads = small_gradients(3, 4, 5)
     mean = torch.stack([g.double() for g in grads]).mean(0).tolist()

@@ -1,0 +1,182 @@
+"""``simcluster explain`` over DDP steps: the story, a failing hook's full diagnostic, the
+timeline (SVG/HTML), the Chrome trace, and the safe-range search."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, fp16_compress_hook
+
+from simcluster.cli import main
+from simcluster.safe_range import safe_range
+from simcluster.story import record
+from simcluster.targets import parse_shapes
+from simcluster.timeline import render_svg
+from simcluster.wire import PRESETS
+
+NET = PRESETS["ethernet25"]
+TORCH_FP16 = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_explain_shows_the_rebuild_and_three_buckets_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", TORCH_FP16], capsys)
+    assert code == 0
+    step1 = out[out.index("== step 1 (DDP iteration 1) =="):]
+    assert "REBUILT after iteration 0" in step1
+    assert "bucket 0: params [2]" in step1 and "bucket 2: params [0]" in step1
+    assert "for all 3 buckets before any collective completes" in step1
+    # the wire: fp16 halves the bytes against plain allreduce on the same buckets (W=2: ring sends n)
+    assert "rank 0 sends 20 B this step; plain allreduce_hook on these buckets sends 40 B: compression ratio 2.00" in step1
+
+
+def test_params_and_cap_choose_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", TORCH_FP16, "--params", "4x5,5,1000", "--bucket-cap-mb", "0.001",
+                        "--steps", "1"], capsys)
+    assert code == 0 and "bucket 0: params [0, 1, 2], float32[1025] (4100 B)" in out and "step 1" not in out
+
+
+def test_parse_shapes() -> None:
+    assert parse_shapes("4x5,5,1000") == ((4, 5), (5,), (1000,))
+    for bad in ("", "4x", "0", "4x-1", "a", "4,,5"):
+        with pytest.raises(ValueError):
+            parse_shapes(bad)
+
+
+@pytest.mark.parametrize("argv", [["--params", "4xx"], ["--params", "3", "--numel", "3"], ["--steps", "0"],
+                                  ["--network", "fast"], ["--timeline", "x.png"], ["--chrome-trace", "x.txt"]])
+def test_bad_explain_options_are_one_line_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["explain", TORCH_FP16, *argv], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnostic(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mixed.py").write_text(
+        "import torch.distributed as dist\n"
+        "def h(state, bucket):\n"
+        "    t = bucket.buffer()\n"
+        "    if dist.get_rank() == 1:\n"
+        "        return dist.broadcast(t, src=0, async_op=True).get_future().then(lambda f: f.value()[0])\n"
+        "    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])\n")
+    code, out, _ = run(["explain", f"{tmp_path}/mixed.py:h", "--world-size", "3"], capsys)
+    assert code == 1
+    trace = out[out.index("(the trace, up to the failure):"):out.index("4. The hook failed at step 0:")]
+    assert "rank 0: posts all_reduce #0" in trace and "rank 1: posts broadcast #0" in trace
+    failure = out[out.index("4. The hook failed at step 0:"):]
+    assert "CollectiveMismatchError" in failure
+    # the per-rank calls sit on the diagnostic's later lines: they must not be cut away
+    assert "rank 0: all_reduce(float32, (10,), SUM)" in failure and "rank 1: broadcast(float32, (10,), root=0)" in failure
+    assert "replay: SimCluster(" in failure
+    assert "rank 1, bucket 0: raised from inside the hook" in failure and "rank 0, bucket 0" not in failure
+
+
+def _story(seed: int = 0):  # type: ignore[no-untyped-def]
+    return record(fp16_compress_hook, world_size=2, seed=seed, steps=2)
+
+
+def test_timeline_has_a_lane_per_rank_and_worker_and_one_mark_per_event() -> None:
+    story = _story()
+    svg = render_svg(story, NET)
+    root = ET.fromstring(svg)  # well-formed XML
+    texts = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    for lane in ("rank 0", "rank 1", "rank 0 · gloo-worker WORLD#0", "rank 1 · gloo-worker WORLD#1"):
+        assert lane in texts
+    marks = [e for e in root.iter() if (e.get("class") or "").startswith("ev ")]
+    expected = {f"{s.step}:{i}" for s in story.steps for i in range(len(s.events))}
+    assert sorted(e.get("data-event") for e in marks) == sorted(expected)  # exactly one mark per event
+    kinds = {e.get("class") for e in marks}
+    assert {"ev hook", "ev post", "ev completed", "ev callback"} <= kinds
+    assert "REBUILT" in svg and "<script" not in svg and "href" not in svg
+
+
+def test_timeline_is_byte_identical_for_identical_seeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [tmp_path / n for n in ("a.html", "b.html", "c.html")]
+    for path, seed in zip(paths, ("3", "3", "4")):
+        assert run(["explain", TORCH_FP16, "--seed", seed, "--timeline", str(path)], capsys)[0] == 0
+    a, b, c = (p.read_bytes() for p in paths)
+    assert a == b and a != c and a.startswith(b"<!DOCTYPE html>")
+
+
+def test_a_blocked_wait_on_a_worker_is_drawn_on_that_workers_lane() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    from simcluster.defaults import powersgd_state
+
+    story = record(powerSGD_hook, world_size=2, state=powersgd_state, shapes=((4, 4), (4, 4)),
+                   bucket_cap_mb=64 / 2**20, steps=3)
+    assert story.failed is not None and type(story.failed.error).__name__ == "DeadlockError"
+    root = ET.fromstring(render_svg(story, NET))
+    lane_at = {}  # the lane a y coordinate falls in, from the drawn lane backgrounds and their names
+    drawn = list(root)
+    for i, e in enumerate(drawn):
+        if e.get("class") == "lane":
+            lane_at[float(e.get("y"))] = drawn[i + 1].text
+    blocked = [e for e in root.iter() if e.get("class") == "ev blocked"]
+    assert len(blocked) == 4  # two ranks, each with both gloo workers held by a waiting callback
+    for e in blocked:
+        top = max(y for y in lane_at if y <= float(e.get("y")))
+        assert "gloo-worker" in lane_at[top], lane_at[top]
+
+
+def test_chrome_trace_has_the_required_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.json"
+    assert run(["explain", TORCH_FP16, "--chrome-trace", str(path)], capsys)[0] == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    for e in events:
+        assert {"name", "ph", "pid", "tid", "ts"} <= e.keys() and isinstance(e["ts"], int)
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] > 0 and "args" in e
+        if e["ph"] in ("s", "f"):
+            assert "id" in e
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names[(0, 0)].startswith("rank's code") and names[(0, 1)] == "gloo-worker WORLD#0"
+    starts = sorted(e["id"] for e in events if e["ph"] == "s")
+    assert starts and starts == sorted(e["id"] for e in events if e["ph"] == "f")  # every arrow lands
+    posts = [e for e in events if e.get("cat") == "post"]
+    assert len(posts) == 8 and all("modelled_us" in e["args"] for e in posts)  # 2 ranks x (1 + 3) buckets
+
+
+def test_safe_range_of_torchs_fp16_hook_at_world_3_is_the_hand_derived_65488() -> None:
+    # derivation in simcluster/safe_range.py and docs/tutorial.md: fp16(M) must round to <= 65472
+    result = safe_range(fp16_compress_hook, 3)
+    assert result.safe == 65488.0 and result.unsafe is not None and result.unsafe > 65488.0
+    assert "not finite" in result.reason
+
+
+def test_safe_range_of_plain_allreduce_is_the_whole_float32_range_at_world_2() -> None:
+    # allreduce_hook divides first: M/2 + M/2 never overflows, up to the largest float32
+    result = safe_range(allreduce_hook, 2, tolerance="fp32")
+    assert result.unsafe is None and result.safe == 3.4028234663852886e38
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    import simcluster.explain
+    import simcluster.story
+    import simcluster.wire
+
+    for module in (simcluster.explain, simcluster.story, simcluster.wire):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
+
+
+def test_range_on_the_command_line_for_the_legacy_hook(capsys: pytest.CaptureFixture[str]) -> None:
+    # hooks/legacy.py's 1.8-era hook sums in fp16 before dividing. At W=8 any M that rounds to
+    # fp16 8192 (fp16's spacing is 4 below 8192; 8190 is the tie and goes to the even 8192) sums to
+    # 8·8192 = 65536 → inf, while fp16(M) = 8188 sums to at most 65504. So the largest safe float32
+    # is the one just below 8190.
+    code, out, _ = run(["explain", "hooks.legacy:fp16_compress_hook", "--api", "legacy", "--range",
+                        "--world-sizes", "8"], capsys)
+    below_8190 = 8189.99951171875
+    assert code == 0 and f"world 8: safe up to M = {below_8190:.9g}; at 8190 (the next float32): " in out
+    assert "got inf" in out
