@@ -543,6 +543,10 @@ class Engine:
 
     def _on_deadlock(self) -> None:
         error = DeadlockError(self.describe_blockage()).with_replay(self.replay())
+        current = sys._current_frames()
+        first = min(self._parked.values(), key=lambda p: (p[1], p[2]), default=None)
+        error.simcluster_frames = (  # type: ignore[attr-defined]
+            stack_user_frames(current.get(first[0].thread.ident or -1)) if first is not None else [])
         if self.failures:
             self.deadlock = error  # the task failure is the root cause; keep this as context
             self._begin_abort()

@@ -307,10 +307,10 @@ def liveness(error: BaseException | None) -> str | None:
     """``None`` unless ``error`` is a deadlock, mismatched collectives or a stuck rank.
 
     A real cluster hangs (or silently corrupts data) in each case; simcluster detects it
-    and its message names each rank's pending call.
+    and its message — returned whole, every line — names each rank's pending call.
     """
     if isinstance(error, (DeadlockError, CollectiveMismatchError, StuckError)):
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return f"{type(error).__name__}: {error}".rstrip(": ")
     return None
 
 
