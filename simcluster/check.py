@@ -265,9 +265,6 @@ def _judge_error(opts: _Options, error: BaseException, at: int, check_ef: bool,
         fail("liveness", head, error)
     if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
         if "contract" in opts.props:
-            if opts.api == "legacy" and isinstance(error, HookContractError):
-                head += ("\n(checked under the legacy 1.7–1.9 contract: the hook's future must resolve to a "
-                         "one-element list [tensor] holding the bucket's result)")
             fail("contract", head, error)
     elif _from_state_factory(error) and "liveness" in opts.props:
         fail("liveness", f"the state factory {opts.state_name} raised while DDP set up rank state at step {at} "
