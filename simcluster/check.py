@@ -10,8 +10,10 @@ For each backend model, one Hypothesis test draws an :class:`~simcluster.strateg
 :class:`~simcluster.ddp.SimDDP` on it, and applies the oracles of
 :mod:`simcluster.properties` in a fixed order — liveness, contract, replicas_agree,
 averages, schedule_independence, error_feedback — raising on the first violation. Each
-property raises its own exception class, so Hypothesis shrinks each failing property
-separately and the report lists every one, each with its **shrunk** counterexample.
+*distinct bug* — property, exception type, the user-code line it arose at — raises its
+own exception class, so Hypothesis keeps searching after the first failure, shrinks each
+separately, and the report lists every one (at most :data:`MAX_BUGS` per backend), each
+with its **shrunk** counterexample. Rendering is :mod:`simcluster.render`.
 
 What a hook's own exception counts as: the step cannot complete, so *liveness* — except
 when ``error_feedback`` is checked and the exception comes after step 0 (the memory kept

@@ -100,11 +100,16 @@ def bucket_steps(example: Example, upto: int) -> list[dict[str, Any]]:
 
 def describe_steps(steps: Sequence[dict[str, Any]], indent: str = " " * 13) -> str:
     """One line per step: ``step 1 (rebuilt): bucket 0 = params [2, 1] (3 elements), …``."""
-    lines = []
+    lines: list[str] = []
     for i, step in enumerate(steps):
         mark = " (rebuilt)" if step["rebuilt"] else ""
         if i and not step["rebuilt"]:
-            lines.append(f"step {step['step']}: same buckets as step {steps[i - 1]['step']}")
+            last = lines[-1]
+            if last.startswith("step") and " same buckets as step " in last:  # extend "steps 2-4: same …"
+                first = last.split(":")[0].removeprefix("steps ").removeprefix("step ").split("-")[0]
+                lines[-1] = f"steps {first}-{step['step']}: {last.split(': ', 1)[1]}"
+            else:
+                lines.append(f"step {step['step']}: same buckets as step {steps[i - 1]['step']}")
             continue
         shown = [f"bucket {b['index']} = params {b['params']} ({b['numel']} element{'s' * (b['numel'] != 1)})"
                  for b in step["buckets"][:8]]
