@@ -304,6 +304,10 @@ class Engine:
         else:
             self._mark_executing(inst, call.rank)
 
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        return [inst.first.op for inst in self._instances.values() if inst.channel == channel and inst.first]
+
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Record that ``waitable`` must complete before the run may end, without
         blocking anyone — how the harness "waits" on a hook's future, as DDP's reducer

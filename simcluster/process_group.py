@@ -517,6 +517,11 @@ class SimProcessGroup(dist.ProcessGroup):
                                "(docs/gloo-facts.md, 'Point to point')")
         src_g, dst_g = self.spec.ranks[src], self.spec.ranks[dst]
         channel = f"{self.spec.name} p2p {src}->{dst} tag {tag}"
+        if src == dst and any(o != op for o in self._engine(op).pending_ops(channel)):
+            raise UnsupportedError(
+                f"rank {self.global_rank} posted both a send to itself and a recv from itself on {self.spec.name}: "
+                "NCCL pairs them (docs/gloo-facts.md, 'Point to point'), the NCCL model does not"
+            )
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             calls[dst_g].payload.copy_(calls[src_g].payload)

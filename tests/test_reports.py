@@ -190,3 +190,27 @@ def test_differential_files_a_crash_under_the_rank_that_crashed_and_reproduces(
     proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr  # the comparison ran again and differs again
     assert "1 difference(s)" in proc.stdout and "rank 1, step -1" in proc.stdout
+
+
+def _self_send_hook(state: object, bucket: Any) -> Any:
+    import torch.distributed as dist
+
+    t = bucket.buffer()
+    work = dist.isend(t.clone(), dst=dist.get_rank())  # to itself
+    work.wait()
+    return dist.all_reduce(t, async_op=True).get_future()
+
+
+def test_self_send_raises_at_the_call_on_gloo_and_deadlocks_on_nccl() -> None:
+    from simcluster import SimCluster
+    from simcluster.errors import BackendError, DeadlockError
+
+    with pytest.raises(BackendError) as gloo:
+        SimCluster(2, backend="gloo").run_hook(_self_send_hook, [torch.ones(2)] * 2)
+    assert isinstance(gloo.value, RuntimeError)  # as real gloo's, so a hook's `except RuntimeError` sees it
+    assert str(gloo.value).startswith("[enforce fail at third_party/gloo/gloo/transport/tcp/pair.cc:801] "
+                                      "state_ >= CONNECTED. 1 vs 4. Pair is not connected")
+    with pytest.raises(DeadlockError) as nccl:
+        SimCluster(2, backend="nccl").run_hook(_self_send_hook, [torch.ones(2)] * 2)
+    assert "rank 0: send(float32, (2,), 0->0, tag=0) to itself" in str(nccl.value)
+    assert "rank 0 never posted the matching recv from itself" in str(nccl.value)
