@@ -10,7 +10,9 @@ its state factory — not the simulator's or torch's internals it went through.
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -91,9 +93,31 @@ def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
         return list(given)[-limit:]
     tb: TracebackType | None = exc.__traceback__
     found = _frames(traceback.extract_tb(tb)) if tb is not None else []
+    if not found:
+        found = _at_frames(str(exc))
     if not found and exc.__cause__ is not None and exc.__cause__ is not exc:
         return user_frames(exc.__cause__, limit)
     return found[-limit:]
+
+
+_AT_LINE = re.compile(r"^\s+(.+)\((\d+)\): (\S+)$")
+
+
+def _at_frames(message: str) -> list[Frame]:
+    """Frames from the ``At:`` stack torch writes into the message of an exception raised
+    in a future's callback (``  /path/hooks.py(12): <lambda>``, innermost first)."""
+    lines = message.splitlines()
+    if "At:" not in (line.strip() for line in lines):
+        return []
+    found = []
+    for line in lines[[line.strip() for line in lines].index("At:") + 1:]:
+        match = _AT_LINE.match(line)
+        if match is None:
+            break
+        file, number, function = match.group(1), int(match.group(2)), match.group(3)
+        if not is_internal(file):
+            found.append(Frame(file, number, function, linecache.getline(file, number).strip()))
+    return found[::-1]
 
 
 def stack_user_frames(frame: FrameType | None, limit: int = 3) -> list[Frame]:

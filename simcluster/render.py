@@ -21,6 +21,7 @@ step 0: bucket 0 = params [0, 1, 2] (6 elements)
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -44,15 +45,38 @@ def _keep_note(note: str) -> bool:
     return not (note.startswith("simcluster: replay with ") or note.startswith("simcluster: in SimDDP.step"))
 
 
+_OTHER_RANK = re.compile(r"^simcluster: rank (\d+) also (?:failed|raised)(?: \([^)]*\))?: (.*)$", re.DOTALL)
+
+
+def _same(a: str, b: str) -> bool:
+    """Equal up to rank numbers, the exception type prefix and blank lines."""
+    def norm(text: str) -> str:
+        text = re.sub(r"^\w+: ", "", text.strip())
+        return "\n".join(_lines(re.sub(r"rank \d+", "rank N", text)))
+    return norm(a) == norm(b)
+
+
+def _lines(text: str) -> list[str]:
+    return [l for l in text.splitlines() if l.strip() and not l.strip().startswith("replay: SimCluster(")]
+
+
 def error_text(exc: BaseException) -> str:
-    """``Type: message`` with every line of the message and of its notes, the
-    Python-API ``replay:`` lines dropped (the report has its own replay command),
-    at most :data:`MAX_LINES` lines (then ``… and N more lines``)."""
-    lines = [line for line in str(exc).splitlines() if not line.strip().startswith("replay: SimCluster(")]
+    """``Type: message`` with every line of the message and of its notes — the
+    Python-API ``replay:`` lines and blank lines dropped, other ranks that failed the same
+    way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``)."""
+    message = str(exc)
+    lines = _lines(message)
     head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    same: list[int] = []
     for note in getattr(exc, "__notes__", None) or []:
-        if _keep_note(note):
-            lines += [line for line in str(note).splitlines() if not line.strip().startswith("replay: SimCluster(")]
+        other = _OTHER_RANK.match(str(note))
+        if other is not None and _same(other.group(2), message):
+            same.append(int(other.group(1)))
+        elif _keep_note(note):
+            lines += _lines(str(note))
+    if same:
+        lines.append(f"simcluster: {'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))} "
+                     "also failed the same way")
     body = [head] + lines[1:]
     if len(body) > MAX_LINES:
         body = body[: MAX_LINES - 1] + [f"… and {len(body) - MAX_LINES + 1} more lines"]

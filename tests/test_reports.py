@@ -32,6 +32,11 @@ def _check(capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str, *opt
     return code, out, json.loads(out_json.read_text())[0]
 
 
+def _line(text: str) -> int:
+    """The line of tests/report_hooks.py that contains ``text``."""
+    return next(i for i, line in enumerate((ROOT / HOOKS).read_text().splitlines(), 1) if text in line)
+
+
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
@@ -43,10 +48,11 @@ def test_mismatch_report_shows_every_rank_call(capsys: pytest.CaptureFixture[str
     assert code == 1
     # both ranks' calls, with their shapes: what the first line alone never said
     assert "rank 0: all_reduce(float32, (" in out and "rank 1: all_reduce(float32, (1,)" in out
-    assert "at tests/report_hooks.py:26 in uneven_allreduce_hook" in out  # the line of the second rank's call
+    line = _line("fut = dist.all_reduce(part")
+    assert f"at tests/report_hooks.py:{line} in uneven_allreduce_hook" in out  # the line of the second rank's call
     (failure,) = data["failures"]
     assert "rank 1: all_reduce(float32, (1,)" in failure["message"]
-    assert failure["error_type"] == "CollectiveMismatchError" and failure["details"]["line"] == f"{HOOKS}:26"
+    assert failure["error_type"] == "CollectiveMismatchError" and failure["details"]["line"] == f"{HOOKS}:{line}"
 
 
 def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -55,7 +61,8 @@ def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str],
     assert code == 1
     assert "rank 0: send(" in out and "rank 1 never posted the matching recv from rank 0" in out
     assert "rank 1 never posted the matching send" not in out
-    assert "blocked in wait() on work of send#0" in out and "report_hooks.py:35 in send_before_recv_hook" in out
+    assert "blocked in wait() on work of send#0" in out
+    assert f"report_hooks.py:{_line('dist.send(buf.clone()')} in send_before_recv_hook" in out
     assert "never posted the matching recv from rank 1" in data["failures"][0]["message"]
 
 
@@ -71,7 +78,8 @@ def test_world_size_1_crash_does_not_hide_the_self_send(capsys: pytest.CaptureFi
     # the factory is named as the culprit, with its line; not "the hook raised"
     assert f"the state factory {HOOKS}:GossipState raised" in crash["message"]
     assert "the hook raised" not in crash["message"]
-    assert crash["details"]["frames"][-1]["function"] == "__init__" and "report_hooks.py:45" in crash["frames"][-1]
+    assert crash["details"]["frames"][-1]["function"] == "__init__"
+    assert f"report_hooks.py:{_line('self.peer =')}" in crash["frames"][-1]
     send = next(f for f in failures if f["error_type"] == "BackendError")
     assert send["world_size"] >= 2 and "state_ >= CONNECTED" in send["message"] and "send to itself" in send["message"]
     # every failure has its own replay command, and each reproduces its own bug
@@ -214,3 +222,14 @@ def test_self_send_raises_at_the_call_on_gloo_and_deadlocks_on_nccl() -> None:
         SimCluster(2, backend="nccl").run_hook(_self_send_hook, [torch.ones(2)] * 2)
     assert "rank 0: send(float32, (2,), 0->0, tag=0) to itself" in str(nccl.value)
     assert "rank 0 never posted the matching recv from itself" in str(nccl.value)
+
+
+def test_callback_error_names_its_line_and_merges_identical_ranks(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "callback_indexes_gloo_list", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5", "--properties", "contract")
+    assert code == 1
+    line = _line("f.value()[world]")
+    assert f"at {HOOKS}:{line} in <lambda>" in out  # from the At: stack torch writes into the message
+    assert data["failures"][0]["details"]["line"] == f"{HOOKS}:{line}"
+    assert "rank 1 also failed the same way" in out and out.count("Got the following error") == 1
