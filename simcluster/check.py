@@ -307,7 +307,8 @@ def _failure(opts: _Options, v: Violation, steps: int) -> PropertyFailure:
     return PropertyFailure(
         property=v.prop, backend=backend, message=str(v), world_size=example.world_size,
         layout=describe_layout(example, steps), gradients=render_gradients(example, at),
-        schedule=list(v.info.get("schedule", [])), replay=_replay_command(opts, backend, example.world_size, token, steps),
+        schedule=list(v.info.get("schedule", [])),
+        replay=_replay_command(opts, backend, example.world_size, token, steps),
         error_type=v.info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
         hint=hint or "",
         details={"step": at, "token": token, "line": v.info.get("line", ""), "ddp_steps": ddp_steps,

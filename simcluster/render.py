@@ -138,7 +138,8 @@ def describe_steps(steps: Sequence[dict[str, Any]], indent: str = " " * 13) -> s
         shown = [f"bucket {b['index']} = params {b['params']} ({b['numel']} element{'s' * (b['numel'] != 1)})"
                  for b in step["buckets"][:8]]
         more = len(step["buckets"]) - 8
-        lines.append(f"step {step['step']}{mark}: " + ", ".join(shown) + (f", … and {more} more buckets" if more > 0 else ""))
+        tail = f", … and {more} more buckets" if more > 0 else ""
+        lines.append(f"step {step['step']}{mark}: " + ", ".join(shown) + tail)
     return f"\n{indent}".join(lines)
 
 
@@ -153,7 +154,8 @@ def rebuild_hint(steps: Sequence[dict[str, Any]], at: int) -> str | None:
     for b in before["buckets"]:
         if now.get(b["index"]) != b["params"]:
             after = now.get(b["index"])
-            change = f"and {after} from step {since}" if after is not None else f"and no longer exists from step {since}"
+            change = f"and {after}" if after is not None else "and no longer exists"
+            change += f" from step {since}"
             return (f"DDP rebuilt its buckets after step {since - 1}: bucket {b['index']} held params {b['params']} "
                     f"at step {before['step']} {change}")
     extra = sorted(set(now) - {b["index"] for b in before["buckets"]})
