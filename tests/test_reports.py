@@ -233,3 +233,14 @@ def test_callback_error_names_its_line_and_merges_identical_ranks(capsys: pytest
     assert f"at {HOOKS}:{line} in <lambda>" in out  # from the At: stack torch writes into the message
     assert data["failures"][0]["details"]["line"] == f"{HOOKS}:{line}"
     assert "rank 1 also failed the same way" in out and out.count("Got the following error") == 1
+
+
+def test_not_callable_message_reads_right(tmp_path: Path) -> None:
+    from simcluster.errors import TargetLoadError
+    from simcluster.targets import load_target
+
+    (tmp_path / "values.py").write_text("COUNT = 3\nNAME = 'x'\n")
+    with pytest.raises(TargetLoadError, match="COUNT is an int, not callable"):
+        load_target(f"{tmp_path}/values.py:COUNT")
+    with pytest.raises(TargetLoadError, match="NAME is a str, not callable"):
+        load_target(f"{tmp_path}/values.py:NAME")
