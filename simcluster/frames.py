@@ -4,8 +4,11 @@ A report names the line of *user* code a failure arose at — the hook, its call
 its state factory — not the simulator's or torch's internals it went through.
 
 >>> import torch, simcluster.engine
+>>> from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 >>> is_internal(torch.__file__), is_internal(simcluster.engine.__file__), is_internal("my_hooks.py")
 (True, True, False)
+>>> is_internal(default_hooks.__file__)   # torch's own hooks are checked like anyone's
+False
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(package folders that are never user code, the stdlib folders)."""
     import torch
 
-    packages = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__))]
+    packages = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(torch.__file__)),
+                os.path.join(os.path.abspath(sys.prefix), "bin"), os.path.join(os.path.abspath(sys.prefix), "Scripts")]
     for name in ("hypothesis", "_pytest", "pluggy"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
@@ -37,10 +41,13 @@ def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 _ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+_TORCH_HOOKS = (os.sep + os.path.join("algorithms", "ddp_comm_hooks") + os.sep,
+                os.sep + os.path.join("algorithms", "model_averaging") + os.sep)
 
 
 def is_internal(filename: str) -> bool:
-    """Whether ``filename`` belongs to simcluster, torch, Python's stdlib or the test runner."""
+    """Whether ``filename`` belongs to simcluster, torch (but not torch's DDP communication
+    hooks, which are code under test), Python's stdlib, the test runner or a console script."""
     global _ROOTS
     if _ROOTS is None:
         _ROOTS = _roots()
@@ -48,6 +55,8 @@ def is_internal(filename: str) -> bool:
         return True
     path = os.path.abspath(filename)
     packages, stdlib = _ROOTS
+    if any(part in path for part in _TORCH_HOOKS):  # torch's own hooks are the code under test there
+        return False
     if path.startswith(packages):
         return True
     installed = os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
