@@ -115,6 +115,25 @@ def swapped_order(rank: int, world_size: int, payload: Any) -> list[float]:
     return [a[0].item(), b[0].item()]
 
 
+def self_p2p(rank: int, world_size: int, payload: Any) -> dict[str, str]:
+    """What send/isend/irecv/recv to the calling rank itself do (docs/gloo-facts.md, point to point)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for name in ("send", "isend", "irecv", "recv"):
+        t = torch.ones(3)
+        try:
+            if name in ("send", "recv"):
+                getattr(dist, name)(t, rank)
+            else:
+                getattr(dist, name)(t, rank).wait()
+            out[name] = "returned"
+        except Exception as exc:  # noqa: BLE001 - the outcome is the fact
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def noop(rank: int, world_size: int, payload: Any) -> int:
     return rank
 
@@ -125,6 +144,8 @@ def facts() -> None:
             print(f"future value  {name:24s} {value}")
         print("callback threads (rank 0):", cluster.run(callback_threads)[0])
         print("swapped order A,B / B,A  ->", cluster.run(swapped_order), "(correct: A=3, B=210)")
+        for name, outcome in cluster.run(self_p2p)[0].items():
+            print(f"{name} to itself (rank 0) -> {outcome}")
         for n in (1, 2, 3):
             try:
                 print(f"{n} blocking callback(s) in flight ->", cluster.run(blocking_callbacks, [n, n], timeout=5.0))

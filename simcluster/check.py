@@ -10,8 +10,10 @@ For each backend model, one Hypothesis test draws an :class:`~simcluster.strateg
 :class:`~simcluster.ddp.SimDDP` on it, and applies the oracles of
 :mod:`simcluster.properties` in a fixed order — liveness, contract, replicas_agree,
 averages, schedule_independence, error_feedback — raising on the first violation. Each
-property raises its own exception class, so Hypothesis shrinks each failing property
-separately and the report lists every one, each with its **shrunk** counterexample.
+*distinct bug* — property, exception type, the user-code line it arose at — raises its
+own exception class, so Hypothesis keeps searching after the first failure, shrinks each
+separately, and the report lists every one (at most :data:`MAX_BUGS` per backend), each
+with its **shrunk** counterexample. Rendering is :mod:`simcluster.render`.
 
 What a hook's own exception counts as: the step cannot complete, so *liveness* — except
 when ``error_feedback`` is checked and the exception comes after step 0 (the memory kept
@@ -52,6 +54,10 @@ from simcluster.ddp import DDPConfig, SimDDP, subgroups
 from simcluster.engine import is_stop_request
 from simcluster.errors import BackendError, HookContractError, HookExited, UnsupportedError, UsageError
 from simcluster.limits import EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
+from simcluster.render import (
+    bucket_steps, describe_layout, describe_steps, error_frames, error_text, loadable_spec, rebuild_hint,
+    render_gradients, user_line,
+)
 from simcluster.report import PROPERTIES, CheckReport, PropertyFailure
 from simcluster.strategies import (
     DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy,
@@ -65,6 +71,7 @@ TOKEN_PREFIX = "sc1."
 BACKENDS = ("gloo", "nccl")
 _ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
 DRAIN_STEPS = 4
+MAX_BUGS = 5  # distinct failures reported per backend
 SHRINK_BUDGET = 3  # × examples: simulated examples allowed for shrinking after the first failure
 
 
@@ -83,6 +90,23 @@ _VIOLATIONS: dict[str, type[Violation]] = {
     name: type(f"{''.join(w.title() for w in name.split('_'))}Violation", (Violation,), {"prop": name})
     for name in PROPERTIES
 }
+_KEYED: dict[tuple[str, str, str], type[Violation]] = {}
+
+
+def _violation_class(prop: str, error_type: str, line: str) -> type[Violation]:
+    """The class raised for a distinct bug — (property, exception type, user-code line).
+
+    Hypothesis tells bugs apart by exception type and origin; every Violation is raised
+    from one place, so the key must be in the type: one subclass per key (cached, so a
+    key always gets the same class) lets Hypothesis shrink each distinct bug separately.
+    """
+    if not error_type:
+        return _VIOLATIONS[prop]
+    key = (prop, error_type, line)
+    if key not in _KEYED:
+        base = _VIOLATIONS[prop]
+        _KEYED[key] = type(f"{base.__name__}[{error_type} at {line or '?'}]", (base,), {"key": key})
+    return _KEYED[key]
 
 
 # --------------------------------------------------------------------------- replay tokens
@@ -129,6 +153,7 @@ class _Options:
     ef_forced: bool = False  # error_feedback named in properties=: check it even without a visible residual
     monitor: Monitor = dataclasses.field(default_factory=Monitor)  # announces examples to a supervisor
     deadline: float = DEFAULT_DEADLINE
+    replay_target: str = ""  # the TARGET spelling the replay command uses (loadable from the current directory)
 
 
 def _groups(example: Example) -> list[list[int]]:
@@ -213,23 +238,15 @@ def _judge_example(opts: _Options, example: Example, backend: str) -> None:
         taken.pop()
     info: dict[str, Any] = {"example": example, "backend": backend, "schedule": taken, "step": at}
 
-    def fail(prop: str, message: str, **extra: Any) -> None:
-        raise _VIOLATIONS[prop](message, {**info, **extra})
+    def fail(prop: str, message: str, error: BaseException | None = None, **extra: Any) -> None:
+        etype = type(error).__name__ if error is not None else ""
+        line = user_line(error)
+        cls = _violation_class(prop, etype, line)
+        raise cls(message, {**info, **extra, "error": error, "error_type": etype, "line": line})
 
     if error is not None:
-        etype = type(error).__name__
-        head = f"step {at}: {etype}: {str(error).splitlines()[0] if str(error) else ''}"
-        if (exit_head := _exit_head(error, at)) is not None:
-            fail("liveness", f"{exit_head}{raise_site(error)}", error_type=etype)
-        if "liveness" in opts.props and P.liveness(error):
-            fail("liveness", head, error_type=etype)
-        if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
-            if "contract" in opts.props:
-                fail("contract", head, error_type=etype)
-        elif check_ef and at >= 1:
-            fail("error_feedback", f"{head} (the hook's memory from earlier steps broke step {at})", error_type=etype)
-        # Whatever properties were chosen, a step that cannot complete was not checked: never a pass.
-        fail("liveness", f"{head} (the hook raised: the step cannot complete on every rank)", error_type=etype)
+        _judge_error(opts, error, at, check_ef, fail)
+        return
     groups = _groups(example)
     for t, res in enumerate(results):
         info["step"] = t
@@ -249,8 +266,8 @@ def _judge_example(opts: _Options, example: Example, backend: str) -> None:
         info["step"] = 0
         in_order, error_b, at_b, _ = _simulate(opts, example, backend, "in_order", grads)
         if error_b is not None:
-            fail("schedule_independence", f"in-order completion fails at step {at_b} ({type(error_b).__name__}: "
-                 f"{str(error_b).splitlines()[0]}) where the drawn schedule completes", error_type=type(error_b).__name__)
+            fail("schedule_independence", f"in-order completion fails at step {at_b} where the drawn schedule "
+                 f"completes:\n{error_text(error_b)}", error_b)
         msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order],
                                       f"the schedule {taken}")
         if msg:
@@ -261,42 +278,45 @@ def _judge_example(opts: _Options, example: Example, backend: str) -> None:
             fail("error_feedback", msg)
 
 
+def _from_state_factory(error: BaseException) -> bool:
+    """Whether ``error`` escaped the hook's state factory (called in DDP's per-rank set-up)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_init_rank" and tb.tb_frame.f_code.co_filename.endswith("ddp.py"):
+            return tb.tb_next is not None
+        tb = tb.tb_next
+    return False
+
+
+def _judge_error(opts: _Options, error: BaseException, at: int, check_ef: bool,
+                 fail: Callable[..., None]) -> None:
+    """The property an exception that stopped the run breaks, and its full diagnostic."""
+    text = error_text(error)
+    head = f"step {at}: {text}"
+    if (exit_head := _exit_head(error, at)) is not None:
+        fail("liveness", exit_head, error)
+    if "liveness" in opts.props and P.liveness(error):
+        fail("liveness", head, error)
+    if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
+        if "contract" in opts.props:
+            fail("contract", head, error)
+    elif _from_state_factory(error) and "liveness" in opts.props:
+        fail("liveness", f"the state factory {opts.state_name} raised while DDP set up rank state at step {at} "
+             f"(before any hook call; called once per rank with its process group):\n{text}", error)
+    elif check_ef and at >= 1:
+        fail("error_feedback", f"{head}\n(the hook's memory from earlier steps broke step {at})", error)
+    # Whatever properties were chosen, a step that cannot complete was not checked: never a pass.
+    fail("liveness", f"{head}\n(the hook raised: the step cannot complete on every rank)", error)
+
+
 # --------------------------------------------------------------------------- rendering
-def _abridge(t: torch.Tensor, limit: int = 6) -> str:
-    flat = t.detach().reshape(-1).to(torch.float64).tolist()
-    if flat and all(v == flat[0] for v in flat) and len(flat) > 1:
-        return f"[{flat[0]!r} ×{len(flat)}]"
-    shown = ", ".join(repr(v) for v in flat[:limit])
-    return f"[{shown}{', …' if len(flat) > limit else ''}]" + (f"({len(flat)})" if len(flat) > limit else "")
-
-
-def render_gradients(example: Example, upto: int, max_ranks: int = 4) -> str:
-    """Steps ``0..upto``, rank by rank, each parameter abridged to a few values."""
-    grads = example.grads()
-    lines = []
-    for t, step in enumerate(grads[: upto + 1]):
-        ranks = [f"r{r}: " + " ".join(_abridge(g) for g in rank) for r, rank in enumerate(step[:max_ranks])]
-        more = f" (+{len(step) - max_ranks} ranks)" if len(step) > max_ranks else ""
-        lines.append(f"step {t}: " + " | ".join(ranks) + more)
-    return "\n             ".join(lines)
-
-
-def _describe_layout(example: Example, steps: int) -> str:
-    text = example.layout.describe() + f", {steps} steps, {example.dtype} gradients"
-    if example.values != example.dtype:
-        text += f" holding {example.values} values"
-    if example.subgroups > 1:
-        text += f", DDP on {example.subgroups} subgroups of {example.world_size // example.subgroups} ranks"
-    return text
-
-
 def _name_of(obj: Any) -> str | None:
     module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     return f"{module}:{qual}" if module and qual and "<" not in qual else None
 
 
 def _replay_command(opts: _Options, backend: str, world: int, token: str, steps: int) -> str:
-    parts = ["simcluster check", opts.target]
+    parts = ["simcluster check", opts.replay_target or opts.target]
     if opts.state_name != "none":
         parts.append(f"--state {opts.state_name}")
     parts += [f"--tolerance {opts.tolerance}"]
@@ -312,12 +332,22 @@ def _replay_command(opts: _Options, backend: str, world: int, token: str, steps:
 def _failure(opts: _Options, v: Violation, steps: int) -> PropertyFailure:
     example: Example = v.info["example"]
     backend: str = v.info["backend"]
+    at = v.info.get("step", 0)
     token = encode_example(example, backend)
+    ddp_steps = bucket_steps(example, at)
+    hint = rebuild_hint(ddp_steps, at)
+    error = v.info.get("error")
+    frames = error_frames(error) if error is not None else []
     return PropertyFailure(
         property=v.prop, backend=backend, message=str(v), world_size=example.world_size,
-        layout=_describe_layout(example, steps), gradients=render_gradients(example, v.info.get("step", 0)),
-        schedule=list(v.info.get("schedule", [])), replay=_replay_command(opts, backend, example.world_size, token, steps),
-        error_type=v.info.get("error_type", ""), details={"step": v.info.get("step", 0), "token": token},
+        layout=describe_layout(example, steps), gradients=render_gradients(example, at),
+        schedule=list(v.info.get("schedule", [])),
+        replay=_replay_command(opts, backend, example.world_size, token, steps),
+        error_type=v.info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
+        hint=hint or "",
+        details={"step": at, "token": token, "line": v.info.get("line", ""), "ddp_steps": ddp_steps,
+                 "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source}
+                            for f in frames]},
     )
 
 
@@ -338,7 +368,7 @@ def _resolve_state(state: Any) -> tuple[Any, str]:
     if isinstance(state, str):
         return load_state(state), state
     if callable(state):
-        return state, _name_of(state) or "<factory>"
+        return state, loadable_spec(state) or _name_of(state) or "<factory>"
     raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
 
 
@@ -393,11 +423,13 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     hangs the caller).
     """
     start = time.monotonic()
+    replay_target = target or (hook if isinstance(hook, str) else "")
     if isinstance(hook, str):
         target = target or hook
         hook = load_target(hook)
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
+    replay_target = replay_target or loadable_spec(hook) or ""
     target = target or _name_of(hook) or repr(hook)
     state_obj, state_name = _resolve_state(state)
     tol = P.parse_tolerance(tolerance).describe()
@@ -417,7 +449,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
     props = _choose_properties(properties, tol, state_obj)
     opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
-                    ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline)
+                    ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
+                    replay_target=replay_target)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -488,7 +521,7 @@ def _supervised(job: Callable[[Monitor], tuple[list[PropertyFailure], int]], opt
         if isinstance(error, (SystemExit, HookExited)):  # user code ended the child outside any example
             report.failures.append(PropertyFailure(
                 "liveness", backend, f"{_exit_head(error, 0) or error!r}", 0, "-", "-", [],
-                f"simcluster check {opts.target}", type(error).__name__))
+                f"simcluster check {opts.replay_target or opts.target}", error_type=type(error).__name__))
             return
         raise error
 
@@ -504,8 +537,10 @@ def _death_failure(opts: _Options, backend: str, death: ChildDeath, steps: int) 
         message += "\n  the stuck code (outermost call first):\n" + stack
     token = (death.payload or {}).get("token")
     if token is None:
-        return PropertyFailure("liveness", backend, message, 0, "-", "-", [], f"simcluster check {opts.target}",
-                               "Stuck" if death.kind == "deadline" else "ProcessDied", {"stack": death.stacks})
+        return PropertyFailure("liveness", backend, message, 0, "-", "-", [],
+                               f"simcluster check {opts.replay_target or opts.target}",
+                               error_type="Stuck" if death.kind == "deadline" else "ProcessDied",
+                               details={"stack": death.stacks})
     example, _ = decode_example(token)
     step = death.position[1] if death.position else 0
     violation = _VIOLATIONS["liveness"](message, {"example": example, "backend": backend, "schedule": [],
@@ -591,11 +626,14 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
         found = _violations(exc)
         if not found:
             raise
-        seen = {f.property for f in report.failures if f.backend == backend}
-        for v in sorted(found, key=lambda v: _ORDER.index(v.prop)):
-            if v.prop not in seen:
-                seen.add(v.prop)
+        seen: set[tuple[str, str, str]] = set()
+        for v in sorted(found, key=_bug_key):
+            key = _bug_key(v)[1:]
+            if key not in seen and len(seen) < MAX_BUGS:
+                seen.add(key)
                 report.failures.append(_failure(opts, v, steps))
+        if len({_bug_key(v)[1:] for v in found}) > MAX_BUGS:
+            report.notes.append(f"{backend}: more than {MAX_BUGS} distinct failures; the first {MAX_BUGS} are shown")
     finally:
         report.examples += count[0]
 
@@ -635,6 +673,11 @@ def _count_budgeted_search() -> Iterator[None]:
         yield
     finally:
         conjecture_engine.time = real  # type: ignore[assignment]
+
+
+def _bug_key(v: Violation) -> tuple[int, str, str, str]:
+    """Sort key and identity of a distinct bug: property (in checking order), exception type, user line."""
+    return _ORDER.index(v.prop), v.prop, v.info.get("error_type", ""), v.info.get("line", "")
 
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:

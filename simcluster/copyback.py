@@ -58,6 +58,12 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
         return value
     if api == "legacy" and isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
         return value[0]
+    if api == "legacy":  # worded in the contract the hook was written for
+        got = "None" if value is None else f"a {type(value).__name__}"
+        raise CopyBackError(
+            f"the hook's future resolved to {got}: under the PyTorch 1.7-1.9 contract (api='legacy') it must "
+            f"resolve to a one-element list [tensor] holding the bucket's result\n  simcluster: {where}"
+        )
     if value is None:
         raise CopyBackError(
             "Expected a proper Tensor but got None (or an undefined Tensor in C++) for argument #0 'self'\n"

@@ -296,7 +296,7 @@ class SimDDP:
         if errors:
             rank, exc = errors[0]
             for other, other_exc in errors[1:]:
-                add_context_note(exc, f"simcluster: rank {other} also failed: {str(other_exc).splitlines()[0]}")
+                add_context_note(exc, f"simcluster: rank {other} also failed: {other_exc}")
             if isinstance(exc, SimClusterError):
                 exc.with_replay(replay)
             raise exc

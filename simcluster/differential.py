@@ -61,7 +61,7 @@ import torch
 
 from simcluster.bucket import make_bucket
 from simcluster.errors import CollectiveMismatchError, DeadlockError, UsageError
-from simcluster.gloo_runner import GlooCluster, GlooRunError, resolve_target, run_gloo, target_name
+from simcluster.gloo_runner import GlooCluster, GlooRunError, _is_secondary, resolve_target, run_gloo, target_name
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
 
@@ -340,9 +340,12 @@ def compare_with_gloo(
             notes.append(f"both fail: sim raised {type(sim_error).__name__} at step {len(sim_outputs) - 1}; "
                          f"gloo: {first}; no values compared (the gloo job returns all steps at once)")
         else:
-            rank = min(err.failures) if err.failures else -1
-            differences.append(Difference(rank, -1, 0, f"the gloo job failed as a whole: {first}"))
-            notes.append(f"gloo: {err}")
+            differences.append(Difference(_first_failed_rank(err), -1, 0, f"the gloo job failed as a whole: {first}"))
+            kwargs = {"hook": name, "grads_per_step": steps, "state": spec, "world_size": world_size,
+                      "parameters_shapes": parameters_shapes, "seed": seed, "timeout": timeout}
+            text = "\n".join(line for line in str(err).splitlines() if not line.startswith("reproduce: "))
+            notes.append(f"gloo: {text}")
+            notes.append(f"reproduce: {reproduce_command(kwargs)}")
         return DifferentialReport(name, world_size, len(steps), not differences, differences,
                                   sim_outputs, gloo_outputs, notes)
 
@@ -359,6 +362,53 @@ def compare_with_gloo(
                 differences.append(Difference(r, s, 0, detail))
     return DifferentialReport(name, world_size, len(steps), not differences, differences,
                               sim_outputs, gloo_outputs, notes)
+
+
+def _first_failed_rank(err: GlooRunError) -> int:
+    """The rank whose own failure started it: the first to report one that is not a
+    consequence of another's (a peer's ``Connection closed by peer``); -1 if none failed."""
+    primary = [r for r, text in err.failures.items() if not _is_secondary(text)]
+    return primary[0] if primary else next(iter(err.failures), -1)
+
+
+REPRODUCE_DIR = ".simcluster/differential"
+"""Where a failed comparison's inputs are saved (relative to the current directory)."""
+
+
+def reproduce_command(kwargs: dict[str, Any]) -> str:
+    """A shell command, runnable from the current directory, that repeats the comparison.
+
+    Its inputs (the arguments of :func:`compare_with_gloo` and the caller's ``sys.path``,
+    so the hook imports as it did here) are saved with ``torch.save`` under
+    :data:`REPRODUCE_DIR`, named by their digest; ``python -m simcluster.differential FILE``
+    loads them, compares again and prints the summary (exit 1 if anything differs).
+    """
+    import hashlib
+    import io
+    import os
+    import shlex
+
+    buffer = io.BytesIO()
+    torch.save({"kwargs": kwargs, "sys_path": [p for p in sys.path if p]}, buffer)
+    path = os.path.join(REPRODUCE_DIR, hashlib.sha1(buffer.getvalue()).hexdigest()[:12] + ".pt")
+    os.makedirs(REPRODUCE_DIR, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(buffer.getvalue())
+    return f"{shlex.quote(sys.executable)} -m simcluster.differential {shlex.quote(path)}"
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m simcluster.differential FILE``: repeat a saved comparison (see :func:`reproduce_command`)."""
+    if len(argv) != 1:
+        print("usage: python -m simcluster.differential FILE", file=sys.stderr)
+        return 2
+    saved = torch.load(argv[0])
+    sys.path[:0] = [p for p in saved["sys_path"] if p not in sys.path]
+    from simcluster.differential import compare_with_gloo as compare  # not __main__'s copy: the children import it
+
+    report = compare(**saved["kwargs"])
+    print(report.summary())
+    return 0 if report.equal else 1
 
 
 def importable_name(obj: Callable[..., Any] | str) -> str:
@@ -388,3 +438,7 @@ def _check_steps(grads_per_step: Sequence[Sequence[torch.Tensor]], world_size: i
             raise UsageError(f"grads_per_step[{s}] must hold {world_size} tensors (one per rank), got {len(grads)}")
         steps.append([g.detach().reshape(-1).clone() for g in grads])
     return steps
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

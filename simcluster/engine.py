@@ -44,6 +44,7 @@ deadlock it caused (the deadlock is attached as a note).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from typing import Any, Protocol
 from simcluster.errors import (
     CollectiveMismatchError, DeadlockError, ForeignThreadError, SimClusterError, StuckError, UsageError,
 )
+from simcluster.frames import stack_user_frames
 from simcluster.scheduler import Scheduler
 from simcluster.trace import Blocked, Completed, Posted, Resumed, Trace
 
@@ -393,6 +395,10 @@ class Engine:
         else:
             self._mark_executing(inst, call.rank)
 
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        return [inst.first.op for inst in self._instances.values() if inst.channel == channel and inst.first]
+
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Record that ``waitable`` must complete before the run may end, without
         blocking anyone — how the harness "waits" on a hook's future, as DDP's reducer
@@ -446,13 +452,17 @@ class Engine:
             problem = "ranks issued different collectives at the same position of the group's sequence"
         else:
             return
-        self._fail(
-            CollectiveMismatchError(
-                f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
-                f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}\n"
-                "On a real cluster this hangs or silently mixes up data."
-            )
+        frames = stack_user_frames(sys._getframe(1))
+        at = f" at {frames[-1]}" if frames else ""
+        others = sorted(r for r in inst.calls if r != first.rank)
+        agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
+        error = CollectiveMismatchError(
+            f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
+            f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
+            "On a real cluster this hangs or silently mixes up data."
         )
+        error.simcluster_frames = frames  # type: ignore[attr-defined]
+        self._fail(error)
         raise RunAborted()
 
     def _start_queued(self, pool: _Workers) -> None:
@@ -500,7 +510,7 @@ class Engine:
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
         except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
-            calls = "\n".join(f"  rank {r}: {c.describe}" for r, c in sorted(inst.calls.items()))
+            calls = _calls_by_description(inst.calls)
             self._fail(CollectiveMismatchError(
                 f"{inst.first.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n{calls}"
             ))
@@ -640,6 +650,10 @@ class Engine:
 
     def _on_deadlock(self) -> None:
         error = DeadlockError(self.describe_blockage()).with_replay(self.replay())
+        current = sys._current_frames()
+        first = min(self._parked.values(), key=lambda p: (p[1], p[2]), default=None)
+        error.simcluster_frames = (  # type: ignore[attr-defined]
+            stack_user_frames(current.get(first[0].thread.ident or -1)) if first is not None else [])
         if self.failures:
             self.deadlock = error  # the task failure is the root cause; keep this as context
             self._begin_abort()
@@ -647,28 +661,80 @@ class Engine:
             self._fail(error)
 
     def describe_blockage(self) -> str:
-        """What every rank is stuck on: parked waits, unmatched calls, starved workers."""
-        lines = ["deadlock: no rank can make progress and work is still pending"]
-        for _slot, rank, label, where in sorted(self._parked.values(), key=lambda p: (p[1], p[2])):
-            lines.append(f"  rank {rank}: blocked in wait() on {label} ({where})")
-        for rank, label, context in sorted(self._expected.values()):
-            lines.append(f"  rank {rank}: {context} waits on {label}, which never completes")
+        """What every rank is stuck on: parked waits (with the user's line), unmatched
+        calls (for point-to-point: the missing send or recv and its peer), starved workers.
+        Each kind lists at most :data:`MAX_LISTED` entries, then how many more."""
+        current = sys._current_frames()
+        parked = []
+        for slot, rank, label, where in sorted(self._parked.values(), key=lambda p: (p[1], p[2])):
+            frames = stack_user_frames(current.get(slot.thread.ident or -1))
+            at = f" at {frames[-1]}" if frames else ""
+            parked.append(f"  rank {rank}: blocked in wait() on {label} ({where}){at}")
+        expected = [f"  rank {rank}: {context} waits on {label}, which never completes"
+                    for rank, label, context in sorted(self._expected.values())]
+        unmatched: list[str] = []
+        starved: list[str] = []
         for inst in sorted(self._instances.values(), key=lambda i: (i.channel, i.seq)):
             missing = [r for r in inst.ranks if r not in inst.calls]
             waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing]
             first = inst.first
             desc = first.describe if first else "?"
-            if missing:
-                lines.append(
+            if len(set(inst.ranks)) < len(inst.ranks) and first is not None:  # a rank's send/recv to itself
+                unmatched.append(_p2p_unmatched(first, inst, [first.rank]))
+            elif missing and first is not None and first.op in ("send", "recv"):
+                unmatched.append(_p2p_unmatched(first, inst, missing))
+            elif missing:
+                unmatched.append(
                     f"  {desc} (call #{inst.seq} on {inst.channel}): posted by ranks "
-                    f"{sorted(inst.calls)}, never posted by ranks {missing}"
+                    f"{rank_list(sorted(inst.calls))}, never posted by ranks {rank_list(missing)}"
                 )
             if waiting:
-                lines.append(
-                    f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {waiting} behind "
+                starved.append(
+                    f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {rank_list(waiting)} behind "
                     f"{self._workers_per_channel} busy backend worker threads of that group"
                 )
-        for rank, thread in self.started_threads:
-            lines.append(f"  rank {rank} started {thread}: it is not a simulated rank: any collective, wait or future completion "
-                         "it makes is rejected (ForeignThreadError, raised in that thread)")
+        lines = ["deadlock: no rank can make progress and work is still pending"]
+        for group, what in ((parked, "blocked ranks"), (expected, "pending results"),
+                            (unmatched, "unmatched calls"), (starved, "starved calls")):
+            lines += group[:MAX_LISTED]
+            if len(group) > MAX_LISTED:
+                lines.append(f"  … and {len(group) - MAX_LISTED} more {what}")
+        for rank, thread in self.started_threads[:MAX_LISTED]:
+            lines.append(f"  rank {rank} started {thread}: it is not a simulated rank: any collective, wait or "
+                         "future completion it makes is rejected (ForeignThreadError, raised in that thread)")
         return "\n".join(lines)
+
+
+MAX_LISTED = 8
+"""Entries of one kind a deadlock message lists before summarising the rest."""
+
+
+def rank_list(ranks: list[int], limit: int = 8) -> str:
+    """``[0, 1, 2]``; a long run of ranks as ``[0..999] (1000 ranks)``; else the first few and a count."""
+    if len(ranks) <= limit:
+        return str(list(ranks))
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)} ranks)"
+    return f"[{', '.join(map(str, ranks[:limit]))}, …] ({len(ranks)} ranks)"
+
+
+def _calls_by_description(calls: dict[int, Call]) -> str:
+    """Each distinct call once, with the ranks that posted it (``  ranks [0..6]: all_reduce(…)``)."""
+    groups: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        groups.setdefault(call.describe, []).append(rank)
+    lines = [f"  {'rank ' + str(rs[0]) if len(rs) == 1 else 'ranks ' + rank_list(rs)}: {d}" for d, rs in groups.items()]
+    more = len(lines) - MAX_LISTED
+    return "\n".join(lines[:MAX_LISTED] + ([f"  … and {more} more distinct calls"] if more > 0 else []))
+
+
+def _p2p_unmatched(first: Call, inst: _Instance, missing: list[int]) -> str:
+    """A point-to-point call whose counterpart never came: who posted what, who owes which call."""
+    peer = missing[0]
+    other = "recv" if first.op == "send" else "send"
+    name = "itself" if peer == first.rank else f"rank {peer}"
+    direction = f"to {name}" if first.op == "send" else f"from {name}"
+    back = "itself" if peer == first.rank else f"rank {first.rank}"
+    back = f"from {back}" if other == "recv" else f"to {back}"
+    return (f"  rank {first.rank}: {first.describe} {direction} (call #{inst.seq} on {inst.channel}) is unmatched: "
+            f"rank {peer} never posted the matching {other} {back}")

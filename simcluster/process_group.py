@@ -39,7 +39,12 @@ if TYPE_CHECKING:
     from simcluster.backends import BackendModel
     from simcluster.engine import Engine
 
-__all__ = ["SimProcessGroup", "SimWork", "GroupSpec"]
+__all__ = ["SimProcessGroup", "SimWork", "GroupSpec", "GLOO_SELF_P2P"]
+
+GLOO_SELF_P2P = ("[enforce fail at third_party/gloo/gloo/transport/tcp/pair.cc:801] state_ >= CONNECTED. 1 vs 4. "
+                 "Pair is not connected")
+"""What real gloo raises (a RuntimeError, at the call) for an isend/irecv whose peer is the
+calling rank itself — measured, see docs/gloo-facts.md."""
 
 
 @dataclass(frozen=True)
@@ -505,8 +510,18 @@ class SimProcessGroup(dist.ProcessGroup):
         for peer in (src, dst):
             if not 0 <= peer < self.size():
                 raise ValueError(f"{op} on rank {self.global_rank}: peer {peer} is not a rank of {self.spec.name}")
+        if src == dst and self._runtime.backend.name == "gloo":
+            raise BackendError(GLOO_SELF_P2P.format(rank=self.global_rank) + f"\n  simcluster: rank "
+                               f"{self.global_rank}'s {op} {'to' if op == 'send' else 'from'} itself on {self.spec.name}: "
+                               "gloo has no connection from a rank to itself and raises at the call "
+                               "(docs/gloo-facts.md, 'Point to point')")
         src_g, dst_g = self.spec.ranks[src], self.spec.ranks[dst]
         channel = f"{self.spec.name} p2p {src}->{dst} tag {tag}"
+        if src == dst and any(o != op for o in self._engine(op).pending_ops(channel)):
+            raise UnsupportedError(
+                f"rank {self.global_rank} posted both a send to itself and a recv from itself on {self.spec.name}: "
+                "NCCL pairs them (docs/gloo-facts.md, 'Point to point'), the NCCL model does not"
+            )
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             calls[dst_g].payload.copy_(calls[src_g].payload)

@@ -11,7 +11,7 @@ no Hypothesis and no pytest, so they can be used alone::
     >>> averages(good, inputs, "fp32") is None
     True
     >>> print(averages([[torch.tensor([4.0, 8.0])]] * 2, inputs, "fp32"))   # forgot to divide
-    rank 0, param 0 (shape (2,)), element 0: got 4.0, the float64 mean of the ranks' gradients is 2.0; |error| 2 > bound 5.96e-07 (tolerance fp32: γ_4(u=2^-24)·mean|x| + 2·2^-149); inputs there, rank by rank: ['1.0', '3.0']
+    rank 0, param 0 (shape (2,)), element 0: got 4.0, the float64 mean of the ranks' gradients is 2.0; |error| 2 > bound 5.96e-07 (tolerance fp32: γ_4(u=2^-24)·mean|x| + 2·2^-149); inputs there, rank by rank: ['1.0', '3.0']; 1 more of its 2 elements out of bound
 
 The tolerance of :func:`averages` is **derived from the arithmetic** a hook of that
 class performs; the derivation is in :func:`error_bound` and ``docs/properties.md``.
@@ -189,9 +189,11 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
                     xs = [_fmt(inputs[q][k].reshape(-1)[i]) for q in ranks]
                     what = "is not finite" if not math.isfinite(float(got[i])) else (
                         f"|error| {float(err[i]):.3g} > bound {float(bound[i]):.3g}")
+                    n_bad = int(bad.sum())
+                    more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
                     return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
                             f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
-                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else ""))
+                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
     return None
 
 
@@ -307,10 +309,10 @@ def liveness(error: BaseException | None) -> str | None:
     """``None`` unless ``error`` is a deadlock, mismatched collectives or a stuck rank.
 
     A real cluster hangs (or silently corrupts data) in each case; simcluster detects it
-    and its message names each rank's pending call.
+    and its message — returned whole, every line — names each rank's pending call.
     """
     if isinstance(error, (DeadlockError, CollectiveMismatchError, StuckError)):
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return f"{type(error).__name__}: {error}".rstrip(": ")
     return None
 
 

@@ -34,13 +34,22 @@ class PropertyFailure:
     schedule: list[int]  # completion choices; [] = in-order
     replay: str  # one line: a shell command that reproduces this failure
     error_type: str = ""  # the exception class when the hook raised
-    details: dict[str, Any] = field(default_factory=dict)  # machine-readable extras (max error, bound, …)
+    frames: list[str] = field(default_factory=list)  # the user-code frames it arose at, innermost last
+    buckets: str = ""  # readable: each step's buckets (index → parameters), "(rebuilt)" where DDP rebuilt them
+    hint: str = ""  # when the failing step ran on a rebuilt layout: what changed
+    details: dict[str, Any] = field(default_factory=dict)  # machine-readable extras (token, line, ddp_steps, frames)
 
     def format(self) -> str:
-        lines = [
-            f"FAILED {self.property} [{self.backend}, world size {self.world_size}]",
-            f"  {self.message}",
-            f"  layout:    {self.layout}",
+        """The failure in full: every line of the diagnostic, where, the DDP steps, how to replay."""
+        lines = [f"FAILED {self.property} [{self.backend}, world size {self.world_size}]"]
+        lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(self.message.splitlines())]
+        lines += [f"  at {frame}" for frame in self.frames]
+        lines.append(f"  layout:    {self.layout}")
+        if self.buckets:
+            lines.append(f"  buckets:   {self.buckets}")
+        if self.hint:
+            lines.append(f"  hint:      {self.hint}")
+        lines += [
             f"  gradients: {self.gradients}",
             f"  schedule:  {self.schedule or 'in order'}",
             f"  replay:    {self.replay}",

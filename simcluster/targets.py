@@ -170,9 +170,14 @@ def load_target(spec: str, *, what: str = "TARGET") -> Callable[..., Any]:
             raise TargetLoadError(f"{what} {spec!r}: {where} has no attribute {name!r}") from None
     if not callable(obj):
         raise TargetLoadError(
-            f"{what} {spec!r}: {name} is a {type(obj).__name__}, not callable"
+            f"{what} {spec!r}: {name} is {_article(type(obj).__name__)} {type(obj).__name__}, not callable"
         )
     return obj
+
+
+def _article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (by its first letter: "an int", "a float")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def load_state(spec: str) -> str | Callable[[Any], Any]:

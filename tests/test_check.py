@@ -72,8 +72,11 @@ def test_contract_registration_and_legacy_lists() -> None:
 
 def test_liveness_failure_names_the_error() -> None:
     report = check_hook(buggy.rank0_logs_global_norm, **QUICK)
-    (failure,) = [f for f in report.failures if f.property == "liveness"]
-    assert failure.error_type in ("CollectiveMismatchError", "DeadlockError")
+    failures = [f for f in report.failures if f.property == "liveness"]
+    assert failures and all(f.error_type in ("CollectiveMismatchError", "DeadlockError") for f in failures)
+    # each distinct bug once: (property, exception type, user-code line) never repeats
+    keys = [(f.property, f.error_type, f.details["line"]) for f in report.failures]
+    assert len(keys) == len(set(keys))
 
 
 def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:

@@ -1,0 +1,106 @@
+"""Small buggy hooks written for the failure-report tests (tests/test_reports.py).
+
+Each has one bug whose report must tell the whole story: which ranks, which calls,
+which line, which bucket layout. The hooks are unannotated (DDP's registration check
+rejects string annotations and any return annotation but ``Future[Tensor]``), so no
+registration failure joins the one under test.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _mean(bucket: dist.GradBucket, group: object = None) -> torch.futures.Future:
+    buf = bucket.buffer()
+    size = dist.get_world_size(group)
+    fut = dist.all_reduce(buf.div_(size), group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def uneven_allreduce_hook(state, bucket):
+    """Rank 0 reduces the whole buffer, the others only its first element: a size mismatch."""
+    buf = bucket.buffer()
+    part = buf if dist.get_rank() == 0 else buf[:1]
+    fut = dist.all_reduce(part, async_op=True).get_future()
+    return fut.then(lambda f: buf.div_(dist.get_world_size()))
+
+
+def send_before_recv_hook(state, bucket):
+    """A ring exchange where every rank first blocks on its send: nobody reaches its recv."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buf = bucket.buffer()
+    if world > 1:
+        dist.send(buf.clone(), dst=(rank + 1) % world)
+        dist.recv(torch.empty_like(buf), src=(rank - 1) % world)
+    return _mean(bucket)
+
+
+class GossipState:
+    """Picks a gossip peer: crashes at world size 1, and sends rank 0 to itself."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.peer = group.rank() % (group.size() - 1)
+
+
+def gossip_hook(state, bucket):
+    """Sends a copy of the bucket to the state's peer, then averages."""
+    dist.isend(bucket.buffer().clone(), dst=state.peer, group=state.group).wait()
+    return _mean(bucket, state.group)
+
+
+def none_on_rank1_hook(state, bucket):
+    """Rank 1's future resolves to None (a forgotten return in its callback branch)."""
+    rank = dist.get_rank()
+    buf = bucket.buffer()
+    fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: None if rank == 1 else f.value()[0])
+
+
+def legacy_none_on_rank1_hook(state, bucket):
+    """A PyTorch 1.8-era hook (get_tensors(), a [tensor] result) whose rank 1 resolves to None."""
+    rank = dist.get_rank()
+    tensor = bucket.get_tensors()[0]
+    fut = dist.all_reduce(tensor.div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: None if rank == 1 else [f.value()[0]])
+
+
+class ResidualByIndex:
+    """Error feedback keyed by ``bucket.index()``: the rebuild gives index 0 other parameters."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.residuals: dict[int, torch.Tensor] = {}
+
+
+def residual_by_index_hook(state, bucket):
+    """Adds the residual kept for this bucket index; after the rebuild its size no longer fits."""
+    buf = bucket.buffer()
+    kept = state.residuals.get(bucket.index())
+    if kept is not None:
+        buf.add_(kept)  # raises once the rebuild gave this index a bucket of another size
+    state.residuals[bucket.index()] = torch.zeros_like(buf)
+    return _mean(bucket)
+
+
+def forgot_division(state, bucket):
+    """Sums instead of averaging."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def dies_on_real_gloo_rank1(state, bucket):
+    """Correct in the simulator; on real gloo processes rank 1 exits mid-hook (its peers
+    then fail with gloo's 'Connection closed by peer')."""
+    if dist.get_rank() == 1 and "Sim" not in type(dist.group.WORLD).__name__:
+        os._exit(3)
+    return _mean(bucket)
+
+
+def callback_indexes_gloo_list(state, bucket):
+    """Indexes the all_gather value as NCCL's one tensor; on gloo it is a list: IndexError in the callback."""
+    world = dist.get_world_size()
+    out = torch.empty(world * bucket.buffer().numel())
+    fut = dist.all_gather_into_tensor(out, bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[world].view(world, -1).mean(0))

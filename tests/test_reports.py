@@ -1,0 +1,250 @@
+"""Failure reports tell the whole story: the CLI on small buggy hooks (tests/report_hooks.py),
+asserting on the printed report and the JSON — per-rank detail, every distinct bug, the
+state factory named, the DDP buckets with the rebuild hint, and replay lines that run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from simcluster.cli import main
+
+pytest_plugins = ["pytester"]
+
+HOOKS = "tests/report_hooks.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str, *options: str) -> tuple[int, str, Any]:
+    """Run ``simcluster check`` from the repository root; (exit code, stdout, the JSON report)."""
+    out_json = tmp_path / "report.json"
+    argv = ["check", f"{HOOKS}:{target}", "--no-database", "--quiet", "--json", str(out_json), *options]
+    code = main(argv)
+    out, _ = capsys.readouterr()
+    return code, out, json.loads(out_json.read_text())[0]
+
+
+def _line(text: str) -> int:
+    """The line of tests/report_hooks.py that contains ``text``."""
+    return next(i for i, line in enumerate((ROOT / HOOKS).read_text().splitlines(), 1) if text in line)
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def test_mismatch_report_shows_every_rank_call(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "uneven_allreduce_hook", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5", "--properties", "liveness")
+    assert code == 1
+    # both ranks' calls, with their shapes: what the first line alone never said
+    assert "rank 0: all_reduce(float32, (" in out and "rank 1: all_reduce(float32, (1,)" in out
+    line = _line("fut = dist.all_reduce(part")
+    assert f"at tests/report_hooks.py:{line} in uneven_allreduce_hook" in out  # the line of the second rank's call
+    (failure,) = data["failures"]
+    assert "rank 1: all_reduce(float32, (1,)" in failure["message"]
+    assert failure["error_type"] == "CollectiveMismatchError" and failure["details"]["line"] == f"{HOOKS}:{line}"
+
+
+def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "send_before_recv_hook", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5", "--properties", "liveness")
+    assert code == 1
+    assert "rank 0: send(" in out and "rank 1 never posted the matching recv from rank 0" in out
+    assert "rank 1 never posted the matching send" not in out
+    assert "blocked in wait() on work of send#0" in out
+    assert f"report_hooks.py:{_line('dist.send(buf.clone()')} in send_before_recv_hook" in out
+    assert "never posted the matching recv from rank 1" in data["failures"][0]["message"]
+
+
+def test_world_size_1_crash_does_not_hide_the_self_send(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "gossip_hook", "--state", f"{HOOKS}:GossipState", "--backend", "all",
+                             "--world-sizes", "1,2,3", "--examples", "20", "--properties", "contract,liveness")
+    assert code == 1
+    failures = data["failures"]
+    kinds = {(f["backend"], f["property"], f["error_type"]) for f in failures}
+    # gloo raises at a send to self (as real gloo does); the NCCL model deadlocks on it
+    assert {("gloo", "liveness", "ZeroDivisionError"), ("gloo", "contract", "BackendError"),
+            ("nccl", "liveness", "ZeroDivisionError"), ("nccl", "liveness", "DeadlockError")} <= kinds
+    deadlock = next(f for f in failures if f["error_type"] == "DeadlockError")
+    assert "never posted the matching recv from itself" in deadlock["message"] and deadlock["world_size"] >= 2
+    crash = next(f for f in failures if f["error_type"] == "ZeroDivisionError")
+    assert crash["world_size"] == 1
+    # the factory is named as the culprit, with its line; not "the hook raised"
+    assert f"the state factory {HOOKS}:GossipState raised" in crash["message"]
+    assert "the hook raised" not in crash["message"]
+    assert crash["details"]["frames"][-1]["function"] == "__init__"
+    assert f"report_hooks.py:{_line('self.peer =')}" in crash["frames"][-1]
+    send = next(f for f in failures if f["error_type"] == "BackendError")
+    assert send["world_size"] >= 2 and "state_ >= CONNECTED" in send["message"] and "send to itself" in send["message"]
+    # every failure has its own replay command, and each reproduces its own bug
+    assert out.count("replay:    simcluster check") == len(failures) >= 2
+    for failure in failures:
+        argv = shlex.split(failure["replay"])[1:] + ["--quiet", "--no-database"]
+        assert main(argv) == 1
+        replayed, _ = capsys.readouterr()
+        assert failure["message"].splitlines()[0] in replayed
+
+
+def test_result_contract_names_the_rank_and_bucket(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "none_on_rank1_hook", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5", "--properties", "contract")
+    assert code == 1
+    assert "Expected a proper Tensor but got None" in out
+    assert "rank 1, DDP iteration 0, bucket 0: the hook's future resolved to None" in out
+
+
+def test_legacy_failures_are_worded_in_the_legacy_contract(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    code, out, _ = _check(capsys, tmp_path, "legacy_none_on_rank1_hook", "--backend", "gloo", "--world-sizes", "2",
+                          "--examples", "5", "--properties", "contract", "--api", "legacy")
+    assert code == 1
+    assert "under the PyTorch 1.7-1.9 contract (api='legacy') it must resolve to a one-element list [tensor]" in out
+    assert "rank 1, DDP iteration 0, bucket 0" in out and "Expected a proper Tensor" not in out
+
+
+def test_rebuild_hint_for_a_residual_keyed_by_bucket_index(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "residual_by_index_hook", "--state", f"{HOOKS}:ResidualByIndex",
+                             "--backend", "gloo", "--world-sizes", "1", "--steps", "2", "--examples", "30",
+                             "--properties", "liveness")
+    assert code == 1
+    failure = data["failures"][0]
+    assert failure["details"]["step"] == 1
+    steps = failure["details"]["ddp_steps"]
+    assert [s["rebuilt"] for s in steps] == [False, True]
+    assert steps[0]["buckets"][0]["params"] != steps[1]["buckets"][0]["params"]
+    expected = (f"bucket 0 held params {steps[0]['buckets'][0]['params']} at step 0 and "
+                f"{steps[1]['buckets'][0]['params']} from step 1")
+    assert expected in failure["hint"] and f"hint:      DDP rebuilt its buckets after step 0: {expected}" in out
+    assert "step 1 (rebuilt): bucket 0 = params" in out
+
+
+def test_long_diagnostics_are_summarised_not_cut() -> None:
+    from simcluster.properties import averages
+    from simcluster.render import MAX_LINES, error_text
+
+    inputs = [[torch.ones(1000)], [torch.ones(1000)]]
+    message = averages([[torch.full((1000,), 2.0)]] * 2, inputs, "fp32")
+    assert message is not None and "999 more" in message and len(message) < 400
+    long = RuntimeError("\n".join(f"line {i}" for i in range(500)))
+    text = error_text(long)
+    assert len(text.splitlines()) == MAX_LINES and text.endswith("… and 461 more lines")
+
+
+def test_deadlock_of_many_ranks_is_summarised() -> None:
+    import torch.distributed as dist
+
+    from simcluster import SimCluster
+    from simcluster.errors import DeadlockError
+
+    def hook(state: object, bucket: Any) -> Any:
+        if dist.get_rank() != 0:
+            dist.all_reduce(bucket.buffer(), async_op=True).wait()
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(12, backend="gloo").run_hook(hook, [torch.ones(2)] * 12)
+    text = str(info.value)
+    assert "… and 3 more pending results" in text and "never posted by ranks [0]" in text
+    assert "rank 9:" not in text  # listed up to 8, then counted
+    assert "posted by ranks [1..11] (11 ranks)" in text
+
+
+def test_plugin_replay_line_runs_as_printed(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CI", "SIMCLUSTER_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "test_buggy_hook.py").write_text(
+        "import torch.distributed as dist\n"
+        "from simcluster.plugin import assert_hook\n\n"
+        "def forgot_division(state, bucket):\n"
+        "    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()\n"
+        "    return fut.then(lambda f: f.value()[0])\n\n"
+        "def test_it():\n"
+        "    assert_hook(forgot_division, backends=('gloo',), world_sizes=(2,), examples=5, steps=1,\n"
+        "                properties=('averages',), database=None)\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests/test_buggy_hook.py")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "the float64 mean" in text and "FAILED averages" in text
+    line = next(l for l in text.splitlines() if "replay:    simcluster check" in l)
+    command = line.split("replay:", 1)[1].strip().lstrip("E").strip()
+    assert command.startswith("simcluster check tests/test_buggy_hook.py:forgot_division ")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "simcluster", *shlex.split(command)[1:], "--quiet", "--no-database"]
+    proc = subprocess.run(argv, cwd=pytester.path, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr  # the property fails again: not 2 ("no module named …")
+    assert "FAILED averages" in proc.stdout
+
+
+def test_differential_files_a_crash_under_the_rank_that_crashed_and_reproduces(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import report_hooks  # noqa: F401 - importable by name: the gloo children import it the same way
+
+    from simcluster.differential import compare_with_gloo
+
+    monkeypatch.chdir(tmp_path)
+    grads = [[torch.ones(4), torch.full((4,), 3.0)]]
+    report = compare_with_gloo("report_hooks:dies_on_real_gloo_rank1", grads, world_size=2, timeout=60)
+    (difference,) = report.differences
+    assert difference.rank == 1 and "failed as a whole" in difference.detail  # rank 0 only saw rank 1 go
+    command = next(n for n in report.notes if n.startswith("reproduce: ")).removeprefix("reproduce: ")
+    assert "pass the same payloads" not in command
+    proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr  # the comparison ran again and differs again
+    assert "1 difference(s)" in proc.stdout and "rank 1, step -1" in proc.stdout
+
+
+def _self_send_hook(state: object, bucket: Any) -> Any:
+    import torch.distributed as dist
+
+    t = bucket.buffer()
+    work = dist.isend(t.clone(), dst=dist.get_rank())  # to itself
+    work.wait()
+    return dist.all_reduce(t, async_op=True).get_future()
+
+
+def test_self_send_raises_at_the_call_on_gloo_and_deadlocks_on_nccl() -> None:
+    from simcluster import SimCluster
+    from simcluster.errors import BackendError, DeadlockError
+
+    with pytest.raises(BackendError) as gloo:
+        SimCluster(2, backend="gloo").run_hook(_self_send_hook, [torch.ones(2)] * 2)
+    assert isinstance(gloo.value, RuntimeError)  # as real gloo's, so a hook's `except RuntimeError` sees it
+    assert str(gloo.value).startswith("[enforce fail at third_party/gloo/gloo/transport/tcp/pair.cc:801] "
+                                      "state_ >= CONNECTED. 1 vs 4. Pair is not connected")
+    with pytest.raises(DeadlockError) as nccl:
+        SimCluster(2, backend="nccl").run_hook(_self_send_hook, [torch.ones(2)] * 2)
+    assert "rank 0: send(float32, (2,), 0->0, tag=0) to itself" in str(nccl.value)
+    assert "rank 0 never posted the matching recv from itself" in str(nccl.value)
+
+
+def test_callback_error_names_its_line_and_merges_identical_ranks(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "callback_indexes_gloo_list", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5", "--properties", "contract")
+    assert code == 1
+    line = _line("f.value()[world]")
+    assert f"at {HOOKS}:{line} in <lambda>" in out  # from the At: stack torch writes into the message
+    assert data["failures"][0]["details"]["line"] == f"{HOOKS}:{line}"
+    assert "rank 1 also failed the same way" in out and out.count("Got the following error") == 1
+
+
+def test_not_callable_message_reads_right(tmp_path: Path) -> None:
+    from simcluster.errors import TargetLoadError
+    from simcluster.targets import load_target
+
+    (tmp_path / "values.py").write_text("COUNT = 3\nNAME = 'x'\n")
+    with pytest.raises(TargetLoadError, match="COUNT is an int, not callable"):
+        load_target(f"{tmp_path}/values.py:COUNT")
+    with pytest.raises(TargetLoadError, match="NAME is a str, not callable"):
+        load_target(f"{tmp_path}/values.py:NAME")
