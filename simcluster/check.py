@@ -62,7 +62,9 @@ from simcluster.report import PROPERTIES, CheckReport, PropertyFailure
 from simcluster.strategies import (
     DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy,
 )
-from simcluster.supervisor import DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised
+from simcluster.supervisor import (
+    DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised, stuck_in,
+)
 from simcluster.targets import load_state, load_target
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
@@ -294,7 +296,7 @@ def _judge_error(opts: _Options, error: BaseException, at: int, check_ef: bool,
     text = error_text(error)
     head = f"step {at}: {text}"
     if (exit_head := _exit_head(error, at)) is not None:
-        fail("liveness", exit_head, error)
+        fail("liveness", f"{exit_head}{raise_site(error)}", error)
     if "liveness" in opts.props and P.liveness(error):
         fail("liveness", head, error)
     if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
@@ -528,13 +530,14 @@ def _supervised(job: Callable[[Monitor], tuple[list[PropertyFailure], int]], opt
 
 def _death_failure(opts: _Options, backend: str, death: ChildDeath, steps: int) -> PropertyFailure:
     """The liveness failure of an example whose process never answered."""
-    stack = format_stack(death.stacks)
+    stack, function = format_stack(death.stacks), stuck_in(death.stacks)
+    inside = f", in {function}" if function else ""
     if death.kind == "deadline":
-        message = f"the example {death.detail} (hook code spinning or blocked); stuck at {death.where()}"
+        message = f"the example {death.detail} (hook code spinning or blocked); stuck at {death.where()}{inside}"
     else:
-        message = f"the example's process ended: {death.detail}; it was at {death.where()}"
-    if stack:
-        message += "\n  the stuck code (outermost call first):\n" + stack
+        message = f"the example's process ended: {death.detail}; it was at {death.where()}{inside}"
+    if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
+        message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
     token = (death.payload or {}).get("token")
     if token is None:
         return PropertyFailure("liveness", backend, message, 0, "-", "-", [],

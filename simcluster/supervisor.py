@@ -62,7 +62,8 @@ from typing import Any
 
 from simcluster.errors import HookExited
 
-__all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "raise_site"]
+__all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "stuck_in",
+           "raise_site"]
 
 DEFAULT_DEADLINE = 60.0
 """Seconds one example may take before it is reported stuck (``--deadline``)."""
@@ -326,6 +327,18 @@ def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
         elif threads and (match := _FRAME.match(line)):
             threads[-1].append((match["file"], int(match["line"]), match["func"]))
     return threads
+
+
+def stuck_in(dump: str) -> str:
+    """``spins (tests/hostile/hooks.py)``: the innermost user-code function of the stuck
+    thread — stable run to run, unlike the line a spinning loop happened to be on when
+    sampled; ``''`` when no user code is on the stack."""
+    threads = _threads(dump)
+    for thread in sorted(threads, key=_parked_by_simcluster):
+        for path, _, func in thread:
+            if _is_user_file(path):
+                return f"{func} ({_short_path(path)})"
+    return ""
 
 
 def format_stack(dump: str, *, limit: int = 8) -> str:

@@ -89,11 +89,11 @@ def test_a_killed_process_is_a_liveness_failure_with_its_position():
                                          ("waits_forever", "threading.Event().wait()"),
                                          ("spins_after_wait", "while True:")])
 def test_stuck_code_is_reported_within_the_deadline(name, line):
-    report, elapsed = check(name, deadline=1.0, backends=("gloo",))
-    assert elapsed < 1.0 + SLACK, f"took {elapsed:.1f}s: a stuck example was re-run"
+    report, elapsed = check(name, deadline=2.0, backends=("gloo",))
+    assert elapsed < 2.0 + SLACK, f"took {elapsed:.1f}s: a stuck example was re-run"
     [failure] = report.failures
     assert failure.property == "liveness" and failure.backend == "gloo"
-    assert "did not return within 1 s" in failure.message
+    assert "did not return within 2 s" in failure.message
     assert f"in {name}" in failure.message and line in failure.message
     assert "rank " in failure.message and "DDP step 0" in failure.message
     assert report.examples == 1  # the stuck example is reported as it is, not shrunk by re-running it
@@ -109,7 +109,13 @@ def test_the_stuck_replay_reproduces_as_printed():
     replay = report.failures[0].replay
     token = replay.split("--replay ")[1]
     again = check_hook(target("spins"), deadline=1.0, replay=token, database=None)
-    assert [f.message for f in again.failures] == [report.failures[0].message]
+    # the verdict, the example and where (rank, step, bucket, function) are the same; only the
+    # sampled stack's line may differ for a spinning loop
+    first = report.failures[0]
+    [second] = again.failures
+    assert (second.property, second.replay, second.message.splitlines()[0]) == \
+        (first.property, first.replay, first.message.splitlines()[0])
+    assert "in spins (tests/hostile/hooks.py)" in first.message.splitlines()[0]
 
 
 # ---------------------------------------------------------------- stop means stop
