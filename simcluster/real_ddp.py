@@ -64,6 +64,7 @@ from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add
 from simcluster.futures import SimFuture
 from simcluster.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.rank_context import RankWorld
+from simcluster.state import make_state
 from simcluster.threaded import ThreadedEngine
 from simcluster.trace import Trace
 
@@ -180,7 +181,8 @@ def run_real_ddp(
     then broadcasts rank 0's parameters, as on a real cluster. ``inputs_per_rank[r][k]``
     is rank ``r``'s input in iteration ``k``. ``hook``: the comm hook (``None``: DDP's
     built-in allreduce, no hook registered); ``state``: ``"group"`` (the rank's WORLD
-    group), ``None``, or a factory called in the rank's thread as ``factory(group)``.
+    group), ``None``, or a factory called in the rank's thread as ``factory(group)`` or
+    ``factory(group, model)`` with the rank's module (see :mod:`simcluster.state`).
     ``timeout``: seconds without progress before the run is reported stuck.
 
     Raises the first failing rank's exception as itself (rank attached as a note), or
@@ -236,7 +238,7 @@ def run_real_ddp(
         )
         try:
             if hook is not None:
-                rank_state = _state_for(state, groups[rank])
+                rank_state = make_state(state, groups[rank], models[rank])
                 ddp.register_comm_hook(rank_state, _recording(hook, params[rank], hook_calls[rank], iteration,
                                                                  returned))
             for k in range(iterations):
@@ -269,18 +271,6 @@ def _fail_pending(futures: list[torch.futures.Future]) -> None:
         if not isinstance(future, SimFuture) and not future.done():
             with contextlib.suppress(RuntimeError):  # completed meanwhile by its owner
                 future.set_exception(RuntimeError("simcluster aborted the run; this hook future never completed"))
-
-
-def _state_for(state: Any, group: SimProcessGroup) -> Any:
-    if state is None:
-        return None
-    if isinstance(state, str):
-        if state == "group":
-            return group
-        raise UsageError(f"state={state!r} is not a state spec: use None, 'group' or a factory")
-    if callable(state):
-        return state(group)
-    raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
 
 
 def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:

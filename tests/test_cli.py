@@ -253,9 +253,10 @@ def test_file_target_can_import_its_siblings(tmp_path: Path) -> None:
     assert str(tmp_path) not in sys.path
 
 
-@pytest.mark.parametrize("text", ["none", "exact", "fp32", "FP16", "bf16", "rtol=1e-3", "atol=0,rtol=2"])
+@pytest.mark.parametrize("text", ["none", "exact", "fp32", "FP16", "bf16", "rtol=1e-3", "atol=0,rtol=2", "Scale=0.1",
+                                  "norm=0.5,atol=1e-6"])
 def test_tolerances_accepted(text: str) -> None:
-    assert parse_tolerance(text) == text.lower()
+    assert parse_tolerance(text).describe() == text.lower()
 
 
 def test_world_sizes_parsed_in_order() -> None:
