@@ -363,6 +363,11 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if isinstance(hook, str):
         target = target or hook
         hook = load_target(hook)
+    from simcluster.training import check_training, training_for  # trains rather than reduces: real DDP
+
+    if (training := training_for(hook)) is not None:
+        return check_training(training, target=target or _name_of(hook) or training.name, backends=backends,
+                              world_sizes=world_sizes, steps=steps, examples=examples, seed=seed, replay=replay)
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
     target = target or _name_of(hook) or repr(hook)

@@ -49,6 +49,7 @@ __all__ = [
 
 _T = "torch.distributed.algorithms.ddp_comm_hooks."
 _NO_AVERAGE = ("contract", "liveness", "schedule_independence")
+_TRAINING = ("liveness", "trains_like_reference")
 
 QUANTIZATION_TOLERANCE = round_up(quantization_tolerance(8))
 """``scale=0.003923,atol=5.961e-08``: the bound torch's quantization hooks meet at world sizes up to 8."""
@@ -174,17 +175,23 @@ TORCH_HOOKS: tuple[DefaultEntry, ...] = (
                  note="after iteration 2 averages inside subgroups only: replicas differ by design"),
     DefaultEntry("noop_hook", _T + "debugging_hooks:noop_hook", tolerance="none", properties=_NO_AVERAGE,
                  note="debugging hook: communicates nothing, replicas differ by design"),
-    DefaultEntry("hook_with_zero_step", _T + "ddp_zero_hook:hook_with_zero_step",
-                 skipped="a wrapper that needs a real DDP model and a ZeroRedundancyOptimizer to step"),
+    DefaultEntry("hook_with_zero_step", _T + "ddp_zero_hook:hook_with_zero_step", tolerance="none",
+                 backends=("nccl",), properties=_TRAINING,
+                 note="trained on real DDP + ZeroRedundancyOptimizer(SGD); torch refuses ZeRO overlap on gloo"),
     DefaultEntry("hook_with_zero_step_interleaved", _T + "ddp_zero_hook:hook_with_zero_step_interleaved",
-                 skipped="a wrapper that needs a real DDP model and a ZeroRedundancyOptimizer to step"),
-    DefaultEntry("_hook_then_optimizer", _T + "optimizer_overlap_hooks:_hook_then_optimizer",
-                 skipped="runs a functional optimizer on DDP's parameters inside the hook (optimizer overlap)"),
+                 skipped="posts ZeRO's broadcasts from the all-reduce futures' callbacks: real NCCL runs those at "
+                         "enqueue time, in hook order; the NCCL model completes a collective only once every rank "
+                         "posted it, so ranks race (CollectiveMismatchError, measured) - a model limit, not a "
+                         "finding; torch refuses gloo"),
+    DefaultEntry("_hook_then_optimizer", _T + "optimizer_overlap_hooks:_hook_then_optimizer", tolerance="none",
+                 properties=_TRAINING, note="allreduce_hook then functional SGD in the callback, on real DDP"),
     DefaultEntry("_apply_optim_in_backward_hook", _T + "optimizer_overlap_hooks:_apply_optim_in_backward_hook",
-                 skipped="needs the DDP object's reducer and optimizer-in-backward state"),
+                 skipped="needs an accelerator: its end-of-backward callback calls torch.accelerator.current_stream() "
+                         "(RuntimeError on CPU: 'Cannot access accelerator device when none is available')"),
     DefaultEntry("_reducer_allreduce_and_upcast_hook",
                  _T + "mixed_precision_hooks:_reducer_allreduce_and_upcast_hook",
-                 skipped="needs the DDP module (weakref to its reducer) and a CUDA upcast stream"),
+                 skipped="needs an accelerator: DDP mixed precision's upcast stream, and its end-of-backward callback "
+                         "calls torch.accelerator.current_stream() (RuntimeError on CPU)"),
 )
 """Every hook in ``torch.distributed.algorithms.ddp_comm_hooks`` of torch 2.13, in module order."""
 
