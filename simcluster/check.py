@@ -363,7 +363,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if isinstance(hook, str):
         target = target or hook
         hook = load_target(hook)
-    from simcluster.training import check_training, training_for  # trains rather than reduces: real DDP
+    from simcluster.train_check import check_training  # hooks that train rather than reduce: real DDP
+    from simcluster.training import training_for
 
     if (training := training_for(hook)) is not None:
         return check_training(training, target=target or _name_of(hook) or training.name, backends=backends,

@@ -9,9 +9,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook, optimizer
 
 from simcluster.check import check_hook
 from simcluster.defaults import TORCH_HOOKS
-from simcluster.training import (
-    TRAININGS, Heads, TrainExample, Training, check_training, run_training, trains_like_reference, zero_step_setup,
-)
+from simcluster.train_check import TrainExample, check_training, run_training
+from simcluster.training import TRAININGS, Heads, Training, trains_like_reference, zero_step_setup
 
 
 def _skip_rank1_shard(ddp, group):
