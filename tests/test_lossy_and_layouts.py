@@ -261,7 +261,7 @@ def test_a_sketch_sized_from_the_model_runs_from_the_cli_with_params() -> None:
 
 # --------------------------------------------------------------------------- --subgroups
 def test_a_hook_using_global_ranks_fails_on_subgroups_with_a_factory_state() -> None:
-    options = dict(state=f"{HOOKS}:GroupState", tolerance="scale=0.1", **FAST)
+    options = dict(state=f"{HOOKS}:GroupState", tolerance="scale=0.1", **{**FAST, "examples": 10})
     assert check_hook(f"{HOOKS}:global_rank_hook", **options).passed  # the whole world: right by luck
     report = check_hook(f"{HOOKS}:global_rank_hook", subgroups=True, backends=("gloo",),
                         **{**options, "world_sizes": (2, 4)})
