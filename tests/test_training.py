@@ -88,3 +88,13 @@ def test_run_training_reports_a_raising_hook_as_liveness() -> None:
 
     with pytest.raises(AssertionError, match="ValueError: boom"):
         run_training(Training("raises", setup), TrainExample(2, (2,), 64, 1, 0), "gloo", 1)
+
+
+def test_training_leaves_the_process_warning_state_as_it_found_it() -> None:
+    """torch's rank threads swap warnings.filters concurrently (catch_warnings is not thread-safe):
+    the check restores the filters and showwarning once the run is over."""
+    import warnings
+
+    before = (list(warnings.filters), warnings.showwarning)
+    check_hook(optimizer_overlap_hooks._hook_then_optimizer, examples=2, world_sizes=(2, 3))
+    assert (list(warnings.filters), warnings.showwarning) == before
