@@ -187,7 +187,8 @@ TORCH_HOOKS: tuple[DefaultEntry, ...] = (
                  properties=_TRAINING, note="allreduce_hook then functional SGD in the callback, on real DDP"),
     DefaultEntry("_apply_optim_in_backward_hook", _T + "optimizer_overlap_hooks:_apply_optim_in_backward_hook",
                  skipped="needs an accelerator: its end-of-backward callback calls torch.accelerator.current_stream() "
-                         "(RuntimeError on CPU: 'Cannot access accelerator device when none is available')"),
+                         "(real DDP on CPU raises RuntimeError: 'Cannot access accelerator device when none is "
+                         "available', measured)"),
     DefaultEntry("_reducer_allreduce_and_upcast_hook",
                  _T + "mixed_precision_hooks:_reducer_allreduce_and_upcast_hook",
                  skipped="needs an accelerator: DDP mixed precision's upcast stream, and its end-of-backward callback "

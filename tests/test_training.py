@@ -69,9 +69,21 @@ def test_the_default_run_trains_the_optimizer_hooks_and_says_why_the_others_are_
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the skip reason is about machines without one")
-def test_the_accelerator_hooks_skip_reason_holds_on_this_machine() -> None:
+def test_optimizer_in_backward_needs_an_accelerator_under_real_ddp() -> None:
+    """The skip reason, measured: real DDP registers _apply_optim_in_backward_hook itself for
+    parameters given to _apply_optimizer_in_backward, and its end-of-backward callback fails on CPU."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    from simcluster.real_ddp import run_real_ddp
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(4, 2)
+        _apply_optimizer_in_backward(torch.optim.SGD, linear.parameters(), {"lr": 0.1})
+        return linear
+
     with pytest.raises(RuntimeError, match="Cannot access accelerator device when none is available"):
-        torch.accelerator.current_stream()
+        run_real_ddp(model, [[torch.ones(2, 4)], [torch.ones(2, 4)]], world_size=2, hook=None, iterations=1)
 
 
 def test_zero_is_refused_on_gloo_by_torch_and_not_run_there() -> None:
