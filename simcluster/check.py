@@ -364,11 +364,14 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
         target = target or hook
         hook = load_target(hook)
     from simcluster.train_check import check_training  # hooks that train rather than reduce: real DDP
-    from simcluster.training import training_for
+    from simcluster.training import TRAININGS, training_for
 
     if (training := training_for(hook)) is not None:
         return check_training(training, target=target or _name_of(hook) or training.name, backends=backends,
                               world_sizes=world_sizes, steps=steps, examples=examples, seed=seed, replay=replay)
+    if properties is not None and "trains_like_reference" in properties and not isinstance(properties, str):
+        raise UsageError("properties: trains_like_reference applies to hooks that step an optimizer "
+                         f"({', '.join(sorted(TRAININGS))}), checked by training on real DDP")
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
     target = target or _name_of(hook) or repr(hook)

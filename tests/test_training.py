@@ -110,3 +110,12 @@ def test_training_leaves_the_process_warning_state_as_it_found_it() -> None:
     before = (list(warnings.filters), warnings.showwarning)
     check_hook(optimizer_overlap_hooks._hook_then_optimizer, examples=2, world_sizes=(2, 3))
     assert (list(warnings.filters), warnings.showwarning) == before
+
+
+def test_naming_trains_like_reference_for_a_plain_hook_is_a_usage_error_not_a_silent_pass() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from simcluster.errors import UsageError
+
+    with pytest.raises(UsageError, match="trains_like_reference applies to hooks that step an optimizer"):
+        check_hook(allreduce_hook, properties=["trains_like_reference"], examples=1)
