@@ -391,7 +391,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     shapes = None if params is None else parse_shapes(params, what="params") if isinstance(params, str) \
         else fixed_shapes(params)
     if subgroups not in (None, True, False):
-        raise UsageError(f"subgroups={subgroups!r}: use True, False or None (only with state 'group')")
+        raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
     opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                     ef_forced=properties is not None and "error_feedback" in properties, params=shapes,
                     subgroups=state_obj == "group" if subgroups is None else subgroups)
@@ -437,7 +437,7 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     """
     if tolerance == "exact":
         return {"exact": True}
-    if tolerance == "none" and "error_feedback" in props or P.parse_tolerance(tolerance).lossy:
+    if (tolerance == "none" and "error_feedback" in props) or P.parse_tolerance(tolerance).lossy:
         return {"values": torch.float16}
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
 
@@ -483,7 +483,8 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
 
     test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
         f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
-        + ("" if opts.params is None else f"|params={opts.params}") + ("|subgroups" if opts.subgroups and opts.state != "group" else "")).encode()
+        + ("" if opts.params is None else f"|params={opts.params}")
+        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")).encode()
     wrapped = given(strategy)(test)
     if seed is not None:
         wrapped = hypothesis_seed(seed)(wrapped)
