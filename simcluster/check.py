@@ -60,12 +60,12 @@ from simcluster.render import (
 )
 from simcluster.report import PROPERTIES, CheckReport, PropertyFailure
 from simcluster.strategies import (
-    DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy,
+    DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy, fixed_shapes,
 )
 from simcluster.supervisor import (
     DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised, stuck_in,
 )
-from simcluster.targets import load_state, load_target
+from simcluster.targets import load_state, load_target, parse_shapes
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
 
@@ -156,6 +156,8 @@ class _Options:
     monitor: Monitor = dataclasses.field(default_factory=Monitor)  # announces examples to a supervisor
     deadline: float = DEFAULT_DEADLINE
     replay_target: str = ""  # the TARGET spelling the replay command uses (loadable from the current directory)
+    params: tuple[tuple[int, ...], ...] | None = None  # fixed parameter shapes (--params)
+    subgroups: bool = False  # draw DDP on equal subgroups of the world (--subgroups; always with state "group")
 
 
 def _groups(example: Example) -> list[list[int]]:
@@ -262,7 +264,7 @@ def _judge_example(opts: _Options, example: Example, backend: str) -> None:
         if "replicas_agree" in opts.props and (msg := P.replicas_agree(res.grads, groups)):
             fail("replicas_agree", f"step {t}: {msg}")
         if "averages" in opts.props and t < drain_from and (msg := P.averages(res.grads, grads[t], opts.tolerance,
-                                                                              groups)):
+                                                                              groups, res.bucket_params)):
             fail("averages", f"step {t}: {msg}")
     if "schedule_independence" in opts.props and taken:
         info["step"] = 0
@@ -322,6 +324,10 @@ def _replay_command(opts: _Options, backend: str, world: int, token: str, steps:
     if opts.state_name != "none":
         parts.append(f"--state {opts.state_name}")
     parts += [f"--tolerance {opts.tolerance}"]
+    if opts.params is not None:
+        parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
+    if opts.subgroups and opts.state != "group":
+        parts.append("--subgroups")
     if opts.api != "current":
         parts.append(f"--api {opts.api}")
     parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]
@@ -394,7 +400,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                seed: int | None = 0, api: str = "current",
                database: str | os.PathLike[str] | ExampleDatabase | None = None,
                properties: Sequence[str] | None = None, progress: Callable[[str], None] | None = None,
-               replay: str | None = None, deadline: float = DEFAULT_DEADLINE,
+               replay: str | None = None, params: Sequence[Sequence[int]] | str | None = None,
+               subgroups: bool | None = None, deadline: float = DEFAULT_DEADLINE,
                supervise: bool = True) -> CheckReport:
     """Check ``hook`` and return a :class:`~simcluster.report.CheckReport` (never raises for findings).
 
@@ -409,7 +416,11 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     (default 3: iteration 0, the rebuild, one more). ``examples`` per backend; ``seed``
     fixes generation (``None``: random) and the ranks' RNG. ``api``: ``"current"`` or
     ``"legacy"``. ``database``: a directory (or an ExampleDatabase) keeping failing
-    examples, replayed first next time. ``properties``: a subset of
+    examples, replayed first next time. ``params``: fixed parameter shapes, e.g.
+    ``[(4, 5), (5,)]`` or ``"4x5,5"`` (values, world sizes, caps, ready orders and
+    schedules are still drawn). ``subgroups``: draw DDP on equal subgroups of the world
+    whatever the state (default: only with ``state="group"``); a factory then receives
+    the rank's subgroup. ``properties``: a subset of
     :data:`~simcluster.report.PROPERTIES` (default: all that apply). ``progress``: called
     with a line per backend. ``replay``: a token from a failure: run just that example.
     Usage errors raise :class:`~simcluster.errors.UsageError`.
@@ -429,6 +440,15 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if isinstance(hook, str):
         target = target or hook
         hook = load_target(hook)
+    from simcluster.train_check import check_training  # hooks that train rather than reduce: real DDP
+    from simcluster.training import TRAININGS, training_for
+
+    if (training := training_for(hook)) is not None:
+        return check_training(training, target=target or _name_of(hook) or training.name, backends=backends,
+                              world_sizes=world_sizes, steps=steps, examples=examples, seed=seed, replay=replay)
+    if properties is not None and "trains_like_reference" in properties and not isinstance(properties, str):
+        raise UsageError("properties: trains_like_reference applies to hooks that step an optimizer "
+                         f"({', '.join(sorted(TRAININGS))}), checked by training on real DDP")
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
     replay_target = replay_target or loadable_spec(hook) or ""
@@ -450,9 +470,14 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if api not in ("current", "legacy"):
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
     props = _choose_properties(properties, tol, state_obj)
+    shapes = None if params is None else parse_shapes(params, what="params") if isinstance(params, str) \
+        else fixed_shapes(params)
+    if subgroups not in (None, True, False):
+        raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
     opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                     ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
-                    replay_target=replay_target)
+                    replay_target=replay_target, params=shapes,
+                    subgroups=state_obj == "group" if subgroups is None else subgroups)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -568,10 +593,12 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     With error feedback checked and no accuracy promised, values stay within float16's
     range (stored as float32): a residual accumulates up to a few steps' gradients, and
     overflow near float32's maximum is the *averages* property's business, not this one's.
+    So do they under ``scale=``/``norm=``: a lossy compressor's accuracy is judged
+    relative to the bucket's scale, not its arithmetic at float32's edge.
     """
     if tolerance == "exact":
         return {"exact": True}
-    if tolerance == "none" and "error_feedback" in props:
+    if (tolerance == "none" and "error_feedback" in props) or P.parse_tolerance(tolerance).lossy:
         return {"values": torch.float16}
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
 
@@ -586,7 +613,9 @@ def _explicit_examples(opts: _Options, world_sizes: Sequence[int], steps: int) -
     world = 3 if 3 in world_sizes else max(world_sizes)
     top = torch.finfo(DTYPES[values or "float32"]).max
     base = StepSpec((RankSpec("const", value=top),) * world)
-    return [Example(world, Layout(((4,),), None, (0,)), base, (0,) * (steps - 1), (), "float32", values or "float32")]
+    shapes = opts.params or ((4,),)
+    layout = Layout(shapes, None, tuple(range(len(shapes))))
+    return [Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")]
 
 
 def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
@@ -598,8 +627,8 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
     # keeps its best). Count-based, so as deterministic as the rest.
     failing: set[Example] = set()
     spent = [0]
-    strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps,
-                                subgroups=opts.state == "group", **_domain(opts.tolerance, opts.props))
+    strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps, subgroups=opts.subgroups,
+                                params=opts.params, **_domain(opts.tolerance, opts.props))
 
     def test(example: Example) -> None:
         if failing:
@@ -614,7 +643,9 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
             raise
 
     test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-        f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}".encode())
+        f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
+        + ("" if opts.params is None else f"|params={opts.params}")
+        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")).encode()
     wrapped = given(strategy)(test)
     if seed is not None:
         wrapped = hypothesis_seed(seed)(wrapped)

@@ -5,7 +5,7 @@
     simcluster check [TARGET ...] [--state SPEC] [--tolerance T] [--backend gloo|nccl|all]
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
-                     [--properties P,Q] [--deadline SECONDS] [--quiet]
+                     [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
                        [--network NET] [--timeline PATH.svg|.html] [--chrome-trace PATH.json]
@@ -79,11 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="check hooks against the DDP properties (no TARGET: the default set)")
     check.add_argument("targets", nargs="*", metavar="TARGET", help="package.module:name or path/to/file.py:name")
     check.add_argument("--state", default=None, metavar="SPEC",
-                       help="none (default) | group | module:factory | file.py:factory")
+                       help="none (default) | group | module:factory | file.py:factory "
+                            "(factory(process_group) or factory(process_group, model))")
     check.add_argument("--tolerance", default=None, metavar="T",
-                       help="none | exact | fp32 (default) | fp16 | bf16 | rtol=R,atol=A")
+                       help="none | exact | fp32 (default) | fp16 | bf16 | rtol=R,atol=A | scale=R | norm=R")
     check.add_argument("--backend", default="all", choices=("gloo", "nccl", "all"))
     check.add_argument("--world-sizes", default="1,2,3,4,8", metavar="LIST")
+    check.add_argument("--params", default=None, metavar="SHAPES",
+                       help="fix the parameters' shapes, e.g. 4x5,5,1000 (values, caps, orders still drawn)")
+    check.add_argument("--subgroups", action="store_true",
+                       help="also draw DDP on equal subgroups of the world, whatever the state")
     check.add_argument("--steps", type=int, default=3, metavar="K", help="DDP steps per example (default 3)")
     check.add_argument("--examples", type=int, default=50, metavar="N", help="Hypothesis examples per backend")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="0 .. 2**32-1 (default 0)")
@@ -156,7 +161,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options shared by every row, validated (UsageError → exit 2 before any work)."""
     from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_deadline, check_int
     from simcluster.supervisor import DEFAULT_DEADLINE
-    from simcluster.targets import parse_world_sizes
+    from simcluster.targets import parse_shapes, parse_world_sizes
 
     props = None
     if args.properties is not None:
@@ -166,7 +171,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--properties {args.properties!r}: choose from {', '.join(PROPERTIES)}")
     if args.json is not None and not Path(args.json).parent.is_dir():
         raise UsageError(f"--json {args.json}: directory {Path(args.json).parent} does not exist")
-    return {
+    extra: dict[str, Any] = {"params": parse_shapes(args.params)} if args.params is not None else {}
+    if args.subgroups:
+        extra["subgroups"] = True
+    return extra | {
         "backends": ("gloo", "nccl") if args.backend == "all" else (args.backend,),
         "world_sizes": parse_world_sizes(args.world_sizes),
         "steps": check_int("--steps", args.steps, *STEPS),
@@ -195,7 +203,7 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
              "properties": e.properties, "backends": e.backends, "skipped": e.skipped}
             for e in default_entries()
         ]
-    tolerance = parse_tolerance(args.tolerance or "fp32")
+    tolerance = parse_tolerance(args.tolerance or "fp32", what="--tolerance").describe()
     return [
         {"name": t, "target": t, "state": args.state or "none", "tolerance": tolerance, "api": args.api or "current",
          "properties": None, "backends": None, "skipped": None}

@@ -35,6 +35,7 @@ from simcluster.limits import check_memory
 from simcluster.process_group import Runtime, SimProcessGroup
 from simcluster.rank_context import RankContexts, patched_torch
 from simcluster.scheduler import Scheduler, make_scheduler
+from simcluster.state import LayoutModel, make_state
 from simcluster.trace import Trace
 
 __all__ = ["SimCluster", "RunResult", "HookRun"]
@@ -209,7 +210,8 @@ class SimCluster(Runtime):
         ``grads[r]``: rank ``r``'s flat 1-D gradient (copied into a fresh bucket buffer).
         ``state``: ``None``; ``"group"`` (each rank's WORLD process group); one of this
         cluster's :class:`SimProcessGroup` (each rank gets its own handle on that group);
-        or a factory called once per rank, inside the run, as ``factory(process_group)``.
+        or a factory called once per rank, inside the run, as ``factory(process_group)``
+        (or ``factory(process_group, model)``, the model holding the bucket's parameters).
         ``parameters``: the bucket's parameters (default: one parameter per rank shaped
         like the gradient).
         """
@@ -222,7 +224,7 @@ class SimCluster(Runtime):
             buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
 
         def rank_fn(rank: int) -> Any:
-            states[rank] = self.state_for(rank, state)
+            states[rank] = self.state_for(rank, state, buckets[rank].parameters())
             future = hook(states[rank], buckets[rank])
             check_future(future, rank, bucket_index, hook)
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
@@ -234,8 +236,9 @@ class SimCluster(Runtime):
             outputs=outputs, buckets=buckets, states=states,
         )
 
-    def state_for(self, rank: int, state: StateSpec) -> Any:
-        """Rank ``rank``'s hook state from a state spec (see :meth:`run_hook`)."""
+    def state_for(self, rank: int, state: StateSpec, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
+        """Rank ``rank``'s hook state from a state spec (see :meth:`run_hook`); ``parameters``
+        make the model of a ``factory(process_group, model)`` (:mod:`simcluster.state`)."""
         if state is None:
             return None
         if isinstance(state, str):
@@ -252,7 +255,7 @@ class SimCluster(Runtime):
                 "so every rank creates its own handle"
             )
         if callable(state):
-            return state(self.contexts.world_groups[rank])
+            return make_state(state, self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
         raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
 
     def _check_grads(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:

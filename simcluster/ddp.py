@@ -70,6 +70,7 @@ from simcluster.copyback import CopyBackError, copy_bucket, resolved
 from simcluster.errors import SimClusterError, UsageError, add_context_note
 from simcluster.layout import BucketCall, bucket_calls
 from simcluster.process_group import SimProcessGroup
+from simcluster.state import LayoutModel, make_state
 from simcluster.trace import Trace
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups"]
@@ -144,7 +145,9 @@ class SimDDP:
     ``param_shapes`` (every rank gets zero Parameters of ``dtype`` with these shapes)
     or ``parameters[r]`` (rank ``r``'s own Parameters, same shapes and dtypes on every
     rank). ``state``: ``None``, ``"group"`` (the rank's DDP process group) or a factory
-    ``factory(process_group)``, called once per rank inside the first step.
+    ``factory(process_group)`` or ``factory(process_group, model)`` (``model``: a
+    :class:`~simcluster.state.LayoutModel` of the rank's parameters; see
+    :mod:`simcluster.state`), called once per rank inside the first step.
     ``process_group_factory(rank)``: DDP on a subgroup (see :func:`subgroups`), called
     once per rank inside the first step; default the whole world. With ``state=None``
     torch's hooks then fall back to ``dist.group.WORLD`` — as on a real cluster.
@@ -272,8 +275,7 @@ class SimDDP:
                     "group this rank belongs to (create it with dist.new_group inside the factory)"
                 )
         self.groups[rank] = group
-        spec = self.state_spec
-        self.states[rank] = None if spec is None else group if spec == "group" else spec(group)
+        self.states[rank] = make_state(self.state_spec, group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
     def _copy_back(

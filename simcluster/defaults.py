@@ -17,9 +17,12 @@ Why these tolerances (the derivations live in :mod:`simcluster.properties`):
 * ``allreduce_hook`` divides by the world size, then sums in float32: ``fp32``.
 * ``fp16_compress_hook`` / ``fp16_compress_wrapper(allreduce_hook)``: one float16 rounding
   of each input and of the sum: ``fp16``; likewise ``bf16`` for the bfloat16 pair.
-* PowerSGD, quantization: lossy by design (low-rank, 8-bit); there is no per-element bound
-  to promise, so ``none`` — the contract, replicas, liveness and schedule properties still
-  apply, and error feedback where the hook keeps a residual.
+* Quantization (8-bit, affine, one scale per bucket or per 512-element channel): each
+  element within half a quantization step of the mean, i.e. ``scale=R,atol=A`` with R just
+  above 1/255 and A = 2^-24 (the observer's smallest step), derived in
+  :func:`simcluster.tolerances.quantization_tolerance` for the largest world size drawn (8).
+* PowerSGD: lossy by design (low-rank); no bound to promise per step, so ``none`` — the
+  contract, replicas, liveness and schedule properties still apply, and error feedback.
 * ``noop_hook`` communicates nothing and ``post_localSGD_hook`` averages only inside
   subgroups once local SGD starts: replicas differ *by design* (a model averager re-syncs
   parameters after ``optimizer.step()``), so only the properties that do not assume a
@@ -31,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from simcluster.tolerances import quantization_tolerance, round_up
+
 __all__ = [
     "DefaultEntry",
     "default_entries",
@@ -39,10 +44,15 @@ __all__ = [
     "powersgd_state",
     "post_localsgd_state",
     "TORCH_HOOKS",
+    "QUANTIZATION_TOLERANCE",
 ]
 
 _T = "torch.distributed.algorithms.ddp_comm_hooks."
 _NO_AVERAGE = ("contract", "liveness", "schedule_independence")
+_TRAINING = ("liveness", "trains_like_reference")
+
+QUANTIZATION_TOLERANCE = round_up(quantization_tolerance(8))
+"""``scale=0.003923,atol=5.961e-08``: the bound torch's quantization hooks meet at world sizes up to 8."""
 
 
 @dataclass(frozen=True)
@@ -155,25 +165,34 @@ TORCH_HOOKS: tuple[DefaultEntry, ...] = (
                  state="simcluster.defaults:powersgd_state", tolerance="none",
                  note="low-rank compression of the whole bucket: lossy by design"),
     DefaultEntry("quantization_pertensor_hook", _T + "quantization_hooks:quantization_pertensor_hook",
-                 state="group", tolerance="none", note="8-bit quantization: lossy by design"),
+                 state="group", tolerance=QUANTIZATION_TOLERANCE,
+                 note="8-bit quantization: within half a step of the grid (derived bound, world sizes up to 8)"),
     DefaultEntry("quantization_perchannel_hook", _T + "quantization_hooks:quantization_perchannel_hook",
-                 state="group", tolerance="none", note="8-bit quantization: lossy by design"),
+                 state="group", tolerance=QUANTIZATION_TOLERANCE,
+                 note="8-bit quantization per 512-element channel: same bound as per tensor"),
     DefaultEntry("post_localSGD_hook", _T + "post_localSGD_hook:post_localSGD_hook",
                  state="simcluster.defaults:post_localsgd_state", tolerance="none", properties=_NO_AVERAGE,
                  note="after iteration 2 averages inside subgroups only: replicas differ by design"),
     DefaultEntry("noop_hook", _T + "debugging_hooks:noop_hook", tolerance="none", properties=_NO_AVERAGE,
                  note="debugging hook: communicates nothing, replicas differ by design"),
-    DefaultEntry("hook_with_zero_step", _T + "ddp_zero_hook:hook_with_zero_step",
-                 skipped="a wrapper that needs a real DDP model and a ZeroRedundancyOptimizer to step"),
+    DefaultEntry("hook_with_zero_step", _T + "ddp_zero_hook:hook_with_zero_step", tolerance="none",
+                 backends=("nccl",), properties=_TRAINING,
+                 note="trained on real DDP + ZeroRedundancyOptimizer(SGD); torch refuses ZeRO overlap on gloo"),
     DefaultEntry("hook_with_zero_step_interleaved", _T + "ddp_zero_hook:hook_with_zero_step_interleaved",
-                 skipped="a wrapper that needs a real DDP model and a ZeroRedundancyOptimizer to step"),
-    DefaultEntry("_hook_then_optimizer", _T + "optimizer_overlap_hooks:_hook_then_optimizer",
-                 skipped="runs a functional optimizer on DDP's parameters inside the hook (optimizer overlap)"),
+                 skipped="posts ZeRO's broadcasts from the all-reduce futures' callbacks: real NCCL runs those at "
+                         "enqueue time, in hook order; the NCCL model completes a collective only once every rank "
+                         "posted it, so ranks race (CollectiveMismatchError, measured) - a model limit, not a "
+                         "finding; torch refuses gloo"),
+    DefaultEntry("_hook_then_optimizer", _T + "optimizer_overlap_hooks:_hook_then_optimizer", tolerance="none",
+                 properties=_TRAINING, note="allreduce_hook then functional SGD in the callback, on real DDP"),
     DefaultEntry("_apply_optim_in_backward_hook", _T + "optimizer_overlap_hooks:_apply_optim_in_backward_hook",
-                 skipped="needs the DDP object's reducer and optimizer-in-backward state"),
+                 skipped="needs an accelerator: its end-of-backward callback calls torch.accelerator.current_stream() "
+                         "(real DDP on CPU raises RuntimeError: 'Cannot access accelerator device when none is "
+                         "available', measured)"),
     DefaultEntry("_reducer_allreduce_and_upcast_hook",
                  _T + "mixed_precision_hooks:_reducer_allreduce_and_upcast_hook",
-                 skipped="needs the DDP module (weakref to its reducer) and a CUDA upcast stream"),
+                 skipped="needs an accelerator: DDP mixed precision's upcast stream, and its end-of-backward callback "
+                         "calls torch.accelerator.current_stream() (RuntimeError on CPU)"),
 )
 """Every hook in ``torch.distributed.algorithms.ddp_comm_hooks`` of torch 2.13, in module order."""
 

@@ -12,9 +12,10 @@ Installed with simcluster; nothing to enable. What it gives a test suite:
 
 * **``check_hook`` / ``assert_hook``** — the ``simcluster check`` command as functions,
   with the same options (``state``, ``tolerance``, ``backends``, ``world_sizes``,
-  ``steps``, ``examples``, ``seed``, ``api``, ``database``, ``properties``); the hook, the
-  state and the tolerance may be given as the CLI's strings (``"pkg.mod:hook"``,
-  ``"pkg.mod:factory"``, ``"fp16"``). Options not given come from the active profile::
+  ``steps``, ``examples``, ``seed``, ``api``, ``database``, ``properties``, ``params``,
+  ``subgroups``); the hook, the state, the tolerance and the shapes may be given as the
+  CLI's strings (``"pkg.mod:hook"``, ``"pkg.mod:factory"``, ``"scale=0.1"``, ``"4x5,5"``)
+  or as objects (``params=[(4, 5), (5,)]``, ``subgroups=True``). Options not given come from the active profile::
 
       from simcluster.plugin import assert_hook
 
@@ -248,7 +249,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
     """CLI strings → objects: a TARGET string, a state spec, a tolerance (UsageError if bad)."""
-    from simcluster.targets import load_state, load_target, parse_tolerance
+    from simcluster.targets import load_state, load_target, parse_shapes, parse_tolerance
 
     options = dict(options)
     if isinstance(hook, str):
@@ -257,8 +258,10 @@ def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], di
     state = options.get("state")
     if isinstance(state, str):
         options["state"] = load_state(state)
+    if isinstance(options.get("params"), str):
+        options["params"] = parse_shapes(options["params"], what="params")
     if isinstance(options.get("tolerance"), str):
-        options["tolerance"] = parse_tolerance(options["tolerance"])
+        options["tolerance"] = parse_tolerance(options["tolerance"]).describe()
     return hook, options
 
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
+from simcluster.tolerances import Tolerance, lossy_averages, parse_tolerance
 
 __all__ = [
     "Tolerance",
@@ -62,38 +62,6 @@ _ARITH = {
     "fp16": (2.0**-11, 2.0**-24, "u=2^-11", "2^-24"),
     "bf16": (2.0**-8, 2.0**-133, "u=2^-8", "2^-133"),
 }
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A parsed tolerance: ``kind`` is ``exact``, ``fp32``, ``fp16``, ``bf16``, ``explicit`` or ``none``."""
-
-    kind: str
-    rtol: float = 0.0
-    atol: float = 0.0
-
-    def describe(self) -> str:
-        return f"rtol={self.rtol:g},atol={self.atol:g}" if self.kind == "explicit" else self.kind
-
-
-def parse_tolerance(tolerance: str | Tolerance) -> Tolerance:
-    """``"fp32"`` → ``Tolerance("fp32")``; ``"rtol=1e-3,atol=0"`` → explicit; raises UsageError."""
-    if isinstance(tolerance, Tolerance):
-        return tolerance
-    text = str(tolerance).strip().lower().replace(" ", "")
-    if text in ("none", "exact", "fp32", "fp16", "bf16"):
-        return Tolerance(text)
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        key, _, val = part.partition("=")
-        try:
-            number = float(val)
-        except ValueError:
-            number = -1.0
-        if key not in ("rtol", "atol") or key in values or not 0.0 <= number < math.inf:
-            raise UsageError(f"tolerance={tolerance!r}: use none, exact, fp32, fp16, bf16 or rtol=R,atol=A")
-        values[key] = number
-    return Tolerance("explicit", values.get("rtol", 0.0), values.get("atol", 0.0))
 
 
 def _gamma(k: int, u: float) -> float:
@@ -133,7 +101,8 @@ def error_bound(tolerance: str | Tolerance, world_size: int, mean: torch.Tensor,
     if tol.kind == "explicit":
         return tol.atol + tol.rtol * mean.abs()
     if tol.kind not in _ARITH:
-        raise UsageError(f"tolerance {tol.kind!r} bounds nothing (averages is not checked under it)")
+        raise UsageError(f"tolerance {tol.describe()!r} has no per-element bound here: none checks nothing, "
+                         "scale=/norm= are judged per bucket (simcluster.tolerances.lossy_averages)")
     u, eta, _, _ = _ARITH[tol.kind]
     bound = _gamma(world_size + 2, u) * abs_mean + world_size * eta
     if out_dtype.is_floating_point:
@@ -164,16 +133,21 @@ def _fmt(x: float) -> str:
 
 
 def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
-             groups: Sequence[Sequence[int]] | None = None) -> str | None:
+             groups: Sequence[Sequence[int]] | None = None,
+             buckets: Sequence[Sequence[int]] | None = None) -> str | None:
     """Each rank's result equals the float64 mean of its group's gradients, within :func:`error_bound`.
 
     ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
     what each rank fed in. ``groups``: the rank lists DDP ran on (default: one group of
     every rank). A non-finite result where the mean is finite always fails.
+    ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
+    indices of each; default one bucket of all) — see :func:`simcluster.tolerances.lossy_averages`.
     """
     tol = parse_tolerance(tolerance)
     if tol.kind == "none":
         return None
+    if tol.lossy:
+        return lossy_averages(results, inputs, tol, groups, buckets)
     for ranks in _groups_of(len(inputs), groups):
         for k in range(len(inputs[ranks[0]])):
             mean, abs_mean = group_mean(inputs, ranks, k)

@@ -51,7 +51,7 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,6 +64,7 @@ from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add
 from simcluster.futures import SimFuture
 from simcluster.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.rank_context import RankWorld
+from simcluster.state import make_state
 from simcluster.threaded import ThreadedEngine
 from simcluster.trace import Trace
 
@@ -82,11 +83,21 @@ class RealDDPRun:
     ``grads[k][r][i]``: parameter ``i``'s ``.grad`` on rank ``r`` after iteration
     ``k``'s ``backward()`` (a clone; ``None`` if the parameter got no gradient).
     ``trace``: the collectives posted (event order depends on thread timing).
+    ``initial[r][i]``: parameter ``i`` on rank ``r`` once DDP's constructor broadcast
+    rank 0's; ``params[k][r][i]``: after iteration ``k`` and its optimizer step (clones).
     """
 
     hook_calls: list[list[HookCall]]
     grads: list[list[list[torch.Tensor | None]]]
     trace: Trace
+    initial: list[list[torch.Tensor]] = field(default_factory=list)
+    params: list[list[list[torch.Tensor]]] = field(default_factory=list)
+
+
+Setup = Callable[[DistributedDataParallel, SimProcessGroup], tuple[Callable[..., Any], Any, Callable[[], Any] | None]]
+"""``setup(ddp, group) -> (hook, state, step)``: per rank, after DDP's constructor — the hook to
+register (it may need the DDP object, e.g. ZeRO's wrappers), its state, and what to call after
+each ``backward()`` (an optimizer's ``step``; ``None`` when the hook steps itself)."""
 
 
 class _Runtime(Runtime):
@@ -172,6 +183,7 @@ def run_real_ddp(
     gradient_as_bucket_view: bool = False,
     backend: str = "gloo",
     timeout: float = 60.0,
+    setup: Setup | None = None,
 ) -> RealDDPRun:
     """Train ``iterations`` steps of real DDP on ``world_size`` simulated ranks (see the module docstring).
 
@@ -180,8 +192,11 @@ def run_real_ddp(
     then broadcasts rank 0's parameters, as on a real cluster. ``inputs_per_rank[r][k]``
     is rank ``r``'s input in iteration ``k``. ``hook``: the comm hook (``None``: DDP's
     built-in allreduce, no hook registered); ``state``: ``"group"`` (the rank's WORLD
-    group), ``None``, or a factory called in the rank's thread as ``factory(group)``.
+    group), ``None``, or a factory called in the rank's thread as ``factory(group)`` or
+    ``factory(group, model)`` with the rank's module (see :mod:`simcluster.state`).
     ``timeout``: seconds without progress before the run is reported stuck.
+    ``setup``: instead of ``hook``/``state``, build them per rank from the DDP object and
+    say how to step an optimizer (see :data:`Setup`); ``hook`` must then be ``None``.
 
     Raises the first failing rank's exception as itself (rank attached as a note), or
     :class:`~simcluster.errors.DeadlockError` / :class:`~simcluster.errors.StuckError`
@@ -219,6 +234,10 @@ def run_real_ddp(
     returned: list[torch.futures.Future] = []
     engine.on_abort(lambda: _fail_pending(returned))
     grads: list[list[list[torch.Tensor | None]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
+    after: list[list[list[torch.Tensor]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
+    initial: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+    if setup is not None and hook is not None:
+        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
 
     def rank_fn(rank: int) -> Callable[[], None]:
         def body() -> None:
@@ -235,10 +254,15 @@ def run_real_ddp(
             find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=gradient_as_bucket_view,
         )
         try:
-            if hook is not None:
-                rank_state = _state_for(state, groups[rank])
-                ddp.register_comm_hook(rank_state, _recording(hook, params[rank], hook_calls[rank], iteration,
-                                                                 returned))
+            initial[rank] = [p.detach().clone() for p in params[rank]]
+            rank_hook, step = hook, None
+            if setup is not None:
+                rank_hook, rank_state, step = setup(ddp, groups[rank])
+            elif hook is not None:
+                rank_state = make_state(state, groups[rank], models[rank])
+            if rank_hook is not None:
+                ddp.register_comm_hook(rank_state, _recording(rank_hook, params[rank], hook_calls[rank], iteration,
+                                                              returned))
             for k in range(iterations):
                 iteration[0] = k
                 engine.set_status(f"forward of iteration {k}")
@@ -246,6 +270,10 @@ def run_real_ddp(
                 engine.set_status(f"in backward() of iteration {k} (the C++ reducer waits on hook futures here)")
                 loss.backward()
                 grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params[rank]]
+                if step is not None:
+                    engine.set_status(f"optimizer step of iteration {k}")
+                    step()
+                after[k][rank] = [p.detach().clone() for p in params[rank]]
                 ddp.zero_grad(set_to_none=True)
         finally:
             del ddp
@@ -259,7 +287,7 @@ def run_real_ddp(
             raise
     if engine.failures:
         _raise_failures(engine, world_size)
-    return RealDDPRun(hook_calls=hook_calls, grads=grads, trace=trace)
+    return RealDDPRun(hook_calls=hook_calls, grads=grads, trace=trace, initial=initial, params=after)
 
 
 def _fail_pending(futures: list[torch.futures.Future]) -> None:
@@ -269,18 +297,6 @@ def _fail_pending(futures: list[torch.futures.Future]) -> None:
         if not isinstance(future, SimFuture) and not future.done():
             with contextlib.suppress(RuntimeError):  # completed meanwhile by its owner
                 future.set_exception(RuntimeError("simcluster aborted the run; this hook future never completed"))
-
-
-def _state_for(state: Any, group: SimProcessGroup) -> Any:
-    if state is None:
-        return None
-    if isinstance(state, str):
-        if state == "group":
-            return group
-        raise UsageError(f"state={state!r} is not a state spec: use None, 'group' or a factory")
-    if callable(state):
-        return state(group)
-    raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
 
 
 def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "world_sizes",
     "shapes",
     "layouts",
+    "fixed_shapes",
     "rank_specs",
     "step_specs",
     "gradient_specs",
@@ -135,25 +136,44 @@ class Layout:
         return text + (", " + ", ".join(flags) if flags else "")
 
 
-def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True) -> st.SearchStrategy[Layout]:
+def fixed_shapes(params: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """``params`` as a tuple of shapes, validated (UsageError): a non-empty sequence of
+    non-empty shapes of positive ints, e.g. ``[(4, 5), (5,)]``."""
+    if isinstance(params, (str, bytes)) or not isinstance(params, Sequence) or not params:
+        raise UsageError(f"params={params!r}: give a non-empty list of shapes, e.g. [(4, 5), (5,)]")
+    out = []
+    for shape in params:
+        shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
+        if (isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape
+                or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in shape)):
+            raise UsageError(f"params={params!r}: {shape!r} is not a shape of positive ints, e.g. (4, 5)")
+        out.append(tuple(shape))
+    return tuple(out)
+
+
+def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True,
+            params: Sequence[Sequence[int]] | None = None) -> st.SearchStrategy[Layout]:
     """A :class:`Layout`: 1 to ``max_params`` parameters, a cap, a ready order.
 
     Caps are drawn as 1/8 to 8/8 of the parameters' float32 bytes (at least 16) (so the rebuild makes
     several buckets, as bugs of buckets in flight need) or ``None`` (DDP's default). ``flags`` also draws DDP's
     ``static_graph`` / ``find_unused_parameters`` / ``gradient_as_bucket_view`` (rarely
     on; they shrink to off). Shrinks towards one ``(1,)`` parameter, the smallest
-    cap, identity ready order.
+    cap, identity ready order. ``params``: fixed parameter shapes (``--params``); caps,
+    ready orders and flags are still drawn.
     """
+    fixed = None if params is None else fixed_shapes(params)
     # Sub-strategies are built once, not per draw (building costs more than drawing).
-    counts = st.integers(1, max_params)
+    counts = st.just(len(fixed)) if fixed is not None else st.integers(1, max_params)
     shape = shapes(max_side=max_side)
     quarter, eighths, flag = st.integers(0, 3), st.integers(1, 8), st.booleans()
-    orders = {n: st.permutations(range(n)) for n in range(1, max_params + 1)}
+    top = max_params if fixed is None else len(fixed)
+    orders = {n: st.permutations(range(n)) for n in range(1, top + 1)}
 
     @st.composite
     def build(draw: st.DrawFn) -> Layout:
         n = draw(counts)
-        param_shapes = tuple(draw(shape) for _ in range(n))
+        param_shapes = fixed if fixed is not None else tuple(draw(shape) for _ in range(n))
         # mostly a cap of 1/8 .. 8/8 of the parameters' bytes, so the rebuild makes several
         # buckets (bugs of buckets in flight need them); DDP's default cap when quarter == 3
         total = 4 * sum(math.prod(s) for s in param_shapes)
@@ -422,16 +442,18 @@ class Example:
 
 def examples(*, world_size_choices: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3,
              dtype: torch.dtype = torch.float32, values: torch.dtype | None = None, exact: bool = False,
-             subgroups: bool = False, max_params: int = 4) -> st.SearchStrategy[Example]:
+             subgroups: bool = False, max_params: int = 4,
+             params: Sequence[Sequence[int]] | None = None) -> st.SearchStrategy[Example]:
     """A whole :class:`Example`. ``subgroups=True`` also draws a split of the world into
     equal groups of consecutive ranks (DDP runs on each), when the world size allows.
+    ``params``: fixed parameter shapes (see :func:`layouts`).
 
     Every sub-strategy is built once here, not per example: building Hypothesis
     strategies costs more than drawing from them.
     """
     values = values or dtype
     worlds = world_sizes(world_size_choices)
-    layout_st = layouts(max_params=max_params)
+    layout_st = layouts(max_params=max_params, params=params)
     grads_st = {w: gradient_specs(w, steps, values, exact=exact) for w in sorted(set(world_size_choices))}
     group_st = {w: st.sampled_from([d for d in range(1, w + 1) if w % d == 0]) for w in grads_st}
     schedule_st = schedules()

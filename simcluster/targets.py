@@ -1,4 +1,4 @@
-"""Loading what the command line names: hooks, state factories, tolerances, world sizes.
+"""Loading what the command line names: hooks, state factories, world sizes, parameter shapes.
 
 A TARGET names one callable, in one of two spellings::
 
@@ -23,6 +23,10 @@ sees it.
 'mean_allreduce_hook'
 >>> parse_world_sizes("1,2,4")
 (1, 2, 4)
+>>> parse_shapes("4x5,5,1000")
+((4, 5), (5,), (1000,))
+
+Tolerances are parsed by :func:`simcluster.tolerances.parse_tolerance` (re-exported here).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
+import math
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -39,6 +44,7 @@ from types import ModuleType
 from typing import Any
 
 from simcluster.errors import TargetLoadError, UsageError
+from simcluster.tolerances import TOLERANCE_NAMES, parse_tolerance  # re-exported: the one tolerance parser
 
 __all__ = [
     "load_target",
@@ -50,10 +56,6 @@ __all__ = [
     "TOLERANCE_NAMES",
 ]
 
-TOLERANCE_NAMES = ("none", "exact", "fp32", "fp16", "bf16")
-"""Named tolerances; ``rtol=…,atol=…`` (either or both) is the explicit form."""
-
-_EXPLICIT_TOLERANCE = re.compile(r"^(rtol|atol)=([^,=]+)(,(rtol|atol)=([^,=]+))?$")
 
 
 @contextlib.contextmanager
@@ -189,32 +191,6 @@ def load_state(spec: str) -> str | Callable[[Any], Any]:
     return load_target(spec, what="--state factory")
 
 
-def parse_tolerance(text: str) -> str:
-    """Validate a ``--tolerance`` value and return it normalised (lower case, no spaces).
-
-    >>> parse_tolerance("rtol=1e-3, atol=0")
-    'rtol=1e-3,atol=0'
-    """
-    norm = text.strip().lower().replace(" ", "")
-    if norm in TOLERANCE_NAMES:
-        return norm
-    match = _EXPLICIT_TOLERANCE.match(norm)
-    if match is None or (match.group(4) is not None and match.group(4) == match.group(1)):
-        raise UsageError(
-            f"--tolerance {text!r}: use one of {', '.join(TOLERANCE_NAMES)} or rtol=R,atol=A"
-        )
-    for value in (match.group(2), match.group(5)):
-        if value is None:
-            continue
-        try:
-            number = float(value)
-        except ValueError:
-            raise UsageError(f"--tolerance {text!r}: {value!r} is not a number") from None
-        if not number >= 0.0 or number == float("inf"):
-            raise UsageError(f"--tolerance {text!r}: {value!r} must be a finite number >= 0")
-    return norm
-
-
 def parse_world_sizes(text: str) -> tuple[int, ...]:
     """``"1,2,3,4,8"`` → ``(1, 2, 3, 4, 8)``; each size an int in 1..1024, no repeats."""
     from simcluster.limits import WORLD_SIZES
@@ -233,14 +209,24 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def parse_shapes(text: str, option: str = "--params") -> tuple[tuple[int, ...], ...]:
-    """``"4x5,5,1000"`` → ``((4, 5), (5,), (1000,))``: comma-separated parameter shapes,
-    dimensions joined by ``x``, each a positive int. Raises :class:`UsageError` (one line)."""
+_MAX_NUMEL = 2**26  # 64 Mi elements per parameter: beyond that a simulated step takes minutes
+
+
+def parse_shapes(text: str, *, what: str = "--params") -> tuple[tuple[int, ...], ...]:
+    """``"4x5,5,1000"`` → ``((4, 5), (5,), (1000,))``: parameter shapes in ``model.parameters()`` order.
+
+    Each shape is sides joined by ``x`` (``4x5``, ``2x3x4``), each side a positive integer;
+    shapes are separated by commas. Anything else is a one-line :class:`UsageError`.
+    """
     shapes: list[tuple[int, ...]] = []
     for part in str(text).split(","):
-        dims = part.strip().lower().split("x")
-        if not all(d.strip().isdigit() and int(d) >= 1 for d in dims):
-            raise UsageError(f"{option} {text!r}: {part.strip()!r} is not a shape like 4x5 or 1000 "
-                             "(positive dimensions joined by 'x')")
-        shapes.append(tuple(int(d) for d in dims))
+        sides = part.strip().lower().split("x")
+        if not all(s.strip().isdigit() for s in sides):
+            raise UsageError(f"{what} {text!r}: {part.strip()!r} is not a shape like 4x5 or 1000")
+        shape = tuple(int(s) for s in sides)
+        if min(shape) < 1:
+            raise UsageError(f"{what} {text!r}: {part.strip()!r} has a side of 0; every side must be >= 1")
+        if math.prod(shape) > _MAX_NUMEL:
+            raise UsageError(f"{what} {text!r}: {part.strip()!r} has more than {_MAX_NUMEL} elements")
+        shapes.append(shape)
     return tuple(shapes)

@@ -1,0 +1,136 @@
+"""Hooks written the way users write them, for the tests of tolerances, --params, model-aware
+state and --subgroups (tests/test_lossy_and_layouts.py). Loaded as ``tests/user_hooks.py:NAME``.
+
+* :func:`int8_quantize_hook` — a correct symmetric int8 quantizer: one shared scale per
+  bucket (the group's largest |gradient| / 127), integers summed in **int32**.
+  :func:`int8_wrapping_hook` is the same hook summing the int8 tensors themselves: 127 + 127
+  wraps to -2, so the "average" of two large gradients comes back small and negative.
+* :class:`SketchState` / :func:`sketch_hook` — a count sketch whose size comes from the
+  model: ``make_sketch_state(process_group, model)`` is a two-argument factory, and the
+  state is keyed by the model's Parameter objects (as ``torch.optim`` keys its state), so
+  the hook finds nothing unless the model holds exactly the parameters DDP buckets. Its
+  default compression (4) cannot sketch a parameter of fewer than 4 elements.
+* :func:`global_rank_hook` — each rank quantizes with its own scale, looked up with
+  ``dist.get_rank()``: right on the whole world, wrong on a subgroup, where the index into
+  the group's gathered scales is the rank *in the group*. :func:`group_rank_hook` uses
+  ``process_group.rank()``. Both take :class:`GroupState` (a factory state).
+
+No ``from __future__ import annotations`` here: DDP's registration check compares the
+``bucket`` annotation with ``dist.GradBucket`` itself, and a string never compares equal.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+# --------------------------------------------------------------------------- int8 quantizers
+def _int8_mean(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket,
+               accumulate: torch.dtype) -> torch.futures.Future[torch.Tensor]:
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = group.size()
+    buffer = bucket.buffer()
+    peak = buffer.abs().max().reshape(1) if buffer.numel() else torch.zeros(1)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)  # the group's largest |gradient|
+    scale = float(peak) / 127.0 if float(peak) > 0.0 else 1.0
+    quantized = torch.round(buffer / scale).to(accumulate)  # in [-127, 127]
+    future = dist.all_reduce(quantized, group=group, async_op=True).get_future()
+
+    def dequantize(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        return fut.value()[0].to(torch.float32) * (scale / world)
+
+    return future.then(dequantize)
+
+
+def int8_quantize_hook(process_group: dist.ProcessGroup | None,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Symmetric int8 quantization, summed in int32: error at most scale/2 = G/254."""
+    return _int8_mean(process_group, bucket, torch.int32)
+
+
+def int8_wrapping_hook(process_group: dist.ProcessGroup | None,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same, summed in int8: the sum of W values up to 127 wraps (the bug)."""
+    return _int8_mean(process_group, bucket, torch.int8)
+
+
+# --------------------------------------------------------------------------- a model-sized sketch
+class SketchState:
+    """A count sketch per parameter: ``numel // compression`` columns, hashes and signs drawn
+    from ``seed`` (the same on every rank), keyed by the model's Parameter objects."""
+
+    def __init__(self, process_group: dist.ProcessGroup, model: torch.nn.Module, compression: int = 4,
+                 seed: int = 0) -> None:
+        self.group = process_group
+        gen = torch.Generator().manual_seed(seed)
+        self.columns: dict[torch.nn.Parameter, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        for p in model.parameters():
+            width = p.numel() // compression
+            if width == 0:
+                raise ValueError(f"a parameter of shape {tuple(p.shape)} is too small to sketch at compression "
+                                 f"{compression}")
+            where = torch.randint(0, width, (p.numel(),), generator=gen)
+            sign = torch.randint(0, 2, (p.numel(),), generator=gen).to(torch.float32) * 2 - 1
+            self.columns[p] = (where, sign, width)
+
+
+def make_sketch_state(process_group: dist.ProcessGroup, model: torch.nn.Module) -> SketchState:
+    """The two-argument factory: the sketch is sized from the model."""
+    return SketchState(process_group, model)
+
+
+def sketch_hook(state: SketchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Sketch each parameter's gradient, all-reduce the sketches' mean, unsketch."""
+    world = state.group.size()
+    sketches = []
+    for p, grad in zip(bucket.parameters(), bucket.gradients()):
+        where, sign, width = state.columns[p]
+        sketches.append(torch.zeros(width).index_add_(0, where, grad.reshape(-1) * sign))
+    flat = torch.cat(sketches) / world
+    future = dist.all_reduce(flat, group=state.group, async_op=True).get_future()
+
+    def unsketch(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        total, out, start = fut.value()[0], [], 0
+        for p in bucket.parameters():
+            where, sign, width = state.columns[p]
+            out.append(total[start:start + width][where] * sign)
+            start += width
+        return torch.cat(out)
+
+    return future.then(unsketch)
+
+
+# --------------------------------------------------------------------------- global vs group rank
+class GroupState:
+    """A state factory's product: just the group the rank's DDP runs on."""
+
+    def __init__(self, process_group: dist.ProcessGroup) -> None:
+        self.group = process_group
+
+
+def _own_scale_mean(state: GroupState, bucket: dist.GradBucket, me: int) -> torch.futures.Future[torch.Tensor]:
+    group, world = state.group, state.group.size()
+    buffer = bucket.buffer()
+    peak = buffer.abs().max().reshape(1) if buffer.numel() else torch.zeros(1)
+    scales = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(scales, torch.where(peak > 0, peak / 127.0, torch.ones(1)), group=group)
+    quantized = torch.round(buffer / scales[me]).to(torch.int8)  # this rank's own scale
+    gathered = [torch.zeros_like(quantized) for _ in range(world)]
+    future = dist.all_gather(gathered, quantized, group=group, async_op=True).get_future()
+
+    def dequantize(fut: torch.futures.Future[object]) -> torch.Tensor:
+        total = torch.zeros(buffer.shape, dtype=torch.float32)
+        for r in range(world):  # rank order: the same bits on every rank
+            total += gathered[r].to(torch.float32) * scales[r]
+        return total / world
+
+    return future.then(dequantize)
+
+
+def global_rank_hook(state: GroupState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Picks its own scale with ``dist.get_rank()`` — the rank in the *world* (the bug)."""
+    return _own_scale_mean(state, bucket, dist.get_rank())
+
+
+def group_rank_hook(state: GroupState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Picks its own scale with ``state.group.rank()`` — the rank in its group (correct)."""
+    return _own_scale_mean(state, bucket, state.group.rank())
