@@ -358,7 +358,7 @@ class ThreadedEngine:
             if self._steps != last_steps:
                 last_steps, last_change = self._steps, now
             quiet = now - last_change
-            if self._fatal is None:
+            if self._fatal is None and not self.failures:  # a rank's own exception is the root cause
                 reason = self._deadlock_reason(alive, quiet)
                 if reason is not None:
                     self._fail(DeadlockError(self.describe(reason)))
