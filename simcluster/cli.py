@@ -7,6 +7,7 @@
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
+                       [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
                        [--network NET] [--timeline PATH.svg|.html] [--chrome-trace PATH.json]
                        [--range [--tolerance T] [--world-sizes LIST]]
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="search the largest gradient magnitude the hook keeps finite and within --tolerance")
     explain.add_argument("--tolerance", default="fp16", metavar="T", help="for --range (default fp16)")
     explain.add_argument("--world-sizes", default="2,3,8", metavar="LIST", help="for --range (default 2,3,8)")
+    explain.add_argument("--deadline", default=None, metavar="SECONDS",
+                         help="seconds the whole explanation may take before the hook is reported stuck (default 300)")
     return parser
 
 
@@ -139,9 +142,7 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
         except SystemExit as exc:  # --help: argparse's own exit, the only one honoured
             return exc.code if isinstance(exc.code, int) else 0
         if args.command == "explain":
-            from simcluster.explain import explain_command
-
-            return explain_command(args)
+            return _explain_command(args)
         return _check_command(args, check)
     except SimClusterError as exc:  # usage and load errors: one line, no traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -152,6 +153,39 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
         for note in getattr(exc, "__notes__", ()):
             print(note, file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+# -- explain ----------------------------------------------------------------------------------
+
+EXPLAIN_DEADLINE = 300.0
+"""Seconds a whole ``explain`` (every step, or a ``--range`` search) may take."""
+
+
+def _explain_command(args: argparse.Namespace) -> int:
+    """``explain`` runs the hook in a supervised child too: a hook that spins, blocks or
+    exits is reported (exit 1, with the stuck code's stack), never a hang."""
+    import torch  # noqa: F401 - imported once here, not in the child
+
+    from simcluster.explain import explain_command
+    from simcluster.limits import check_deadline
+    from simcluster.supervisor import format_stack, run_supervised
+
+    deadline = EXPLAIN_DEADLINE if args.deadline is None else check_deadline(args.deadline)
+
+    def job(monitor: Any) -> int:
+        monitor.begin({"phase": "explain"})
+        return explain_command(args)
+
+    outcome = run_supervised(job, deadline=deadline)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.death is not None:
+        print(f"simcluster: explain {args.target}: the hook {outcome.death.detail}", file=sys.stderr)
+        stack = format_stack(outcome.death.stacks)
+        if stack:
+            print("  the stuck code (outermost call first):\n" + stack, file=sys.stderr)
+        return EXIT_FAILED
+    return int(outcome.value)
 
 
 # -- check ------------------------------------------------------------------------------------

@@ -192,6 +192,11 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
     except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
         code = 70
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
+                pass
         real_exit(code)
 
 

@@ -300,3 +300,10 @@ def test_a_target_whose_import_spins_or_exits_is_a_load_error(module, says):
     result = run_cli(f"{HERE / 'hostile' / module}.py:hook", "--deadline", "2")
     assert result.returncode == 2, result.stderr
     assert says in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_explain_of_a_spinning_hook_ends_and_says_where():
+    result = subprocess.run([sys.executable, "-m", "simcluster", "explain", target("spins"), "--deadline", "2"],
+                            capture_output=True, text=True, timeout=240, cwd=HERE.parent)
+    assert result.returncode == 1, result.stderr
+    assert "did not return within 2 s" in result.stderr and "in spins" in result.stderr
