@@ -33,6 +33,7 @@ deadlock it caused (the deadlock is attached as a note).
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -236,6 +237,8 @@ class Engine:
         """
         self.running = True
         home = self._home = _Slot(self, -1, thread=threading.current_thread())
+        collecting = gc.isenabled()
+        gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
             home.command = "drive"
             while True:
@@ -248,6 +251,8 @@ class Engine:
             self._rank = None
         finally:
             self.running = False
+            if collecting:
+                gc.enable()
         self._stop_pool()
         if self._fatal is not None:
             raise self._fatal

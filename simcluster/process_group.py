@@ -33,7 +33,7 @@ import torch.distributed as dist
 from simcluster import collectives
 from simcluster.engine import Call
 from simcluster.errors import BackendError, UnsupportedError, UsageError
-from simcluster.futures import SimFuture
+from simcluster.futures import DoneFlag, SimFuture
 
 if TYPE_CHECKING:
     from simcluster.backends import BackendModel
@@ -71,7 +71,7 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    def __init__(self, future: SimFuture, finished: SimFuture, op: str, get_future_error: str | None) -> None:
+    def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
         self._finished = finished
@@ -178,7 +178,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 raise BackendError(error)
             compute = _rejected(error)  # the collective runs, and fails at wait() on every rank
         future = SimFuture(engine, self.global_rank, "")
-        finished = SimFuture(engine, self.global_rank, "")
+        finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         def deliver(outcome: tuple[Any, BaseException | None]) -> None:
@@ -187,7 +187,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 future.set_exception(exc)
             else:
                 future.set_result(value)
-            finished.set_result(None)
+            finished.set()
 
         call = Call(
             rank=self.global_rank,
@@ -207,7 +207,6 @@ class SimProcessGroup(dist.ProcessGroup):
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
-        finished.label = f"work of {future.label} (its callbacks)"
         return SimWork(future, finished, op, backend.get_future_error(op))
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, reduce_op: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
