@@ -149,6 +149,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return _TORCH_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+@functools.lru_cache(maxsize=512)
 def rejection(collective: str, op: str | None, dtype: torch.dtype, backend: str) -> Rejection | None:
     """The error the real backend raises for this call, or None when it accepts it.
 
