@@ -288,8 +288,8 @@ class Engine:
         call.seq = seq
         issue = self._issued.get(call.rank, 0)
         self._issued[call.rank] = issue + 1
-        self.trace.add(
-            Posted(call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail)
+        self.trace.record(
+            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
         )
         inst = self._instances.get((call.channel, seq))
         if inst is None:
@@ -408,7 +408,7 @@ class Engine:
         del self._instances[(inst.channel, inst.seq)]
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
-        self.trace.add(Completed(inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options))
+        self.trace.record(Completed, inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options)
         self._completions += 1
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})

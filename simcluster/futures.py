@@ -181,7 +181,7 @@ class SimFuture(torch.futures.Future):
         engine = self._engine
         where = "inline" if how == "inline" else (engine.where or "completion")
         if engine.running and engine.current_rank is not None:
-            engine.trace.add(CallbackRan(engine.current_rank, self.label, name, where))
+            engine.trace.record(CallbackRan, engine.current_rank, self.label, name, where)
         run(self)
 
 
