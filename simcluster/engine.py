@@ -70,8 +70,9 @@ class Call:
 
     ``channel`` and the per-rank sequence number match calls across ranks: the k-th
     call of every rank on a channel belongs to the same collective. ``signature`` must
-    be equal on every rank (op, dtypes, shapes, reduce op, root, …) or the run fails
-    with :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
+    be equal on every rank (its first item names the kind of call, the rest — dtypes,
+    shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
+    :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
     call, in the order of ``ranks``) returns each rank's result; ``deliver`` hands a rank
     its result.
     """
@@ -81,7 +82,6 @@ class Call:
     ranks: tuple[int, ...]
     op: str
     signature: tuple[Any, ...]
-    describe: str
     compute: Callable[[dict[int, "Call"]], dict[int, Any]]
     deliver: Callable[[Any], None]
     dtype: str = ""
@@ -92,6 +92,11 @@ class Call:
     payload: Any = None
     seq: int = -1
     worker: int = -1
+
+    @property
+    def describe(self) -> str:
+        """``op(arg, …)`` for error messages, from the signature (built only when an error needs it)."""
+        return f"{self.op}({', '.join(str(s) for s in self.signature[1:])})"
 
 
 @dataclass

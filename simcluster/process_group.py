@@ -57,8 +57,14 @@ class Runtime:
     backend: "BackendModel"
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
 
 
 class SimWork(dist.Work):
@@ -195,7 +201,6 @@ class SimProcessGroup(dist.ProcessGroup):
             ranks=ranks or self.spec.ranks,
             op=op,
             signature=("p2p" if channel else op, *signature),
-            describe=f"{op}({', '.join(str(s) for s in signature)})",
             compute=compute,
             deliver=deliver,
             dtype=_dtype(tensor) if tensor is not None else "",
