@@ -16,8 +16,9 @@ sides of a ratio cancels out):
   order); ``threaded PG``, torch's own ``multi_threaded_pg`` (one thread per rank, kept
   across steps: its best case); ``gloo``, W real gloo processes (time per hook call
   inside them).
-* **scaling** — µs per *rank-step* for 4096-element buckets from W=2 to 1024, gloo and
-  NCCL models, and max/min over the worlds (flat = O(W·n) work per collective).
+* **scaling** — µs of CPU time per *rank-step* for 4096-element buckets from W=2 to 1024,
+  gloo and NCCL models, every world measured in each repeat; max/min over the worlds
+  (flat = O(W·n) work per collective).
 * **memory** — peak RSS growth of one step (``ru_maxrss``, in a fresh subprocess) over
   the gradients' bytes, at W=64 × 1M and W=8 × 4M.
 * **check** — ``simcluster.check.check_hook`` throughput (examples per second) for
@@ -192,16 +193,27 @@ def _summarise(reps: list[dict[str, float]], ratios: dict[str, str]) -> dict[str
 # ----------------------------------------------------------------------------- scaling
 def scaling_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     n = 4096
-    print(f"\n## scaling: µs per rank-step, {n}-element buckets, medians of {args.repeats} repeats")
+    print(f"\n## scaling: µs of CPU per rank-step, {n}-element buckets, worlds interleaved, medians of "
+          f"{args.repeats} repeats")
     rows = []
+    worlds = _ints(args.scaling)
     for backend in ("gloo", "nccl"):
-        per_world = {}
-        for world in _ints(args.scaling):
-            steps = max(2, 2000 // world)
-            per_world[world] = statistics.median(bench_sim(world, n, steps, backend) / world for _ in range(args.repeats))
+        clusters = {w: (SimCluster(w, seed=0, backend=backend), grads_for(w, n)) for w in worlds}
+        for cluster, grads in clusters.values():
+            cluster.run_hook(allreduce_hook, grads)  # warm-up
+        samples: dict[int, list[float]] = {w: [] for w in worlds}
+        for _ in range(args.repeats):  # every world in each repeat: the load is shared alike
+            for world, (cluster, grads) in clusters.items():
+                steps = max(2, 2000 // world)
+                start = time.process_time()
+                for _ in range(steps):
+                    cluster.run_hook(allreduce_hook, grads)
+                samples[world].append((time.process_time() - start) / steps / world)
+        per_world = {w: statistics.median(v) for w, v in samples.items()}
         spread = max(per_world.values()) / min(per_world.values())
         rows.append({"backend": backend, "n": n, "us_per_rank_step": {w: t * 1e6 for w, t in per_world.items()},
-                     "max_over_min": spread, "step_s_at_max_world": per_world[max(per_world)] * max(per_world)})
+                     "max_over_min": spread, "step_s_at_max_world": per_world[max(per_world)] * max(per_world),
+                     "samples": samples})
         cells = "  ".join(f"W={w}: {t * 1e6:.0f}" for w, t in per_world.items())
         print(f"{backend:>5}: {cells}  | max/min {spread:.2f}, one W={max(per_world)} step "
               f"{per_world[max(per_world)] * max(per_world):.2f} s", flush=True)
