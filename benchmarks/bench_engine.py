@@ -19,7 +19,7 @@ sides of a ratio cancels out):
 * **scaling** — µs of CPU time per *rank-step* for 4096-element buckets from W=2 to 1024,
   gloo and NCCL models, every world measured in each repeat; max/min over the worlds
   (flat = O(W·n) work per collective).
-* **memory** — peak RSS growth of one step (``ru_maxrss``, in a fresh subprocess) over
+* **memory** — peak RSS growth of one step (``VmHWM``, in a fresh subprocess) over
   the gradients' bytes, at W=64 × 1M and W=8 × 4M.
 * **check** — ``simcluster.check.check_hook`` throughput (examples per second) for
   ``allreduce_hook``, ``fp16_compress_hook`` and ``powerSGD_hook`` with their default
@@ -221,6 +221,16 @@ def scaling_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- memory
+def _vm_hwm() -> int:
+    """This process's peak RSS in bytes (``VmHWM``; unlike ``ru_maxrss``, which Linux carries
+    over from the parent at fork, it starts afresh at exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux: the best there is
+
+
 def memory_child(world: int, n: int) -> None:
     """In a fresh process: peak RSS growth of one step over the gradients' bytes."""
     torch.set_num_threads(1)
@@ -228,9 +238,9 @@ def memory_child(world: int, n: int) -> None:
     cluster = SimCluster(world, seed=0)
     warm = grads_for(world, 64)
     SimCluster(world, seed=0).run_hook(allreduce_hook, warm)  # imports and first-call set-up, tiny
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = _vm_hwm()
     cluster.run_hook(allreduce_hook, grads)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = _vm_hwm()
     grad_bytes = world * n * 4
     print(json.dumps({"world": world, "n": n, "grad_bytes": grad_bytes, "peak_growth_bytes": after - before,
                       "peak_growth_over_grads": (after - before) / grad_bytes}))
@@ -240,17 +250,12 @@ def memory_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("\n## memory: peak RSS growth of one step (fresh process), over the gradients' bytes")
     rows = []
     for world, n in ((64, 1_000_000), (8, 4_000_000)):
-        for _attempt in range(3):  # ru_maxrss can miss the step when the machine evicts pages meanwhile (seen under load)
-            out = subprocess.run([sys.executable, __file__, "--memory-child", f"{world},{n}"], capture_output=True,
-                                 text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-            if out.returncode != 0:
-                break
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            if row["peak_growth_bytes"] > 0:
-                break
+        out = subprocess.run([sys.executable, __file__, "--memory-child", f"{world},{n}"], capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         if out.returncode != 0:
             print(f"W={world} n={n}: failed: {out.stderr.strip().splitlines()[-1:]}")
             continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(f"W={world:>3} n={n:>8}: gradients {row['grad_bytes'] / 2**20:.0f} MiB, peak growth "
               f"{row['peak_growth_bytes'] / 2**20:.0f} MiB = {row['peak_growth_over_grads']:.2f}x", flush=True)
