@@ -1,29 +1,49 @@
-"""How fast is a simulated step? Ratios against three baselines, same hook, same sizes.
+"""How fast is a simulated step? Ratios against baselines measured in the same run.
 
-    python benchmarks/bench_engine.py [--steps 200] [--sizes 64,1000,1000000] [--worlds 2,8] [--no-gloo]
+    python benchmarks/bench_engine.py [--repeats 3] [--steps 200] [--sizes 64,1000,1000000]
+        [--worlds 2,8] [--scaling 2,8,64,256,1024] [--no-gloo] [--no-check] [--no-memory]
+        [--quick] [--json PATH]
 
-For each world size W and bucket size n, one *step* = every rank calls torch's
-``allreduce_hook`` on its bucket and its future resolves. Reported, per step (medians):
+One *step* = every rank calls torch's ``allreduce_hook`` on its bucket and its future
+resolves. Sections (each figure a median over ``--repeats`` interleaved repeats; a ratio
+is the median of the ratios taken within each repeat, so machine load shared by both
+sides of a ratio cancels out):
 
-* **floor** — the arithmetic alone in this process: ``torch.stack(grads).sum(0)`` for
-  the W buckets (what any simulation must at least compute);
-* **simcluster** — ``SimCluster(W).run_hook(allreduce_hook, grads)``, deterministic engine;
-* **threaded PG** — torch's own ``multi_threaded_pg`` (one thread per rank, free-running,
-  threads kept across steps — its best case);
-* **real gloo** — W gloo processes on 127.0.0.1 (run once per configuration through
-  ``simcluster.gloo_runner``), the time per hook call inside the processes.
+* **step** — per step, for each world W and bucket size n:
+  ``floor``, the arithmetic alone in this process (clone each rank's bucket, divide it by
+  W, fold the W buckets, write the result back into each); ``simcluster``,
+  ``SimCluster(W).run_hook(allreduce_hook, grads)`` on the gloo model (bitwise ring
+  order); ``threaded PG``, torch's own ``multi_threaded_pg`` (one thread per rank, kept
+  across steps: its best case); ``gloo``, W real gloo processes (time per hook call
+  inside them).
+* **scaling** — µs of CPU time per *rank-step* for 4096-element buckets from W=2 to 1024,
+  gloo and NCCL models, every world measured in each repeat; max/min over the worlds
+  (flat = O(W·n) work per collective).
+* **memory** — peak RSS growth of one step (``VmHWM``, in a fresh subprocess) over
+  the gradients' bytes, at W=64 × 1M and W=8 × 4M.
+* **check** — ``simcluster.check.check_hook`` throughput (examples per second) for
+  ``allreduce_hook``, ``fp16_compress_hook`` and ``powerSGD_hook`` with their default
+  state and tolerance (failing hooks include shrinking).
 
-The last column set is the ratios: simcluster / floor, simcluster / threaded PG,
-simcluster / gloo. Absolute times depend on the machine; the ratios are the result.
+Absolute times depend on the machine and its load; the ratios are the result.
+``--json PATH`` writes every figure. ``--quick`` (a few seconds): tiny buckets at W=2
+and 8, one repeat, no gloo, memory or check.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +52,16 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from simcluster import SimCluster
 from simcluster.bucket import make_bucket
 
+_T = "torch.distributed.algorithms.ddp_comm_hooks."
+CHECK_HOOKS = [
+    ("allreduce_hook", _T + "default_hooks:allreduce_hook", "none", "fp32"),
+    ("fp16_compress_hook", _T + "default_hooks:fp16_compress_hook", "none", "fp16"),
+    ("powerSGD_hook", _T + "powerSGD_hook:powerSGD_hook", "simcluster.defaults:powersgd_state", "none"),
+]
 
-def median_time(fn: Callable[[], object], steps: int) -> float:
-    for _ in range(min(10, steps)):
+
+def median_time(fn: Callable[[], object], steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
         fn()
     samples = []
     for _ in range(steps):
@@ -49,15 +76,27 @@ def grads_for(world: int, n: int) -> list[torch.Tensor]:
     return [torch.randn(n, generator=gen) for _ in range(world)]
 
 
+# ----------------------------------------------------------------------------- one step
 def bench_floor(world: int, n: int, steps: int) -> float:
     grads = grads_for(world, n)
-    return median_time(lambda: torch.stack(grads).sum(0), steps)
+
+    def step() -> None:
+        buffers = [g.clone() for g in grads]
+        for b in buffers:
+            b.div_(world)
+        acc = buffers[0].clone()
+        for b in buffers[1:]:
+            acc.add_(b)
+        for b in buffers:
+            b.copy_(acc)
+
+    return median_time(step, steps)
 
 
-def bench_sim(world: int, n: int, steps: int) -> float:
+def bench_sim(world: int, n: int, steps: int, backend: str = "gloo") -> float:
     grads = grads_for(world, n)
-    cluster = SimCluster(world, seed=0)
-    return median_time(lambda: cluster.run_hook(allreduce_hook, grads), steps)
+    cluster = SimCluster(world, seed=0, backend=backend)
+    return median_time(lambda: cluster.run_hook(allreduce_hook, grads), steps, warmup=1 if world >= 256 else 3)
 
 
 def bench_threaded_pg(world: int, n: int, steps: int) -> float:
@@ -74,13 +113,13 @@ def bench_threaded_pg(world: int, n: int, steps: int) -> float:
             dist.init_process_group("threaded", rank=rank, world_size=world, store=store)
             param = torch.nn.Parameter(torch.zeros(n))
             samples = []
-            for i in range(steps + 10):
+            for i in range(steps + 3):
                 bucket = make_bucket(0, [param], [grads[rank].clone()], is_last=True)
                 barrier.wait()
                 start = time.perf_counter()
                 allreduce_hook(None, bucket).wait()
                 barrier.wait()
-                if i >= 10:
+                if i >= 3:
                     samples.append(time.perf_counter() - start)
             if rank == 0:
                 times.append(statistics.median(samples))
@@ -104,12 +143,12 @@ def gloo_worker(rank: int, world_size: int, payload: tuple[int, int]) -> float:
     grad = grads_for(world_size, n)[rank]
     param = torch.nn.Parameter(torch.zeros(n))
     samples = []
-    for i in range(steps + 10):
+    for i in range(steps + 3):
         bucket = make_bucket(0, [param], [grad.clone()], is_last=True)
         dist.barrier()
         start = time.perf_counter()
         allreduce_hook(None, bucket).wait()
-        if i >= 10:
+        if i >= 3:
             samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
@@ -117,31 +156,167 @@ def gloo_worker(rank: int, world_size: int, payload: tuple[int, int]) -> float:
 def bench_gloo(world: int, n: int, steps: int) -> float:
     from simcluster.gloo_runner import run_gloo
 
-    return max(run_gloo(gloo_worker, world, [(n, steps)] * world, timeout=120.0))
+    return max(run_gloo(gloo_worker, world, [(n, steps)] * world, timeout=300.0))
+
+
+def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    print(f"\n## step: µs per step, medians of {args.repeats} repeats (ratios: median of per-repeat ratios)")
+    print(f"{'W':>4} {'n':>8} | {'floor':>8} {'simcluster':>10} {'threadedPG':>10} {'gloo':>8} | "
+          f"{'sim/floor':>9} {'sim/thr':>7} {'sim/gloo':>8}")
+    rows = []
+    for world in _ints(args.worlds):
+        for n in _ints(args.sizes):
+            steps = args.steps if n < 100_000 else max(10, args.steps // 20)
+            reps = []
+            for _ in range(args.repeats):
+                rep = {"floor": bench_floor(world, n, steps), "simcluster": bench_sim(world, n, steps),
+                       "threaded_pg": bench_threaded_pg(world, n, steps)}
+                rep["gloo"] = float("nan") if args.no_gloo else bench_gloo(world, n, steps)
+                reps.append(rep)
+            row = _summarise(reps, {"sim/floor": "floor", "sim/threaded_pg": "threaded_pg", "sim/gloo": "gloo"})
+            row.update(world=world, n=n)
+            rows.append(row)
+            print(f"{world:>4} {n:>8} | {row['floor'] * 1e6:>8.0f} {row['simcluster'] * 1e6:>10.0f} "
+                  f"{row['threaded_pg'] * 1e6:>10.0f} {row['gloo'] * 1e6:>8.0f} | {row['sim/floor']:>9.2f} "
+                  f"{row['sim/threaded_pg']:>7.2f} {row['sim/gloo']:>8.2f}", flush=True)
+    return rows
+
+
+def _summarise(reps: list[dict[str, float]], ratios: dict[str, str]) -> dict[str, Any]:
+    row: dict[str, Any] = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+    for name, base in ratios.items():
+        row[name] = statistics.median(r["simcluster"] / r[base] for r in reps)
+    row["samples"] = reps
+    return row
+
+
+# ----------------------------------------------------------------------------- scaling
+def scaling_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    n = 4096
+    print(f"\n## scaling: µs of CPU per rank-step, {n}-element buckets, worlds interleaved, medians of "
+          f"{args.repeats} repeats")
+    rows = []
+    worlds = _ints(args.scaling)
+    for backend in ("gloo", "nccl"):
+        clusters = {w: (SimCluster(w, seed=0, backend=backend), grads_for(w, n)) for w in worlds}
+        for cluster, grads in clusters.values():
+            cluster.run_hook(allreduce_hook, grads)  # warm-up
+        samples: dict[int, list[float]] = {w: [] for w in worlds}
+        for _ in range(args.repeats):  # every world in each repeat: the load is shared alike
+            for world, (cluster, grads) in clusters.items():
+                steps = max(2, 2000 // world)
+                start = time.process_time()
+                for _ in range(steps):
+                    cluster.run_hook(allreduce_hook, grads)
+                samples[world].append((time.process_time() - start) / steps / world)
+        per_world = {w: statistics.median(v) for w, v in samples.items()}
+        spread = max(per_world.values()) / min(per_world.values())
+        rows.append({"backend": backend, "n": n, "us_per_rank_step": {w: t * 1e6 for w, t in per_world.items()},
+                     "max_over_min": spread, "step_s_at_max_world": per_world[max(per_world)] * max(per_world),
+                     "samples": samples})
+        cells = "  ".join(f"W={w}: {t * 1e6:.0f}" for w, t in per_world.items())
+        print(f"{backend:>5}: {cells}  | max/min {spread:.2f}, one W={max(per_world)} step "
+              f"{per_world[max(per_world)] * max(per_world):.2f} s", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- memory
+def _vm_hwm() -> int:
+    """This process's peak RSS in bytes (``VmHWM``; unlike ``ru_maxrss``, which Linux carries
+    over from the parent at fork, it starts afresh at exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux: the best there is
+
+
+def memory_child(world: int, n: int) -> None:
+    """In a fresh process: peak RSS growth of one step over the gradients' bytes."""
+    torch.set_num_threads(1)
+    grads = grads_for(world, n)
+    cluster = SimCluster(world, seed=0)
+    warm = grads_for(world, 64)
+    SimCluster(world, seed=0).run_hook(allreduce_hook, warm)  # imports and first-call set-up, tiny
+    before = _vm_hwm()
+    cluster.run_hook(allreduce_hook, grads)
+    after = _vm_hwm()
+    grad_bytes = world * n * 4
+    print(json.dumps({"world": world, "n": n, "grad_bytes": grad_bytes, "peak_growth_bytes": after - before,
+                      "peak_growth_over_grads": (after - before) / grad_bytes}))
+
+
+def memory_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    print("\n## memory: peak RSS growth of one step (fresh process), over the gradients' bytes")
+    rows = []
+    for world, n in ((64, 1_000_000), (8, 4_000_000)):
+        out = subprocess.run([sys.executable, __file__, "--memory-child", f"{world},{n}"], capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        if out.returncode != 0:
+            print(f"W={world} n={n}: failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"W={world:>3} n={n:>8}: gradients {row['grad_bytes'] / 2**20:.0f} MiB, peak growth "
+              f"{row['peak_growth_bytes'] / 2**20:.0f} MiB = {row['peak_growth_over_grads']:.2f}x", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- check
+def check_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from simcluster.check import check_hook
+
+    print("\n## check: simcluster.check.check_hook throughput (default examples, both backends)")
+    rows = []
+    for name, target, state, tolerance in CHECK_HOOKS:
+        with tempfile.TemporaryDirectory() as db:
+            report = check_hook(target, state=state, tolerance=tolerance, database=db)
+        rate = report.examples / report.seconds
+        rows.append({"hook": name, "examples": report.examples, "seconds": report.seconds,
+                     "examples_per_second": rate, "passed": report.passed})
+        print(f"{name:>20}: {report.examples} examples in {report.seconds:.1f} s = {rate:.0f}/s "
+              f"({'ok' if report.passed else 'FAIL, shrinking included'})", flush=True)
+    return rows
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--sizes", default="64,1000,1000000")
     parser.add_argument("--worlds", default="2,8")
+    parser.add_argument("--scaling", default="2,8,64,256,1024")
     parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="tiny buckets at W=2, 8 only: a few seconds")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{'W':>2} {'n':>8} | {'floor':>9} {'simcluster':>10} {'threadedPG':>10} {'gloo':>9} | "
-          f"{'sim/floor':>9} {'sim/thr':>7} {'sim/gloo':>8}")
-    for world in [int(w) for w in args.worlds.split(",")]:
-        for n in [int(s) for s in args.sizes.split(",")]:
-            steps = args.steps if n < 100_000 else max(20, args.steps // 10)
-            floor = bench_floor(world, n, steps)
-            sim = bench_sim(world, n, steps)
-            threaded = bench_threaded_pg(world, n, steps)
-            gloo = float("nan") if args.no_gloo else bench_gloo(world, n, steps)
-            print(
-                f"{world:>2} {n:>8} | {floor * 1e6:>7.0f}us {sim * 1e6:>8.0f}us {threaded * 1e6:>8.0f}us "
-                f"{gloo * 1e6:>7.0f}us | {sim / floor:>9.1f} {sim / threaded:>7.2f} {sim / gloo:>8.2f}",
-                flush=True,
-            )
+    if args.memory_child:
+        memory_child(*_ints(args.memory_child))
+        return
+    if args.quick:
+        args.repeats, args.sizes, args.no_gloo, args.no_check, args.no_memory, args.scaling = 1, "64", True, True, True, ""
+    started = time.time()
+    result: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+                              "repeats": args.repeats}
+    result["step"] = step_rows(args)
+    result["scaling"] = scaling_rows(args) if args.scaling else []
+    result["memory"] = [] if args.no_memory else memory_rows(args)
+    result["check"] = [] if args.no_check else check_rows(args)
+    result["loadavg_end"] = os.getloadavg()
+    result["seconds"] = time.time() - started
+    print(f"\nload average {result['loadavg_start'][0]:.1f} -> {result['loadavg_end'][0]:.1f} on {os.cpu_count()} cpus; "
+          f"{result['seconds']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
@@ -618,6 +618,11 @@ def _explicit_examples(opts: _Options, world_sizes: Sequence[int], steps: int) -
     return [Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")]
 
 
+_PHASES = tuple(p for p in Phase if p is not Phase.explain)
+"""Hypothesis's explain phase only annotates its own failure printout (unused here) and
+re-runs the shrunk example's neighbours: a third of a failing PowerSGD row (docs/speed.md)."""
+
+
 def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
                     examples: int, seed: int | None, database: Any) -> None:
     count = [0]
@@ -652,7 +657,7 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
     db = DirectoryBasedExampleDatabase(os.fspath(database)) if isinstance(database, (str, os.PathLike)) else database
     wrapped = settings(max_examples=examples, deadline=None, database=db, verbosity=Verbosity.quiet,
                        derandomize=False, print_blob=False, report_multiple_bugs=True,
-                       suppress_health_check=list(HealthCheck))(wrapped)
+                       phases=_PHASES, suppress_health_check=list(HealthCheck))(wrapped)
     try:
         with _count_budgeted_search():
             wrapped()

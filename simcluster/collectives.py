@@ -149,6 +149,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return _TORCH_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+@functools.lru_cache(maxsize=512)
 def rejection(collective: str, op: str | None, dtype: torch.dtype, backend: str) -> Rejection | None:
     """The error the real backend raises for this call, or None when it accepts it.
 
@@ -385,39 +386,125 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
-    """Chunk ``c`` is ``((x[c-1] op x[c-2]) op …) op x[c-N]``. Small tensors fold every
-    chunk at once: row ``k`` of the gathered stack holds, in chunk ``c``'s elements, rank
-    ``(c-1-k) mod N``'s values — N-1 whole-tensor steps instead of N² per-chunk ones, with
-    the same operand order, hence the same bits. Large ones fold chunk by chunk."""
+    """Chunk ``c`` is ``((x[c-1] op x[c-2]) op …) op x[c-N]``, in O(N·n) work whatever N is.
+
+    Three ways to the same bits (same operands, same order, same rounding per step):
+    small problems gather every operand at once through a cached ``(N, n)`` index and
+    fold N-1 whole-buffer steps; chunks of at least :data:`_SEGMENT_FOLD_MIN` elements
+    are folded chunk by chunk with whole-segment, in-place steps (N² operations, each
+    big); the rest (many ranks, small chunks) fold N-1 whole-buffer steps, step k taking
+    rank ``(c-1-k) mod N``'s value of every element by a flat index (:func:`_fold_by_step`).
+    """
     n = len(raw)
     first = raw[0]
     if n == 1 or first.numel() == 0:
         return first.clone()
-    if first.numel() * n > _GATHER_LIMIT:  # big chunks: per-chunk folds are cheaper than an index
-        out = first.clone()
-        for c, (lo, hi) in enumerate(ring_chunks(first.numel(), first.element_size(), n)):
-            if lo < hi:
-                acc = raw[(c - 1) % n][lo:hi]
-                for k in range(2, n + 1):
-                    acc = f(acc, raw[(c - k) % n][lo:hi])
-                out[lo:hi] = acc
-        return out
-    order = _ring_order(first.numel(), first.element_size(), n)
-    stacked = torch.stack(raw)
-    # gather through an integer view: torch's gather does not keep bfloat16 NaN bits
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(first.element_size())
-    if as_int is not None and not first.is_complex():
-        rows = stacked.view(as_int).gather(0, order).view(first.dtype)
-    else:
-        rows = stacked.gather(0, order)
-    acc = rows[0]
-    for k in range(1, n):
-        acc = f(acc, rows[k])
-    return acc if acc.data_ptr() != rows.data_ptr() else acc.clone()
+    if first.numel() * n <= _GATHER_LIMIT:
+        return _fold_gathered(raw, f)
+    chunks = ring_chunks(first.numel(), first.element_size(), n)
+    if chunks[0][1] - chunks[0][0] >= _SEGMENT_FOLD_MIN:
+        return _fold_per_chunk(raw, f, chunks)
+    return _fold_by_step(raw, f, chunks)
 
 
 _GATHER_LIMIT = 1 << 16
-"""Above this many elements (over all ranks) the ring is folded chunk by chunk."""
+"""Up to this many elements (over all ranks) every operand is gathered through one index."""
+_SEGMENT_FOLD_MIN = 2048
+"""Chunks of at least this many elements are folded chunk by chunk (N² segment steps)."""
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""Moves go through an integer view: torch's gather/take/copy need not keep bfloat16 NaN bits."""
+
+
+def _in_place(f: _BinOp) -> Callable[[torch.Tensor, torch.Tensor], object] | None:
+    """``acc.add_``/``acc.mul_`` for the plain steps: the same kernel as ``f(acc, x)``, no allocation."""
+    if f is torch.add:
+        return torch.Tensor.add_
+    if f is torch.mul:
+        return torch.Tensor.mul_
+    return None
+
+
+def _fold_gathered(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
+    """Row ``k`` of the gathered stack holds, in chunk ``c``'s elements, rank ``(c-1-k) mod N``'s values."""
+    first, n = raw[0], len(raw)
+    order = _ring_order(first.numel(), first.element_size(), n)
+    as_int = _AS_INT[first.element_size()]
+    rows = torch.stack(raw).view(as_int).gather(0, order).view(first.dtype)
+    acc = rows[0]
+    step = _in_place(f)
+    for k in range(1, n):
+        if step is not None:
+            step(acc, rows[k])
+        else:
+            acc = f(acc, rows[k])
+    return acc
+
+
+def _fold_per_chunk(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, int]]) -> torch.Tensor:
+    """Big chunks: fold each chunk's segment across ranks in ring order, in place in the result."""
+    n, first = len(raw), raw[0]
+    as_int = _AS_INT[first.element_size()]
+    out = torch.empty_like(first)
+    out_bits = out.view(as_int)
+    step = _in_place(f)
+    for c, (lo, hi) in enumerate(chunks):
+        if lo >= hi:
+            continue
+        seg = out[lo:hi]
+        if step is not None:
+            out_bits[lo:hi].copy_(raw[(c - 1) % n].view(as_int)[lo:hi])
+            for k in range(2, n + 1):
+                step(seg, raw[(c - k) % n][lo:hi])
+        else:
+            acc = raw[(c - 1) % n][lo:hi]
+            for k in range(2, n + 1):
+                acc = f(acc, raw[(c - k) % n][lo:hi])
+            out_bits[lo:hi].copy_(acc.view(as_int))
+    return out
+
+
+def _fold_by_step(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, int]]) -> torch.Tensor:
+    """Many ranks, small chunks: N-1 whole-buffer steps over the stacked inputs.
+
+    ``off[e] = c·n + e`` (element e of chunk c, n elements a rank). At step k, elements of
+    chunks ``c <= k`` take row ``c-1-k+N`` (flat index ``off + (N-1-k)·n``: a take from
+    the stack shifted by that many rows), the others row ``c-1-k`` (``off - (k+1)·n``).
+    """
+    n, first = len(raw), raw[0]
+    numel, dtype = first.numel(), first.dtype
+    as_int = _AS_INT[first.element_size()]
+    flat = torch.cat([x.view(as_int) for x in raw])
+    off = _chunk_offsets(numel, first.element_size(), n)
+    bounds = [lo for lo, _ in chunks[1:]] + [numel]
+    step = _in_place(f)
+    acc_bits = torch.empty(numel, dtype=as_int)
+    vals_bits = torch.empty(numel, dtype=as_int)
+    acc = acc_bits.view(dtype)
+    for k in range(n):
+        target = acc_bits if k == 0 else vals_bits
+        p = bounds[k]
+        if p:
+            torch.take(flat[(n - 1 - k) * numel:], off[:p], out=target[:p])
+        if p < numel:
+            torch.take(flat, off[p:] - (k + 1) * numel, out=target[p:])
+        if k == 0:
+            continue
+        if step is not None:
+            step(acc, vals_bits.view(dtype))
+        else:
+            acc = f(acc, vals_bits.view(dtype))
+            if acc.data_ptr() == vals_bits.data_ptr():  # f returned its operand: keep it apart
+                acc = acc.clone()
+    return acc
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_offsets(numel: int, element_size: int, n: int) -> torch.Tensor:
+    """``off[e] = c·numel + e`` where ``c`` is element e's ring chunk."""
+    off = torch.arange(numel, dtype=torch.int64)
+    for c, (lo, hi) in enumerate(ring_chunks(numel, element_size, n)):
+        off[lo:hi] += c * numel
+    return off
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,6 +45,7 @@ deadlock it caused (the deadlock is attached as a note).
 from __future__ import annotations
 
 import sys
+import gc
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -101,8 +102,9 @@ class Call:
 
     ``channel`` and the per-rank sequence number match calls across ranks: the k-th
     call of every rank on a channel belongs to the same collective. ``signature`` must
-    be equal on every rank (op, dtypes, shapes, reduce op, root, …) or the run fails
-    with :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
+    be equal on every rank (its first item names the kind of call, the rest — dtypes,
+    shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
+    :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
     call, in the order of ``ranks``) returns each rank's result; ``deliver`` hands a rank
     its result.
     """
@@ -112,7 +114,6 @@ class Call:
     ranks: tuple[int, ...]
     op: str
     signature: tuple[Any, ...]
-    describe: str
     compute: Callable[[dict[int, "Call"]], dict[int, Any]]
     deliver: Callable[[Any], None]
     dtype: str = ""
@@ -123,6 +124,11 @@ class Call:
     payload: Any = None
     seq: int = -1
     worker: int = -1
+
+    @property
+    def describe(self) -> str:
+        """``op(arg, …)`` for error messages, from the signature (built only when an error needs it)."""
+        return f"{self.op}({', '.join(str(s) for s in self.signature[1:])})"
 
 
 @dataclass
@@ -285,6 +291,8 @@ class Engine:
             real_start(thread)
 
         threading.Thread.start = start  # type: ignore[method-assign]
+        collecting = gc.isenabled()
+        gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
             home.command = "drive"
             while True:
@@ -299,6 +307,8 @@ class Engine:
             if self._rank is not None:
                 self._switch(self._rank, None)
                 self._rank = None
+            if collecting:
+                gc.enable()
         self._stop_pool()
         if self._stop is not None:
             raise self._stop
@@ -376,8 +386,8 @@ class Engine:
         call.seq = seq
         issue = self._issued.get(call.rank, 0)
         self._issued[call.rank] = issue + 1
-        self.trace.add(
-            Posted(call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail)
+        self.trace.record(
+            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
         )
         inst = self._instances.get((call.channel, seq))
         if inst is None:
@@ -505,7 +515,7 @@ class Engine:
         del self._instances[(inst.channel, inst.seq)]
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
-        self.trace.add(Completed(inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options))
+        self.trace.record(Completed, inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options)
         self._completions += 1
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})

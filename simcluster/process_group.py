@@ -33,7 +33,7 @@ import torch.distributed as dist
 from simcluster import collectives
 from simcluster.engine import Call
 from simcluster.errors import BackendError, UnsupportedError, UsageError
-from simcluster.futures import SimFuture
+from simcluster.futures import DoneFlag, SimFuture
 
 if TYPE_CHECKING:
     from simcluster.backends import BackendModel
@@ -62,8 +62,14 @@ class Runtime:
     backend: "BackendModel"
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
 
 
 class SimWork(dist.Work):
@@ -76,7 +82,7 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    def __init__(self, future: SimFuture, finished: SimFuture, op: str, get_future_error: str | None) -> None:
+    def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
         self._finished = finished
@@ -183,7 +189,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 raise BackendError(error)
             compute = _rejected(error)  # the collective runs, and fails at wait() on every rank
         future = SimFuture(engine, self.global_rank, "")
-        finished = SimFuture(engine, self.global_rank, "")
+        finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         def deliver(outcome: tuple[Any, BaseException | None]) -> None:
@@ -192,7 +198,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 future.set_exception(exc)
             else:
                 future.set_result(value)
-            finished.set_result(None)
+            finished.set()
 
         call = Call(
             rank=self.global_rank,
@@ -200,7 +206,6 @@ class SimProcessGroup(dist.ProcessGroup):
             ranks=ranks or self.spec.ranks,
             op=op,
             signature=("p2p" if channel else op, *signature),
-            describe=f"{op}({', '.join(str(s) for s in signature)})",
             compute=compute,
             deliver=deliver,
             dtype=_dtype(tensor) if tensor is not None else "",
@@ -212,7 +217,6 @@ class SimProcessGroup(dist.ProcessGroup):
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
-        finished.label = f"work of {future.label} (its callbacks)"
         return SimWork(future, finished, op, backend.get_future_error(op))
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, reduce_op: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:

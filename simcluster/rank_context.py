@@ -23,6 +23,7 @@ after a run torch's global distributed state is exactly as before.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -150,14 +151,17 @@ class RankContexts:
         return pg
 
 
-def user_future_class(engine: Any, plain: type) -> type:
+def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:
     """The class ``torch.futures.Future`` names during a run: a future made by hook code
     (``torch.futures.Future()``) becomes a :class:`~simcluster.futures.SimFuture` of the
     running rank, so waiting on it while it is pending parks that rank instead of
-    blocking the run's only thread in C++ — a hang becomes a reported deadlock."""
+    blocking the run's only thread in C++ — a hang becomes a reported deadlock.
+    ``current_engine()`` is the run in progress (the class is made once per cluster:
+    making a subclass of torch's C++ future costs ~0.3 ms, a whole tiny step)."""
 
     class Future(futures.SimFuture):
         def __init__(self, devices: Any = None) -> None:
+            engine = current_engine()
             rank = engine.current_rank
             super().__init__(engine, -1 if rank is None else rank, f"a torch.futures.Future() made by rank {rank}")
 
@@ -167,6 +171,19 @@ def user_future_class(engine: Any, plain: type) -> type:
     Future.__qualname__ = Future.__name__ = "Future"
     Future.__module__ = "torch.futures"
     return Future
+
+
+_future_classes: "weakref.WeakKeyDictionary[RankContexts, tuple[type, list[Any]]]" = weakref.WeakKeyDictionary()
+"""Per cluster: its ``Future`` class and the one-slot holder naming the run's engine."""
+
+
+def _future_class_for(contexts: RankContexts, engine: Any) -> type:
+    found = _future_classes.get(contexts)
+    if found is None:
+        holder: list[Any] = [None]
+        found = _future_classes[contexts] = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0]), holder)
+    found[1][0] = engine
+    return found[0]
 
 
 @contextlib.contextmanager
@@ -191,7 +208,7 @@ def patched_torch(
     replacements: list[Any] = [new_group, new_group, futures.collect_all, futures.wait_all]
     if engine is not None:
         saved.append((torch.futures, "Future", torch.futures.Future))
-        replacements.append(user_future_class(engine, torch.futures.Future))
+        replacements.append(_future_class_for(contexts, engine))
     try:
         for (owner, name, _), replacement in zip(saved, replacements):
             setattr(owner, name, replacement)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Union
 
 __all__ = ["Posted", "Completed", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
@@ -93,20 +93,46 @@ class CollectiveSummary:
     order: int | None  # completion order, None if it never completed
 
 
-@dataclass
 class Trace:
-    """An append-only list of events. Equal seeds give equal traces."""
+    """An append-only list of events. Equal seeds give equal traces.
 
-    events: list[Event] = field(default_factory=list)
+    The engine's hot path calls :meth:`record` with an event's class and fields; the
+    event objects are built only when someone reads :attr:`events` (most runs' traces
+    are never read), in the order they were recorded.
+    """
+
+    def __init__(self, events: list[Event] | None = None) -> None:
+        self._items: list[Event | tuple[type, tuple[object, ...]]] = list(events or [])
+        self._pending = False
+
+    @property
+    def events(self) -> list[Event]:
+        if self._pending:
+            self._items[:] = [item[0](*item[1]) if type(item) is tuple else item for item in self._items]
+            self._pending = False
+        return self._items  # type: ignore[return-value]
 
     def add(self, event: Event) -> None:
-        self.events.append(event)
+        self._items.append(event)
+
+    def record(self, kind: type, *fields: object) -> None:
+        """Append ``kind(*fields)``, built lazily (see the class docstring)."""
+        self._items.append((kind, fields))
+        self._pending = True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Trace) and self.events == other.events
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Trace(events={self.events!r})"
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self._items)
 
     def of(self, kind: type) -> list[Event]:
         """All events of one class, in order."""
