@@ -5,7 +5,7 @@
     simcluster check [TARGET ...] [--state SPEC] [--tolerance T] [--backend gloo|nccl|all]
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
-                     [--properties P,Q] [--quiet]
+                     [--properties P,Q] [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
 
 ``python -m simcluster`` is the same program. Exit codes:
@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--examples", type=int, default=50, metavar="N", help="Hypothesis examples per backend")
     check.add_argument("--seed", type=int, default=0, metavar="S")
     check.add_argument("--api", default=None, choices=("current", "legacy"))
+    check.add_argument("--rng", default="per_rank", choices=("per_rank", "same"),
+                       help="each rank's torch/random/numpy seed: seed+rank (per_rank, default) or seed (same)")
+    check.add_argument("--isolate", default=None, metavar="MOD[,MOD]",
+                       help="more modules every simulated rank imports for itself (the TARGET's own always is)")
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     check.add_argument("--replay", default=None, metavar="TOKEN",
@@ -132,6 +136,7 @@ def _positive(name: str, value: int) -> int:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options shared by every row, validated (UsageError → exit 2 before any work)."""
+    from simcluster.rank_local import parse_isolate
     from simcluster.targets import parse_world_sizes
 
     props = None
@@ -151,6 +156,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "database": None if args.no_database else args.database,
         "properties": props,
         "replay": args.replay,
+        "rng": args.rng,
+        "isolate": parse_isolate(args.isolate) or None,
     }
 
 
@@ -178,20 +185,24 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def _load(rows: list[dict[str, Any]]) -> None:
-    """Load every hook and state before running anything: a bad TARGET exits 2 at once."""
-    from simcluster.targets import load_state, load_target
+def _load(rows: list[dict[str, Any]], isolate: tuple[str, ...] | None) -> None:
+    """Load every hook and state before running anything: a bad TARGET exits 2 at once.
+
+    The hook is a :class:`~simcluster.rank_local.RankLocal`: each simulated rank gets its own
+    copy of the TARGET's module (and of the ``--isolate`` modules)."""
+    from simcluster.rank_local import RankLocal
+    from simcluster.targets import load_state
 
     for row in rows:
         if row["skipped"] is None:
-            row["hook"] = load_target(row["target"])
+            row["hook"] = RankLocal(row["target"], isolate=isolate)
             load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
     rows = _rows(args)
-    _load(rows)
+    _load(rows, options["isolate"])
     if check is None:
         from simcluster.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)
@@ -212,8 +223,9 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
                       tolerance=row["tolerance"], api=row["api"], progress=progress)
         if row["properties"] is not None:
             kwargs["properties"] = row["properties"]
-        if kwargs["replay"] is None:
-            del kwargs["replay"]
+        for optional in ("replay", "isolate"):
+            if kwargs[optional] is None:
+                del kwargs[optional]
         started = time.perf_counter()
         try:
             report = check(row["hook"], **kwargs)

@@ -146,12 +146,12 @@ def explain_command(target: str, *, world_size: int, backend: str, seed: int, st
 
     Returns 0 when the hook ran, 1 when it raised (the error is part of the explanation).
     """
-    from simcluster.targets import load_state, load_target
+    from simcluster.rank_local import RankLocal
 
     if world_size < 1:
         raise UsageError(f"--world-size {world_size}: must be at least 1")
-    hook = load_target(target)
-    state_obj = load_state(state)
+    hook = RankLocal(target)  # every simulated rank imports the TARGET's module for itself
+    state_obj = state if state in ("none", "group") else RankLocal(state, what="--state factory")
     text, ran = explain(hook, world_size=world_size, backend=backend, seed=seed,
                         state=state_obj, numel=numel, name=target)
     again = f"simcluster explain {target} --world-size {world_size} --backend {backend} --seed {seed}"
