@@ -102,6 +102,11 @@ class RankLocal:
         extra = f", isolate={self.isolate!r}" if self.isolate else ""
         return f"RankLocal({self.spec!r}{extra})"
 
+    @property
+    def portable_spec(self) -> str:
+        """The spec with a file's path made absolute (for another process with another cwd)."""
+        return self.spec if self._path is None else f"{self._path}:{self._attr}"
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         modules = CURRENT.modules
         if modules is None or not self.per_rank:
@@ -113,6 +118,8 @@ class RankLocal:
 
     def load(self, modules: dict[str, Any]) -> Callable[..., Any]:
         """The callable from the copies in ``modules`` (one rank's registry), loading what is missing."""
+        if not self.per_rank:
+            return self.shared
         module = _load_into(modules, self._module, self._path, self.isolate, self.spec, self.what)
         obj: Any = module
         for part in self._attr.split("."):
@@ -121,7 +128,7 @@ class RankLocal:
 
     def fresh(self) -> Callable[..., Any]:
         """The callable from a brand-new copy of its module (what a new process would import)."""
-        return self.load({}) if self.per_rank else self.shared
+        return self.load({})
 
 
 def as_rank_local(obj: Any, *, isolate: Sequence[str] | str | None = (), what: str = "TARGET") -> Any:
