@@ -150,6 +150,8 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
                 sys.modules[n] = modules[n]
             else:
                 sys.modules.pop(n, None)
+            # ``from pkg import helpers`` reads the attribute of the shared package first
+            _set_parent_attribute(n, modules.get(n, _ABSENT))
         module = exec_file(name, path, spec, what) if path is not None else _import_module(name, spec, what)
         for n in names:
             if n not in modules and n in sys.modules:
@@ -166,13 +168,18 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
     return module
 
 
-def _restore_parent_attribute(name: str, original: Any) -> None:
-    """The import system set ``parent.child`` to the copy it loaded: point it back."""
+def _set_parent_attribute(name: str, value: Any) -> None:
+    """Point ``parent.child`` at ``value`` (remove it for ``_ABSENT``), if the parent is loaded."""
     parent_name, _, child = name.rpartition(".")
     parent = sys.modules.get(parent_name) if parent_name else None
     if parent is None:
         return
-    if original is not _ABSENT:
-        setattr(parent, child, original)
+    if value is not _ABSENT:
+        setattr(parent, child, value)
     elif child in vars(parent):
         delattr(parent, child)
+
+
+def _restore_parent_attribute(name: str, original: Any) -> None:
+    """The import system set ``parent.child`` to the copy it loaded: point it back."""
+    _set_parent_attribute(name, original)
