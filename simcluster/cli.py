@@ -185,24 +185,26 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def _load(rows: list[dict[str, Any]], isolate: tuple[str, ...] | None) -> None:
+def _load(rows: list[dict[str, Any]], isolate: tuple[str, ...] | None, per_rank: bool) -> None:
     """Load every hook and state before running anything: a bad TARGET exits 2 at once.
 
-    The hook is a :class:`~simcluster.rank_local.RankLocal`: each simulated rank gets its own
-    copy of the TARGET's module (and of the ``--isolate`` modules)."""
+    A TARGET's hook is a :class:`~simcluster.rank_local.RankLocal`: each simulated rank gets
+    its own copy of its module (and of the ``--isolate`` modules). The default run's hooks
+    (``per_rank=False``: torch's and the reference hooks, which keep no module state) are
+    shared, which spares a module copy per rank and example."""
     from simcluster.rank_local import RankLocal
-    from simcluster.targets import load_state
+    from simcluster.targets import load_state, load_target
 
     for row in rows:
         if row["skipped"] is None:
-            row["hook"] = RankLocal(row["target"], isolate=isolate)
+            row["hook"] = RankLocal(row["target"], isolate=isolate) if per_rank else load_target(row["target"])
             load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
     rows = _rows(args)
-    _load(rows, options["isolate"])
+    _load(rows, options["isolate"], per_rank=bool(args.targets))
     if check is None:
         from simcluster.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)

@@ -35,6 +35,8 @@ A hook passed as a plain function object is not copied: its module is shared by 
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +53,35 @@ SHARED_PACKAGES = frozenset({"torch", "numpy", "simcluster", "hypothesis", "pyte
 """Top-level packages never copied per rank (with the standard library)."""
 
 _ABSENT = object()
+_CODE: dict[tuple[str, str], tuple[float, Any]] = {}
+
+
+class _CachedSourceLoader(importlib.machinery.SourceFileLoader):
+    """A source loader that compiles each file once per process (per modification time):
+    a rank's copy then costs an ``exec`` of the module body, not a compile."""
+
+    def get_code(self, fullname: str) -> Any:
+        key = (fullname, str(self.path))
+        mtime = os.stat(self.path).st_mtime
+        hit = _CODE.get(key)
+        if hit is None or hit[0] != mtime:
+            hit = _CODE[key] = (mtime, super().get_code(fullname))
+        return hit[1]
+
+
+class _CachedFinder:
+    """On ``sys.meta_path`` while a rank's copies load: the copied modules get the cached loader."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _CachedSourceLoader(fullname, spec.loader.path)
+        return spec
 
 
 def parse_isolate(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -144,6 +175,8 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
         return modules[name]
     names = (name, *(n for n in isolate if n != name))
     saved = {n: sys.modules.get(n, _ABSENT) for n in names}
+    finder = _CachedFinder(names)
+    sys.meta_path.insert(0, finder)
     try:
         for n in names:
             if n in modules:
@@ -152,11 +185,15 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
                 sys.modules.pop(n, None)
             # ``from pkg import helpers`` reads the attribute of the shared package first
             _set_parent_attribute(n, modules.get(n, _ABSENT))
-        module = exec_file(name, path, spec, what) if path is not None else _import_module(name, spec, what)
+        if path is not None:
+            module = exec_file(name, path, spec, what, loader=_CachedSourceLoader(name, str(path)))
+        else:
+            module = _import_module(name, spec, what)
         for n in names:
             if n not in modules and n in sys.modules:
                 modules[n] = sys.modules[n]
     finally:
+        sys.meta_path.remove(finder)
         for n, original in saved.items():
             if original is _ABSENT:
                 sys.modules.pop(n, None)

@@ -129,10 +129,10 @@ def _load_file(where: str, spec: str, what: str) -> ModuleType:
     return exec_file(name, path, spec, what)
 
 
-def exec_file(name: str, path: Path, spec: str, what: str) -> ModuleType:
+def exec_file(name: str, path: Path, spec: str, what: str, loader: Any = None) -> ModuleType:
     """Execute the file ``path`` as a new module ``name`` (registered in ``sys.modules``, its
     folder first on ``sys.path`` while it runs); a failure is a one-line :class:`TargetLoadError`."""
-    module_spec = importlib.util.spec_from_file_location(name, path)
+    module_spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if module_spec is None or module_spec.loader is None:
         raise TargetLoadError(f"{what} {spec!r}: {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(module_spec)
