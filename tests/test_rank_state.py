@@ -166,6 +166,16 @@ def test_a_rank_changing_the_default_dtype_is_reported_and_undone() -> None:
     assert torch.get_default_dtype() == torch.float32
 
 
+def test_a_rank_changing_a_backend_flag_is_reported_and_undone() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 1:
+            torch.backends.cudnn.deterministic = True
+
+    with pytest.raises(SharedSettingError, match=r"rank 1 changed torch.backends.cudnn"):
+        SimCluster(2).run(rank_fn)
+    assert torch.backends.cudnn.deterministic is False
+
+
 def test_a_rank_changing_os_environ_is_reported_and_undone() -> None:
     def rank_fn(rank: int) -> None:
         if rank == 0:
@@ -185,8 +195,11 @@ def _cli(args: list[str], hashseed: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
-def _gossip_replay_reproduces(runs: int) -> None:
-    found = _cli([spec("gossip_alias"), "--backend", "gloo", "--world-sizes", "2,3,4", "--examples", "20"], 1)
+def _replay_reproduces(name: str, runs: int) -> None:
+    """Find a failure of hook ``name`` with the CLI, then run its printed replay command
+    ``runs`` times in fresh processes, each with another PYTHONHASHSEED: the same exit code,
+    the same report bytes (timings blanked), and the failure the search printed."""
+    found = _cli([spec(name), "--backend", "gloo", "--world-sizes", "2,3,4", "--examples", "20"], 1)
     assert found.returncode == 1, found.stdout + found.stderr
     replay = re.search(r"replay: +(simcluster check .*)", found.stdout)
     assert replay is not None, found.stdout
@@ -195,16 +208,17 @@ def _gossip_replay_reproduces(runs: int) -> None:
     first_failure = block.search(found.stdout).group(0)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda seed: _cli(args, seed), range(100, 100 + runs)))
-    outputs = {r.stdout.split("\n", 3)[-1].replace(re.search(r"\d+\.\d+s", r.stdout).group(0), "") for r in results}
+    outputs = {re.sub(r"\d+\.\d+s", "", r.stdout) for r in results}
     assert [r.returncode for r in results] == [1] * runs
     assert len(outputs) == 1, outputs  # the same bytes every time (timings blanked)
     assert block.search(outputs.pop()).group(0) == first_failure  # the property, counterexample, schedule
 
 
 def test_gossip_hook_is_caught_and_its_replay_reproduces() -> None:
-    _gossip_replay_reproduces(3)
+    _replay_reproduces("gossip_alias", 3)
 
 
 @pytest.mark.slow
-def test_gossip_hook_replay_reproduces_20_of_20() -> None:
-    _gossip_replay_reproduces(20)
+@pytest.mark.parametrize("name", ["gossip_alias", "numpy_noise", "torch_noise", "module_rng_drop", "module_cache"])
+def test_replays_of_hooks_using_rngs_and_module_state_reproduce_20_of_20(name: str) -> None:
+    _replay_reproduces(name, 20)
