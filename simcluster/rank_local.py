@@ -97,7 +97,8 @@ def parse_isolate(value: str | Sequence[str] | None) -> tuple[str, ...]:
         if not isinstance(part, str) or not part or not all(x.isidentifier() for x in part.split(".")):
             raise UsageError(f"--isolate {value!r}: {part!r} is not a module name (e.g. mypkg.helpers)")
         if not _copyable(part):
-            raise UsageError(f"--isolate {value!r}: {part} belongs to {part.split('.')[0]}, which every rank shares")
+            raise UsageError(f"--isolate {value!r}: {part} is part of {part.split('.')[0]}, which every rank "
+                             "shares (torch, numpy, simcluster and the standard library are never copied)")
     return tuple(dict.fromkeys(parts))
 
 

@@ -101,7 +101,7 @@ def test_isolate_copies_a_helper_module_per_rank(monkeypatch: pytest.MonkeyPatch
 
 
 def test_isolate_refuses_shared_packages() -> None:
-    with pytest.raises(UsageError, match="torch, which every rank shares"):
+    with pytest.raises(UsageError, match="torch.nn is part of torch, which every rank shares"):
         check_hook("hooks.reference:mean_allreduce_hook", isolate="torch.nn")
 
 
