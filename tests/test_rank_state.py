@@ -219,6 +219,7 @@ def test_gossip_hook_is_caught_and_its_replay_reproduces() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 21 CLI processes, 2 at a time: minutes on 2 shared cores
 @pytest.mark.parametrize("name", ["gossip_alias", "numpy_noise", "torch_noise", "module_rng_drop", "module_cache"])
 def test_replays_of_hooks_using_rngs_and_module_state_reproduce_20_of_20(name: str) -> None:
     _replay_reproduces(name, 20)
