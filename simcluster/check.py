@@ -22,7 +22,9 @@ when its state :func:`keeps_residual`, or always when named in ``properties``. E
 
 **Replay.** Every failure carries a token ``sc1.<base64url(zlib(JSON of the Example,
 plus the backend))>``: the concrete counterexample, not Hypothesis' internal choice
-sequence, so it survives Hypothesis upgrades. ``check_hook(..., replay=token)`` (CLI:
+sequence, so it survives Hypothesis upgrades; the example includes the seed of the ranks'
+torch, ``random`` and numpy generators (``Example.rng_seed``; a token made before that field
+existed replays with ``--seed``, as it did then). ``check_hook(..., replay=token)`` (CLI:
 ``--replay TOKEN``) runs exactly that example once, bit for bit. With ``database=DIR``
 Hypothesis also keeps failing examples there and tries them first on later runs.
 """
