@@ -23,6 +23,7 @@ __all__ = [
     "DDPConfig",
     "StepResult",
     "run_real_ddp",
+    "RankLocal",
     # checking hooks
     "check_hook",
     "assert_hook",
@@ -62,6 +63,7 @@ _HOME = {
     "DDPConfig": "ddp",
     "StepResult": "ddp",
     "run_real_ddp": "real_ddp",
+    "RankLocal": "rank_local",
     "check_hook": "check",
     "assert_hook": "check",
     "CheckReport": "report",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from simcluster.futures import SimFuture
     from simcluster.process_group import SimProcessGroup, SimWork
+    from simcluster.rank_local import RankLocal
     from simcluster.real_ddp import run_real_ddp
     from simcluster.report import CheckReport, PropertyFailure
     from simcluster.scheduler import ChoiceList, InOrder, Reverse, Scheduler, SeededRandom

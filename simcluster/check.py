@@ -24,7 +24,9 @@ when its state :func:`keeps_residual`, or always when named in ``properties``. E
 
 **Replay.** Every failure carries a token ``sc1.<base64url(zlib(JSON of the Example,
 plus the backend))>``: the concrete counterexample, not Hypothesis' internal choice
-sequence, so it survives Hypothesis upgrades. ``check_hook(..., replay=token)`` (CLI:
+sequence, so it survives Hypothesis upgrades; the example includes the seed of the ranks'
+torch, ``random`` and numpy generators (``Example.rng_seed``; a token made before that field
+existed replays with ``--seed``, as it did then). ``check_hook(..., replay=token)`` (CLI:
 ``--replay TOKEN``) runs exactly that example once, bit for bit. With ``database=DIR``
 Hypothesis also keeps failing examples there and tries them first on later runs.
 """
@@ -66,6 +68,7 @@ from simcluster.supervisor import (
     DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised, stuck_in,
 )
 from simcluster.targets import load_state, load_target, parse_shapes
+from simcluster.rank_local import RankLocal, parse_isolate
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
 
@@ -115,6 +118,8 @@ def _violation_class(prop: str, error_type: str, line: str) -> type[Violation]:
 def encode_example(example: Example, backend: str) -> str:
     """The replay token of ``example`` on ``backend`` (see the module docstring)."""
     data = {"backend": backend, "example": dataclasses.asdict(example)}
+    if example.rng_seed is None:  # tokens of examples without drawn RNG seeds read as before
+        del data["example"]["rng_seed"]
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     return TOKEN_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
 
@@ -134,7 +139,7 @@ def decode_example(token: str) -> tuple[Example, str]:
                                              tuple((p, v) for p, v in r["specials"]), r["zero"]) for r in b["ranks"]),
                         shared=tuple((p, v) for p, v in b["shared"]), exp=b["exp"], shift=b["shift"])
         example = Example(ex["world_size"], layout, base, tuple(ex["shifts"]), tuple(ex["schedule"]), ex["dtype"],
-                          ex["values"], ex["exact"], ex["subgroups"])
+                          ex["values"], ex["exact"], ex["subgroups"], ex.get("rng_seed"))
         return example, data["backend"]
     except Exception as exc:  # noqa: BLE001 - any malformation is the caller's
         raise UsageError(f"--replay {token[:40]!r}…: not a simcluster replay token ({exc})") from None
@@ -158,6 +163,7 @@ class _Options:
     replay_target: str = ""  # the TARGET spelling the replay command uses (loadable from the current directory)
     params: tuple[tuple[int, ...], ...] | None = None  # fixed parameter shapes (--params)
     subgroups: bool = False  # draw DDP on equal subgroups of the world (--subgroups; always with state "group")
+    rng: str = "per_rank"  # the ranks' RNG policy (SimCluster's rng=)
 
 
 def _groups(example: Example) -> list[list[int]]:
@@ -168,7 +174,8 @@ def _groups(example: Example) -> list[list[int]]:
 def _simulate(opts: _Options, example: Example, backend: str, schedule: Any,
               grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
     """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
-    cluster = SimCluster(example.world_size, seed=opts.seed, backend=backend, schedule=schedule)
+    seed = opts.seed if example.rng_seed is None else example.rng_seed
+    cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng)
     lay = example.layout
     config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
                        find_unused_parameters=lay.find_unused_parameters,
@@ -330,6 +337,10 @@ def _replay_command(opts: _Options, backend: str, world: int, token: str, steps:
         parts.append("--subgroups")
     if opts.api != "current":
         parts.append(f"--api {opts.api}")
+    if opts.rng != "per_rank":
+        parts.append(f"--rng {opts.rng}")
+    if isinstance(opts.hook, RankLocal) and opts.hook.isolate:
+        parts.append(f"--isolate {','.join(opts.hook.isolate)}")
     parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]
     if opts.deadline != DEFAULT_DEADLINE:
         parts.append(f"--deadline {opts.deadline:g}")
@@ -368,13 +379,15 @@ def _violations(exc: BaseException) -> list[Violation]:
 
 
 # --------------------------------------------------------------------------- the API
-def _resolve_state(state: Any) -> tuple[Any, str]:
+def _resolve_state(state: Any, isolate: tuple[str, ...]) -> tuple[Any, str]:
     if state is None or state == "none":
         return None, "none"
     if state == "group":
         return "group", "group"
     if isinstance(state, str):
-        return load_state(state), state
+        return RankLocal(state, isolate=isolate, what="--state factory"), state
+    if isinstance(state, RankLocal):
+        return state, state.spec
     if callable(state):
         return state, loadable_spec(state) or _name_of(state) or "<factory>"
     raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
@@ -402,10 +415,14 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                properties: Sequence[str] | None = None, progress: Callable[[str], None] | None = None,
                replay: str | None = None, params: Sequence[Sequence[int]] | str | None = None,
                subgroups: bool | None = None, deadline: float = DEFAULT_DEADLINE,
-               supervise: bool = True) -> CheckReport:
+               supervise: bool = True, rng: str = "per_rank",
+               isolate: str | Sequence[str] | None = None) -> CheckReport:
     """Check ``hook`` and return a :class:`~simcluster.report.CheckReport` (never raises for findings).
 
-    ``hook``: a callable or a ``module:name`` / ``file.py:name`` string. ``target``: the
+    ``hook``: a ``module:name`` / ``file.py:name`` string — every simulated rank then gets its
+    own copy of its module, as every process imports it (:class:`~simcluster.rank_local.RankLocal`;
+    ``isolate``: more modules to copy per rank, e.g. ``"mypkg.helpers"``) — or a callable
+    (its module is then shared by every rank: module globals are not per rank). ``target``: the
     name used in the report and the replay line (default: the string, or
     ``module:qualname``). ``state``: ``"none"`` (hook state ``None``, i.e.
     ``dist.group.WORLD``), ``"group"`` (each rank's process group; also draws DDP on
@@ -414,7 +431,9 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     ``rtol=R,atol=A`` | ``none`` (skip *averages*); it also picks the inputs (fp16:
     float16 values up to ±65504; exact: exactly averageable values). ``steps`` >= 1
     (default 3: iteration 0, the rebuild, one more). ``examples`` per backend; ``seed``
-    fixes generation (``None``: random) and the ranks' RNG. ``api``: ``"current"`` or
+    fixes generation (``None``: random); every example draws the seed of the ranks' torch,
+    ``random`` and numpy generators (carried by its replay token), which ``rng``
+    (``"per_rank"``: seed + rank, ``"same"``: seed) turns into each rank's. ``api``: ``"current"`` or
     ``"legacy"``. ``database``: a directory (or an ExampleDatabase) keeping failing
     examples, replayed first next time. ``params``: fixed parameter shapes, e.g.
     ``[(4, 5), (5,)]`` or ``"4x5,5"`` (values, world sizes, caps, ready orders and
@@ -436,10 +455,13 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     hangs the caller).
     """
     start = time.monotonic()
-    replay_target = target or (hook if isinstance(hook, str) else "")
+    isolated = parse_isolate(isolate)
+    if rng not in ("per_rank", "same"):
+        raise UsageError(f"rng={rng!r}: use 'per_rank' or 'same'")
     if isinstance(hook, str):
         target = target or hook
-        hook = load_target(hook)
+        hook = RankLocal(hook, isolate=isolated)
+    replay_target = target or (hook if isinstance(hook, str) else "")
     from simcluster.train_check import check_training  # hooks that train rather than reduce: real DDP
     from simcluster.training import TRAININGS, training_for
 
@@ -453,7 +475,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
         raise UsageError(f"hook={hook!r} is not callable")
     replay_target = replay_target or loadable_spec(hook) or ""
     target = target or _name_of(hook) or repr(hook)
-    state_obj, state_name = _resolve_state(state)
+    state_obj, state_name = _resolve_state(state, isolated)
     tol = P.parse_tolerance(tolerance).describe()
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends or isinstance(backends, str):
@@ -477,7 +499,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                     ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
                     replay_target=replay_target, params=shapes,
-                    subgroups=state_obj == "group" if subgroups is None else subgroups)
+                    subgroups=state_obj == "group" if subgroups is None else subgroups, rng=rng)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -650,7 +672,10 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
     test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
         f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
         + ("" if opts.params is None else f"|params={opts.params}")
-        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")).encode()
+        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")
+        + ("" if opts.rng == "per_rank" else f"|rng={opts.rng}")
+        + (f"|isolate={','.join(opts.hook.isolate)}" if isinstance(opts.hook, RankLocal) and opts.hook.isolate else "")
+    ).encode()
     wrapped = given(strategy)(test)
     if seed is not None:
         wrapped = hypothesis_seed(seed)(wrapped)

@@ -5,7 +5,8 @@
     simcluster check [TARGET ...] [--state SPEC] [--tolerance T] [--backend gloo|nccl|all]
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
-                     [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS] [--quiet]
+                     [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS]
+                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--deadline", default=None, metavar="SECONDS",
                        help="seconds one example may run before the hook is reported stuck (default 60)")
     check.add_argument("--api", default=None, choices=("current", "legacy"))
+    check.add_argument("--rng", default="per_rank", choices=("per_rank", "same"),
+                       help="each rank's torch/random/numpy seed: seed+rank (per_rank, default) or seed (same)")
+    check.add_argument("--isolate", default=None, metavar="MOD[,MOD]",
+                       help="more modules every simulated rank imports for itself (the TARGET's own always is)")
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     check.add_argument("--replay", default=None, metavar="TOKEN",
@@ -196,6 +201,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_deadline, check_int
     from simcluster.supervisor import DEFAULT_DEADLINE
     from simcluster.targets import parse_shapes, parse_world_sizes
+    from simcluster.rank_local import parse_isolate
 
     props = None
     if args.properties is not None:
@@ -218,6 +224,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "database": None if args.no_database else args.database,
         "properties": props,
         "replay": args.replay,
+        "rng": args.rng,
+        "isolate": parse_isolate(args.isolate) or None,
     }
 
 
@@ -245,14 +253,18 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def _load(rows: list[dict[str, Any]], deadline: float) -> None:
+def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] | None, per_rank: bool) -> None:
     """Load every hook and state before running anything: a bad TARGET exits 2 at once.
 
     Importing a TARGET runs its module's code, which may spin, exit or crash like a hook:
     it is first imported in a supervised child (bounded by ``deadline``); only a module
-    that imported cleanly there is imported here."""
+    that imported cleanly there is imported here. A TARGET's hook is a
+    :class:`~simcluster.rank_local.RankLocal`: each simulated rank gets its own copy of its
+    module (and of the ``--isolate`` modules); the default run's hooks (``per_rank=False``:
+    torch's and the reference hooks, which keep no module state) are shared."""
     from simcluster.errors import TargetLoadError
     from simcluster.supervisor import format_stack, run_supervised
+    from simcluster.rank_local import RankLocal
     from simcluster.targets import load_state, load_target
 
     import torch  # noqa: F401 - imported once here, not in every child (it takes seconds)
@@ -262,7 +274,7 @@ def _load(rows: list[dict[str, Any]], deadline: float) -> None:
             monitor.begin({"phase": "loading the targets"})
         for row in rows:
             if row["skipped"] is None:
-                row["hook"] = load_target(row["target"])
+                row["hook"] = RankLocal(row["target"], isolate=isolate) if per_rank else load_target(row["target"])
                 load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
         return True
 
@@ -281,7 +293,7 @@ def _load(rows: list[dict[str, Any]], deadline: float) -> None:
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
     rows = _rows(args)
-    _load(rows, options["deadline"])
+    _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:
         from simcluster.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)
@@ -328,8 +340,9 @@ def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dic
                       tolerance=row["tolerance"], api=row["api"], progress=progress)
         if row["properties"] is not None:
             kwargs["properties"] = row["properties"]
-        if kwargs["replay"] is None:
-            del kwargs["replay"]
+        for optional in ("replay", "isolate"):
+            if kwargs[optional] is None:
+                del kwargs[optional]
         started = time.perf_counter()
         try:
             report = check(row["hook"], **kwargs)

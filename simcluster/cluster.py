@@ -34,6 +34,7 @@ from simcluster.futures import SimFuture
 from simcluster.limits import check_memory
 from simcluster.process_group import Runtime, SimProcessGroup
 from simcluster.rank_context import RankContexts, patched_torch
+from simcluster.rank_local import as_rank_local
 from simcluster.scheduler import Scheduler, make_scheduler
 from simcluster.state import LayoutModel, make_state
 from simcluster.trace import Trace
@@ -170,6 +171,8 @@ class SimCluster(Runtime):
                     self.choices.extend(choice for _, choice in engine.choices)
         finally:
             self.engine = None
+            # a rank that changed a process-wide setting invalidates the run: that story first
+            self.contexts.audit.raise_if_changed(self.replay_line)
         upto = len(self.choices)
 
         def replay() -> str:
@@ -207,14 +210,21 @@ class SimCluster(Runtime):
     ) -> HookRun:
         """Call ``hook(state, bucket)`` on every rank for one bucket and wait on its future.
 
+        ``hook``: a callable — its module is then shared by every simulated rank (module
+        globals, caches, module-level RNG objects are *not* per rank) — or a
+        ``"file.py:name"`` / ``"module:name"`` spec or :class:`~simcluster.rank_local.RankLocal`:
+        each rank then calls its own copy of the module, as each process imports it.
+
         ``grads[r]``: rank ``r``'s flat 1-D gradient (copied into a fresh bucket buffer).
         ``state``: ``None``; ``"group"`` (each rank's WORLD process group); one of this
         cluster's :class:`SimProcessGroup` (each rank gets its own handle on that group);
         or a factory called once per rank, inside the run, as ``factory(process_group)``
-        (or ``factory(process_group, model)``, the model holding the bucket's parameters).
+        (or ``factory(process_group, model)``, the model holding the bucket's parameters; a
+        :class:`~simcluster.rank_local.RankLocal` factory comes from the rank's own module copy).
         ``parameters``: the bucket's parameters (default: one parameter per rank shaped
         like the gradient).
         """
+        hook = as_rank_local(hook)
         grads = self._check_grads(grads)
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size

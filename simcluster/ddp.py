@@ -71,6 +71,7 @@ from simcluster.errors import SimClusterError, UsageError, add_context_note
 from simcluster.layout import BucketCall, bucket_calls
 from simcluster.process_group import SimProcessGroup
 from simcluster.state import LayoutModel, make_state
+from simcluster.rank_local import as_rank_local
 from simcluster.trace import Trace
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups"]
@@ -151,6 +152,12 @@ class SimDDP:
     ``process_group_factory(rank)``: DDP on a subgroup (see :func:`subgroups`), called
     once per rank inside the first step; default the whole world. With ``state=None``
     torch's hooks then fall back to ``dist.group.WORLD`` — as on a real cluster.
+
+    ``hook`` (and a state factory) given as a callable share their module with every
+    simulated rank: module globals — counters, residual dicts, module-level RNG objects —
+    are then *not* per rank. Give a ``"file.py:name"`` / ``"module:name"`` spec (or a
+    :class:`~simcluster.rank_local.RankLocal`) for full isolation: each rank calls its own
+    copy of the module, fresh for every :class:`SimCluster`.
     """
 
     def __init__(
@@ -167,6 +174,7 @@ class SimDDP:
     ) -> None:
         if not isinstance(cluster, SimCluster):
             raise UsageError(f"cluster={cluster!r} must be a SimCluster")
+        hook = as_rank_local(hook)
         if not callable(hook):
             raise UsageError(f"hook={hook!r} is not callable")
         if not isinstance(config, DDPConfig):

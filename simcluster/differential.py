@@ -25,17 +25,22 @@ How a step runs, on both sides alike:
   (PowerSGD's iteration counter and error feedback, top-k residuals) see a training
   loop: ``"none"`` → ``None``; ``"group"`` → the rank's WORLD group; ``"module:factory"``
   (or an importable callable) → ``factory(process_group)``.
-* Rank ``r``'s global torch RNG starts from ``torch.manual_seed(seed + r)`` (the
-  simulator's ``rng="per_rank"``). Python's ``random`` and numpy's global RNG are *not*
-  aligned: a hook drawing from them differs by construction.
+* Rank ``r``'s global torch, ``random`` and numpy RNGs start from ``seed + r`` on both
+  sides (the simulator's ``rng="per_rank"``; in each gloo process ``torch.manual_seed``,
+  ``random.seed`` and ``numpy.random.seed``).
+* A hook (and a state factory) given as a ``"file.py:name"`` / ``"module:name"`` string
+  gets fresh module state on both sides, as fresh processes would: a per-rank copy in the
+  simulator (:class:`~simcluster.rank_local.RankLocal`), a fresh copy per job in each gloo
+  process (a persistent :class:`GlooCluster` would otherwise carry module globals from
+  one job into the next).
 * The outcome of a rank's step is the future's value, or :class:`Raised` — the
   exception's type name and the first line of its message — when the hook raised, its
   future held an exception (``wait()`` raised), or it returned something other than a
   ``torch.futures.Future``. Exceptions are caught per rank and the loop goes on.
 
 The gloo side needs names, not objects: the hook and a state factory travel to the
-children as ``"module:qualname"`` and are imported there, so they must be module-level
-and importable (lambdas and closures are refused with a :class:`UsageError`).
+children as their spec string, or as ``"module:qualname"`` and are imported there, so they
+must be module-level and importable (lambdas and closures are refused with a :class:`UsageError`).
 
 Tensors are compared by dtype, shape, stride and storage offset (a hook returning an
 offset or strided view must return the same view on both sides: DDP's copy-back reads
@@ -62,6 +67,7 @@ import torch
 from simcluster.bucket import make_bucket
 from simcluster.errors import CollectiveMismatchError, DeadlockError, UsageError
 from simcluster.gloo_runner import GlooCluster, GlooRunError, _is_secondary, resolve_target, run_gloo, target_name
+from simcluster.rank_local import RankLocal
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
 
@@ -158,8 +164,19 @@ def _parameters(cache: dict[Any, list[torch.Tensor]], shapes: Sequence[tuple[int
     return cache[key]
 
 
-def _resolve_state(spec: str) -> Callable[[Any], Any] | None:
-    return None if spec in ("none", "group") else resolve_target(spec)
+def _resolve_state(spec: str, fresh: bool) -> Callable[[Any], Any] | None:
+    if spec in ("none", "group"):
+        return None
+    return RankLocal(spec, what="state factory") if fresh else resolve_target(spec)
+
+
+def _fresh_copies(payload: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[Any], Any] | None]:
+    """In a gloo process: the hook and factory from brand-new copies of their modules (one
+    registry, so both come from one copy of a shared file), as a fresh process imports them."""
+    modules: dict[str, Any] = {}
+    hook = RankLocal(payload["hook"]).load(modules)
+    spec = payload["state"]
+    return hook, None if spec in ("none", "group") else RankLocal(spec, what="state factory").load(modules)
 
 
 # --------------------------------------------------------------------------- gloo side
@@ -169,10 +186,16 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> list[Any]:
     """One real gloo rank: every step of the comparison, state kept across steps."""
     import torch.distributed as dist
 
+    import random
+
     torch.manual_seed(payload["seed"] + rank)
-    hook = resolve_target(payload["hook"])
+    random.seed(payload["seed"] + rank)
+    _seed_numpy(payload["seed"] + rank)
     spec = payload["state"]
-    factory = _resolve_state(spec)
+    if payload.get("fresh"):
+        hook, factory = _fresh_copies(payload)
+    else:
+        hook, factory = resolve_target(payload["hook"]), _resolve_state(spec, False)
     group = dist.group.WORLD
     state = group if spec == "group" else factory(group) if factory is not None else None
     params: dict[Any, list[torch.Tensor]] = {}
@@ -202,13 +225,22 @@ def _settle(fut: torch.futures.Future) -> Any:
         return Raised.of(exc)
 
 
+def _seed_numpy(seed: int) -> None:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover
+        return
+    numpy.random.seed(seed % 2**32)
+
+
 def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], spec: str, world_size: int,
-             shapes: Sequence[tuple[int, ...]] | None, seed: int) -> tuple[list[list[list[Any]]], BaseException | None]:
+             shapes: Sequence[tuple[int, ...]] | None, seed: int,
+             fresh: bool = False) -> tuple[list[list[list[Any]]], BaseException | None]:
     """Every step on ``SimCluster(backend="gloo", schedule="in_order")``; stops at an engine error."""
     from simcluster.cluster import SimCluster
 
     cluster = SimCluster(world_size, seed=seed, backend="gloo", schedule="in_order")
-    factory = _resolve_state(spec)
+    factory = _resolve_state(spec, fresh)
     kept: list[Any] = [None] * world_size
 
     def first_state(pg: Any) -> Any:
@@ -315,16 +347,26 @@ def compare_with_gloo(
     ``None`` starts a fresh world for this call (seconds). ``timeout`` bounds the gloo job.
     The hook and a state factory must be importable (see the module docstring).
     """
-    name = importable_name(hook)
-    hook_fn = hook if callable(hook) else resolve_target(name)
-    spec = state if state in ("none", "group") else importable_name(state)  # type: ignore[arg-type]
+    fresh = isinstance(hook, str)
+    if fresh:
+        hook_fn: Callable[..., Any] = RankLocal(hook)  # type: ignore[arg-type]
+        name = hook_fn.portable_spec  # type: ignore[attr-defined]
+    else:
+        name = importable_name(hook)
+        hook_fn = hook  # type: ignore[assignment]
+    if state in ("none", "group"):
+        spec = str(state)
+    elif fresh and isinstance(state, str):
+        spec = RankLocal(state, what="state factory").portable_spec
+    else:
+        spec = importable_name(state)
     steps = _check_steps(grads_per_step, world_size)
     if cluster is not None and cluster.world_size != world_size:
         raise UsageError(f"cluster has world_size={cluster.world_size}, but world_size={world_size} was asked for")
     notes = [f"sim: SimCluster(world_size={world_size}, seed={seed}, backend='gloo', schedule='in_order')"]
 
-    sim_outputs, sim_error = _run_sim(hook_fn, steps, spec, world_size, parameters_shapes, seed)
-    payloads = [{"hook": name, "state": spec, "shapes": parameters_shapes, "seed": seed,
+    sim_outputs, sim_error = _run_sim(hook_fn, steps, spec, world_size, parameters_shapes, seed, fresh)
+    payloads = [{"hook": name, "state": spec, "shapes": parameters_shapes, "seed": seed, "fresh": fresh,
                  "grads": [step[r] for step in steps]} for r in range(world_size)]
     gloo_outputs: list[list[list[Any]]] = []
     differences: list[Difference] = []

@@ -13,9 +13,12 @@ Installed with simcluster; nothing to enable. What it gives a test suite:
 * **``check_hook`` / ``assert_hook``** — the ``simcluster check`` command as functions,
   with the same options (``state``, ``tolerance``, ``backends``, ``world_sizes``,
   ``steps``, ``examples``, ``seed``, ``api``, ``database``, ``properties``, ``params``,
-  ``subgroups``); the hook, the state, the tolerance and the shapes may be given as the
-  CLI's strings (``"pkg.mod:hook"``, ``"pkg.mod:factory"``, ``"scale=0.1"``, ``"4x5,5"``)
-  or as objects (``params=[(4, 5), (5,)]``, ``subgroups=True``). Options not given come from the active profile::
+  ``subgroups``, ``rng``, ``isolate``); the hook, the state, the tolerance and the shapes may
+  be given as the CLI's strings (``"pkg.mod:hook"``, ``"pkg.mod:factory"``, ``"scale=0.1"``,
+  ``"4x5,5"``) or as objects (``params=[(4, 5), (5,)]``, ``subgroups=True``) — a hook or
+  factory given as a string is loaded once per simulated rank, so its module globals are
+  per rank as on a real cluster; a function object shares its module. Options not given
+  come from the active profile::
 
       from simcluster.plugin import assert_hook
 
@@ -248,16 +251,20 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """CLI strings → objects: a TARGET string, a state spec, a tolerance (UsageError if bad)."""
-    from simcluster.targets import load_state, load_target, parse_shapes, parse_tolerance
+    """CLI strings → objects: a TARGET string (a :class:`~simcluster.rank_local.RankLocal`:
+    every simulated rank gets its own copy of its module, and of the ``isolate=`` modules),
+    a state spec, a tolerance (UsageError if bad)."""
+    from simcluster.rank_local import RankLocal, parse_isolate
+    from simcluster.targets import parse_shapes, parse_tolerance
 
     options = dict(options)
+    isolate = parse_isolate(options.get("isolate"))
     if isinstance(hook, str):
         options.setdefault("target", hook)
-        hook = load_target(hook)
+        hook = RankLocal(hook, isolate=isolate)
     state = options.get("state")
-    if isinstance(state, str):
-        options["state"] = load_state(state)
+    if isinstance(state, str) and state not in ("none", "group"):
+        options["state"] = RankLocal(state, isolate=isolate, what="--state factory")
     if isinstance(options.get("params"), str):
         options["params"] = parse_shapes(options["params"], what="params")
     if isinstance(options.get("tolerance"), str):

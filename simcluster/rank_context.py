@@ -10,7 +10,12 @@ code about to run belongs to another rank, :class:`RankContexts` swaps:
   that rank's own :class:`RankWorld` (default group = the rank's simulated WORLD);
 * the default CPU generator's state (saved for the rank leaving, loaded for the rank
   entering), so ``torch.manual_seed`` inside PowerSGD on rank 0 never moves rank 1's
-  random stream.
+  random stream;
+* which rank :data:`simcluster.rank_state.CURRENT` names, so Python's ``random`` and
+  numpy's global generator draw from the entering rank's own generators and a
+  :class:`~simcluster.rank_local.RankLocal` hook calls that rank's copy of its module;
+* and, for the rank leaving, a check that it changed no process-wide setting
+  (:class:`~simcluster.rank_state.SettingsAudit`).
 
 :func:`patched_torch` installs, for the duration of a run only, simulated versions
 of the torch functions whose real versions would escape the simulation
@@ -34,6 +39,7 @@ from torch.distributed import distributed_c10d as c10d
 from simcluster import futures
 from simcluster.errors import UsageError
 from simcluster.process_group import GroupSpec, Runtime, SimProcessGroup
+from simcluster.rank_state import CURRENT, RankGenerators, SettingsAudit, patched_generators
 
 __all__ = ["RankWorld", "RankContexts", "patched_torch"]
 
@@ -91,9 +97,10 @@ class RankContexts:
     """Every rank's world, groups and RNG state for one cluster, plus the swap logic.
 
     ``rng="per_rank"`` starts rank ``r`` from ``torch.manual_seed(seed + r)`` — like a
-    script seeding with its rank; ``rng="same"`` starts every rank from ``seed``.
-    Groups live here across runs (a group made by ``new_group`` in one step is used
-    in the next, as in a training loop).
+    script seeding with its rank; ``rng="same"`` starts every rank from ``seed``; Python's
+    ``random`` and numpy's global generator likewise (:class:`RankGenerators`).
+    Groups and each rank's module copies (``modules[r]``) live here across runs (a group
+    made by ``new_group`` in one step is used in the next, as in a training loop).
     """
 
     def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str) -> None:
@@ -114,6 +121,9 @@ class RankContexts:
         self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
         self._outside_rng: torch.Tensor | None = None
         self._outside_world: Any = None
+        self.generators = RankGenerators(world_size, seed, rng)
+        self.modules: list[dict[str, Any]] = [{} for _ in range(world_size)]
+        self.audit = SettingsAudit()
 
     # -- swapping ---------------------------------------------------------------
     def switch(self, old: int | None, new: int | None) -> None:
@@ -121,14 +131,20 @@ class RankContexts:
         if old is None:
             self._outside_rng = torch.get_rng_state()
             self._outside_world = c10d._world
+            self.audit.start()
+            CURRENT.generators = self.generators
         else:
             self.rng_states[old] = torch.get_rng_state()
+            self.audit.check(old)
         if new is None:
             torch.set_rng_state(self._outside_rng)
             c10d._world = self._outside_world
+            CURRENT.generators = CURRENT.modules = None
         else:
             torch.set_rng_state(self.rng_states[new])
             c10d._world = self.worlds[new]
+            CURRENT.modules = self.modules[new]
+        CURRENT.rank = new
 
     # -- groups -----------------------------------------------------------------
     def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
@@ -191,7 +207,8 @@ def patched_torch(
     contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
 ) -> Iterator[None]:
     """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
-    the run's engine, ``torch.futures.Future``) for one run."""
+    the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
+    ``numpy.random`` dispatchers (:func:`~simcluster.rank_state.patched_generators`), for one run."""
 
     def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
         rank = current_rank()
@@ -212,7 +229,8 @@ def patched_torch(
     try:
         for (owner, name, _), replacement in zip(saved, replacements):
             setattr(owner, name, replacement)
-        yield
+        with patched_generators():
+            yield
     finally:
         for owner, name, original in saved:
             setattr(owner, name, original)

@@ -414,6 +414,9 @@ class Example:
 
     ``base`` is step 0's gradients; step ``t >= 1`` is ``base`` with every seed
     shifted by ``shifts[t-1]``, or a repeat of step ``t - 1`` when that shift is 0.
+    ``rng_seed``: the seed of the ranks' torch, ``random`` and numpy generators (the
+    cluster's ``seed``; ``None``: the check's ``--seed``), drawn so that a hook's random
+    choices are explored and shrink.
     """
 
     world_size: int
@@ -425,6 +428,7 @@ class Example:
     values: str = "float32"
     exact: bool = False
     subgroups: int = 1  # DDP runs on world_size // subgroups ranks per group
+    rng_seed: int | None = None
 
     @property
     def steps(self) -> int:
@@ -457,6 +461,7 @@ def examples(*, world_size_choices: Sequence[int] = (1, 2, 3, 4, 8), steps: int 
     grads_st = {w: gradient_specs(w, steps, values, exact=exact) for w in sorted(set(world_size_choices))}
     group_st = {w: st.sampled_from([d for d in range(1, w + 1) if w % d == 0]) for w in grads_st}
     schedule_st = schedules()
+    rng_seed_st = st.integers(0, 2**31 - 1)
     names = (_dtype_name(dtype), _dtype_name(values))
 
     @st.composite
@@ -466,6 +471,7 @@ def examples(*, world_size_choices: Sequence[int] = (1, 2, 3, 4, 8), steps: int 
         base, shifts = draw(grads_st[world])
         groups = draw(group_st[world]) if subgroups else 1
         schedule = draw(schedule_st)
-        return Example(world, layout, base, shifts, schedule, names[0], names[1], exact, groups)
+        rng_seed = draw(rng_seed_st)  # drawn last: earlier draws keep their place in the choice sequence
+        return Example(world, layout, base, shifts, schedule, names[0], names[1], exact, groups, rng_seed)
 
     return build()

@@ -117,17 +117,27 @@ def _module_name_for(path: Path) -> str:
     return f"simcluster_target_{stem}_{digest}"
 
 
-def _load_file(where: str, spec: str, what: str) -> ModuleType:
+def _file_path(where: str, spec: str, what: str) -> Path:
     path = Path(where).expanduser()
     if not path.is_file():
         raise TargetLoadError(f"{what} {spec!r}: file not found: {where}")
-    path = path.resolve()
+    return path.resolve()
+
+
+def _load_file(where: str, spec: str, what: str) -> ModuleType:
+    path = _file_path(where, spec, what)
     name = _module_name_for(path)
     if name in sys.modules:  # loaded before in this process: same file, same module
         return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
+    return exec_file(name, path, spec, what)
+
+
+def exec_file(name: str, path: Path, spec: str, what: str, loader: Any = None) -> ModuleType:
+    """Execute the file ``path`` as a new module ``name`` (registered in ``sys.modules``, its
+    folder first on ``sys.path`` while it runs); a failure is a one-line :class:`TargetLoadError`."""
+    module_spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if module_spec is None or module_spec.loader is None:
-        raise TargetLoadError(f"{what} {spec!r}: {where} cannot be loaded as a Python module")
+        raise TargetLoadError(f"{what} {spec!r}: {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     # Registered before executing, as the import system does: dataclasses and pickling
     # look modules up in sys.modules by name.
@@ -147,7 +157,7 @@ def _load_file(where: str, spec: str, what: str) -> ModuleType:
             if tb.tb_frame.f_code.co_filename == str(path):
                 line = f" (line {tb.tb_lineno})"
             tb = tb.tb_next
-        raise TargetLoadError(f"{what} {spec!r}: loading {where} raised {_one_line(exc)}{line}") from None
+        raise TargetLoadError(f"{what} {spec!r}: loading {path} raised {_one_line(exc)}{line}") from None
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(folder)

@@ -81,7 +81,8 @@ def test_passing_target_exits_0_with_table_and_json(tmp_path: Path, capsys: pyte
     hook, options = fake.calls[0]
     from hooks.reference import mean_allreduce_hook
 
-    assert hook is mean_allreduce_hook
+    # a RankLocal: every simulated rank gets its own copy of the TARGET's module
+    assert hook.shared is mean_allreduce_hook and hook.spec == "hooks.reference:mean_allreduce_hook"
     assert options["backends"] == ("gloo", "nccl") and options["world_sizes"] == (1, 2, 3, 4, 8)
     assert options["steps"] >= 3 and options["examples"] == 50 and options["seed"] == 0
     assert options["database"] == DEFAULT_DATABASE and options["tolerance"] == "fp32" and options["state"] == "none"

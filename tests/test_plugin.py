@@ -153,8 +153,9 @@ def test_check_hook_takes_cli_spellings_and_profile_defaults(
     clean_env.setattr(simcluster.check, "check_hook", recorder)
     plugin.check_hook("hooks.reference:mean_allreduce_hook", tolerance="FP16", state="hooks.reference:TopKState")
     hook, options = recorder.calls[-1]
-    assert hook is mean_allreduce_hook and options["target"] == "hooks.reference:mean_allreduce_hook"
-    assert options["tolerance"] == "fp16" and callable(options["state"])
+    # strings become RankLocal: every simulated rank gets its own copy of the module
+    assert hook.shared is mean_allreduce_hook and options["target"] == "hooks.reference:mean_allreduce_hook"
+    assert options["tolerance"] == "fp16" and callable(options["state"]) and options["state"].spec.endswith("TopKState")
     assert options["examples"] == plugin.PROFILES["dev"].examples
     assert not isinstance(options["database"], ReadOnlyDatabase)
     clean_env.setenv("CI", "1")

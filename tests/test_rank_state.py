@@ -1,0 +1,225 @@
+"""A simulated rank owns what a process owns: module state, Python/numpy RNGs; shared settings are caught.
+
+The hooks under test live in ``tests/rank_state_hooks/`` and are loaded by path, as a
+user's would be.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+import torch.distributed as dist
+
+from simcluster import SimCluster
+from simcluster.check import check_hook, decode_example, encode_example
+from simcluster.differential import compare_with_gloo
+from simcluster.errors import UsageError
+from simcluster.rank_local import RankLocal
+from simcluster.rank_state import SharedSettingError
+from simcluster.strategies import Example, Layout, RankSpec, StepSpec
+from simcluster.targets import load_target
+
+HOOKS = Path(__file__).parent / "rank_state_hooks"
+CORRECT = ["counter_dtype", "module_random", "residual_dict"]
+ROOT = Path(__file__).parent.parent
+
+
+def spec(name: str) -> str:
+    return f"{HOOKS / name}.py:hook"
+
+
+# -- per-rank module copies ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_hooks_correct_per_process_pass_check(name: str) -> None:
+    report = check_hook(spec(name), world_sizes=(2, 3, 4, 8), examples=12, backends=("gloo",), database=None)
+    assert report.passed, report.format()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CORRECT)
+def test_hooks_correct_per_process_pass_check_200_examples(name: str) -> None:
+    report = check_hook(spec(name), world_sizes=(2, 3, 4, 8), examples=200, database=None)
+    assert report.passed, report.format()
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_the_same_hooks_as_shared_function_objects_are_false_alarms(name: str) -> None:
+    """What the copies prevent: one module shared by every rank breaks these correct hooks."""
+    report = check_hook(load_target(spec(name)), world_sizes=(4,), examples=3, backends=("gloo",), database=None)
+    assert [f.property for f in report.failures] == ["liveness"]
+    assert "CollectiveMismatchError" in report.failures[0].message
+
+
+def test_each_cluster_is_a_fresh_set_of_processes() -> None:
+    hook = RankLocal(spec("counter_dtype"))
+    shared_calls = dict(hook.shared.__globals__["_calls"])
+    grads = [torch.ones(3), torch.ones(3)]
+    for _ in range(2):  # two clusters: each starts from a fresh module (the counter at 0)
+        cluster = SimCluster(2, seed=0)
+        dtypes = [cluster.run_hook(hook, grads).trace.collectives()[0].dtype for _ in range(3)]
+        assert dtypes == ["float32", "float32", "float64"]
+    assert hook.shared.__globals__["_calls"] == shared_calls  # the shared module untouched
+
+
+def test_hook_and_state_factory_of_one_file_share_the_rank_copy(tmp_path: Path) -> None:
+    source = tmp_path / "paired.py"
+    source.write_text(
+        "import torch, torch.distributed as dist\n"
+        "class State:\n    pass\n"
+        "def make_state(pg):\n    return State()\n"
+        "def hook(state, bucket):\n"
+        "    assert isinstance(state, State), 'state from another copy of the module'\n"
+        "    fut = torch.futures.Future(); fut.set_result(bucket.buffer()); return fut\n")
+    cluster = SimCluster(2)
+    run = cluster.run_hook(f"{source}:hook", [torch.ones(2), torch.ones(2)],
+                           state=RankLocal(f"{source}:make_state"))
+    assert type(run.states[0]) is not type(run.states[1])  # each rank its own class object
+
+
+def test_isolate_copies_a_helper_module_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HOOKS))
+    options = dict(world_sizes=(4,), examples=3, backends=("gloo",), database=None)
+    shared = check_hook("rspkg.hooks:hook", **options)
+    assert [f.property for f in shared.failures] == ["liveness"]  # the helper's counter is shared
+    import rspkg.helpers
+
+    before = dict(rspkg.helpers.calls)
+    isolated = check_hook("rspkg.hooks:hook", isolate="rspkg.helpers", **options)
+    assert isolated.passed, isolated.format()
+    assert sys.modules["rspkg.helpers"] is rspkg.helpers and rspkg.helpers.calls == before  # copies only
+
+
+def test_isolate_refuses_shared_packages() -> None:
+    with pytest.raises(UsageError, match="torch.nn is part of torch, which every rank shares"):
+        check_hook("hooks.reference:mean_allreduce_hook", isolate="torch.nn")
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_hooks_agree_bitwise_with_real_gloo(name: str, gloo_world) -> None:  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(3)
+    grads = [[torch.randn(9, generator=gen) for _ in range(4)] for _ in range(4)]
+    report = compare_with_gloo(spec(name), grads, world_size=4, cluster=gloo_world(4))
+    assert report.equal, report.summary()
+    again = compare_with_gloo(spec(name), grads, world_size=4, cluster=gloo_world(4))  # fresh modules per job
+    assert again.equal, again.summary()
+
+
+# -- per-rank random / numpy -------------------------------------------------------------------
+
+
+def _draws(rank: int) -> tuple[list[float], list[float]]:
+    first = [random.random(), float(numpy.random.rand())]
+    dist.barrier()  # the other ranks draw in between
+    return first, [random.random(), float(numpy.random.rand())]
+
+
+def test_random_and_numpy_are_per_rank_and_seeded_by_policy() -> None:
+    random.seed(5)
+    numpy.random.seed(5)
+    outside = (random.getstate(), numpy.random.get_state()[1].copy())
+    values = SimCluster(3, seed=7).run(_draws).values
+    for rank, (first, second) in enumerate(values):
+        py, np_ = random.Random(7 + rank), numpy.random.RandomState(7 + rank)
+        assert [first[0], second[0]] == [py.random(), py.random()]
+        assert [first[1], second[1]] == [np_.rand(), np_.rand()]
+    same = SimCluster(3, seed=7, rng="same").run(_draws).values
+    assert same[0] == same[1] == same[2]
+    assert random.getstate() == outside[0] and (numpy.random.get_state()[1] == outside[1]).all()
+
+
+def test_example_seeds_reach_the_ranks_and_tokens_carry_them() -> None:
+    example = Example(2, Layout(((3,),)), StepSpec((RankSpec("ints", seed=1), RankSpec("ints", seed=2))),
+                      rng_seed=123)
+    assert decode_example(encode_example(example, "gloo"))[0].rng_seed == 123
+    old = Example(2, Layout(((3,),)), StepSpec((RankSpec("ints", seed=1), RankSpec("ints", seed=2))))
+    token = encode_example(old, "gloo")
+    assert decode_example(token)[0] == old  # a token without the field decodes (None: the --seed)
+    import base64
+    import zlib
+
+    body = token[4:]
+    assert b"rng_seed" not in zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+
+
+# -- shared settings ---------------------------------------------------------------------------
+
+
+def test_a_rank_changing_the_default_dtype_is_reported_and_undone() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 1:
+            torch.set_default_dtype(torch.float64)
+        dist.barrier()
+
+    with pytest.raises(SharedSettingError, match=r"rank 1 changed torch.get_default_dtype\(\) from torch.float32"):
+        SimCluster(2).run(rank_fn)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_rank_changing_a_backend_flag_is_reported_and_undone() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 1:
+            torch.backends.cudnn.deterministic = True
+
+    with pytest.raises(SharedSettingError, match=r"rank 1 changed torch.backends.cudnn"):
+        SimCluster(2).run(rank_fn)
+    assert torch.backends.cudnn.deterministic is False
+
+
+def test_a_rank_changing_os_environ_is_reported_and_undone() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 0:
+            os.environ["SIMCLUSTER_TEST_LEAK"] = "1"
+
+    with pytest.raises(SharedSettingError, match="rank 0 changed os.environ: SIMCLUSTER_TEST_LEAK set"):
+        SimCluster(2).run(rank_fn)
+    assert "SIMCLUSTER_TEST_LEAK" not in os.environ
+
+
+# -- replays reproduce -------------------------------------------------------------------------
+
+
+def _cli(args: list[str], hashseed: int) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONHASHSEED=str(hashseed), PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "simcluster", "check", *args, "--quiet", "--no-database"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def _replay_reproduces(name: str, runs: int) -> None:
+    """Find a failure of hook ``name`` with the CLI, then run its printed replay command
+    ``runs`` times in fresh processes, each with another PYTHONHASHSEED: the same exit code,
+    the same report bytes (timings blanked), and the failure the search printed."""
+    found = _cli([spec(name), "--backend", "gloo", "--world-sizes", "2,3,4", "--examples", "20"], 1)
+    assert found.returncode == 1, found.stdout + found.stderr
+    replay = re.search(r"replay: +(simcluster check .*)", found.stdout)
+    assert replay is not None, found.stdout
+    args = replay.group(1).split()[2:]
+    block = re.compile(r"^FAILED \w+ \[.*?^  replay:", re.M | re.S)
+    first_failure = block.search(found.stdout).group(0)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda seed: _cli(args, seed), range(100, 100 + runs)))
+    outputs = {re.sub(r"\d+\.\d+s", "", r.stdout) for r in results}
+    assert [r.returncode for r in results] == [1] * runs
+    assert len(outputs) == 1, outputs  # the same bytes every time (timings blanked)
+    assert block.search(outputs.pop()).group(0) == first_failure  # the property, counterexample, schedule
+
+
+def test_gossip_hook_is_caught_and_its_replay_reproduces() -> None:
+    _replay_reproduces("gossip_alias", 3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # 21 CLI processes, 2 at a time: minutes on 2 shared cores
+@pytest.mark.parametrize("name", ["gossip_alias", "numpy_noise", "torch_noise", "module_rng_drop", "module_cache"])
+def test_replays_of_hooks_using_rngs_and_module_state_reproduce_20_of_20(name: str) -> None:
+    _replay_reproduces(name, 20)
