@@ -177,9 +177,15 @@ def _explain_command(args: argparse.Namespace) -> int:
 
     deadline = EXPLAIN_DEADLINE if args.deadline is None else check_deadline(args.deadline)
 
-    def job(monitor: Any) -> int:
+    def job(monitor: Any) -> tuple[int, str]:
+        import contextlib
+        import io
+
         monitor.begin({"phase": "explain"})
-        return explain_command(args)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):  # handed back: the caller's stdout may be a capture
+            code = explain_command(args)
+        return code, out.getvalue()
 
     outcome = run_supervised(job, deadline=deadline)
     if outcome.error is not None:
@@ -190,7 +196,9 @@ def _explain_command(args: argparse.Namespace) -> int:
         if stack:
             print("  the stuck code (outermost call first):\n" + stack, file=sys.stderr)
         return EXIT_FAILED
-    return int(outcome.value)
+    code, text = outcome.value
+    sys.stdout.write(text)
+    return int(code)
 
 
 # -- check ------------------------------------------------------------------------------------
