@@ -384,7 +384,8 @@ class ThreadedEngine:
                 return "every running thread is blocked in wait()"
             # A rank can post again only from its thread or a completion on its workers:
             # once its thread has finished and its workers hold no work, it never will.
-            active = {pool.rank for pool in self._workers.values() if pool.busy()}
+            # read without the pool's condition: workers take it before this lock (lock order)
+            active = {pool.rank for pool in self._workers.values() if pool.queue or pool.idle < len(pool.threads)}
             for p in self._pending.values():
                 missing = [r for r in p.ranks if r not in p.calls]
                 if missing and all(r in self._finished and r not in active for r in missing):
