@@ -287,9 +287,7 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
         return True
 
     outcome = run_supervised(load_all, deadline=deadline)
-    if isinstance(outcome.error, Exception):
-        raise outcome.error
-    if outcome.error is not None:  # Ctrl-C while importing
+    if outcome.error is not None:  # a load error (exit 2), or Ctrl-C while importing
         raise outcome.error
     if outcome.death is not None:
         frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 
-__all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "format_frames"]
+__all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "format_frames", "short_path"]
 
 
 def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -73,11 +73,11 @@ class Frame:
     source: str
 
     def __str__(self) -> str:
-        text = f"{_short(self.file)}:{self.line} in {self.function}"
+        text = f"{short_path(self.file)}:{self.line} in {self.function}"
         return f"{text}: {self.source}" if self.source else text
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """``path`` relative to the current directory when it is inside it (else as is)."""
     try:
         rel = os.path.relpath(path)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from simcluster.frames import Frame, user_frames
+from simcluster.frames import Frame, short_path, user_frames
 from simcluster.layout import bucket_calls
 from simcluster.strategies import DTYPES, Example
 
@@ -93,15 +93,7 @@ def user_line(exc: BaseException | None) -> str:
     if exc is None:
         return ""
     frames = user_frames(exc, limit=1)
-    return f"{_rel(frames[0].file)}:{frames[0].line}" if frames else ""
-
-
-def _rel(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+    return f"{short_path(frames[0].file)}:{frames[0].line}" if frames else ""
 
 
 # --------------------------------------------------------------------------- the DDP step

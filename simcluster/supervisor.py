@@ -51,7 +51,6 @@ import select
 import signal
 import struct
 import sys
-import sysconfig
 import tempfile
 import time
 import traceback
@@ -61,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from simcluster.errors import HookExited
+from simcluster.frames import is_internal, short_path, user_frames
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "stuck_in",
            "raise_site"]
@@ -307,21 +307,6 @@ def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
 
 # --------------------------------------------------------------------------- stacks
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
-_LIBRARY_ROOTS = tuple(sorted(
-    str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                     sysconfig.get_paths()["platlib"], str(Path(__file__).parent), sys.prefix,
-                                     sys.exec_prefix, sys.base_prefix}
-))
-
-
-def _is_user_file(path: str) -> bool:
-    try:
-        resolved = str(Path(path).resolve())
-    except OSError:
-        return True
-    return not resolved.startswith(_LIBRARY_ROOTS) and not path.startswith("<")
-
-
 def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
     """faulthandler's dump as a list of threads, each a list of (file, line, function),
     innermost frame first (faulthandler's order)."""
@@ -341,8 +326,8 @@ def stuck_in(dump: str) -> str:
     threads = _threads(dump)
     for thread in sorted(threads, key=_parked_by_simcluster):
         for path, _, func in thread:
-            if _is_user_file(path):
-                return f"{func} ({_short_path(path)})"
+            if not is_internal(path):
+                return f"{func} ({short_path(path)})"
     return ""
 
 
@@ -353,20 +338,20 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
     threads = _threads(dump)
     if not threads:
         return ""
-    with_user = [t for t in threads if any(_is_user_file(f) for f, _, _ in t)]
+    with_user = [t for t in threads if any(not is_internal(f) for f, _, _ in t)]
     # a thread parked by simcluster (waiting its turn inside a simulated wait) is not the stuck one
     running = [t for t in with_user if not _parked_by_simcluster(t)]
     chosen = (running or with_user or threads)[0 if (running or with_user) else -1]
-    user = [i for i, (f, _, _) in enumerate(chosen) if _is_user_file(f)]
+    user = [i for i, (f, _, _) in enumerate(chosen) if not is_internal(f)]
     if user:  # the innermost run of user frames, and up to 3 library frames it called into
         end = user[0]
-        while end + 1 < len(chosen) and _is_user_file(chosen[end + 1][0]):
+        while end + 1 < len(chosen) and not is_internal(chosen[end + 1][0]):
             end += 1
         chosen = chosen[max(0, user[0] - 3): end + 1]
     frames = list(reversed(chosen))[-limit:]
     lines = []
     for path, lineno, func in frames:
-        shown = _short_path(path)
+        shown = short_path(path)
         lines.append(f"    {shown}:{lineno} in {func}")
         source = linecache.getline(path, lineno).strip()
         if source:
@@ -378,18 +363,11 @@ def _parked_by_simcluster(thread: list[tuple[str, int, str]]) -> bool:
     """Whether the innermost frames (inside the innermost user frame) are simcluster's."""
     own = str(Path(__file__).parent.resolve())
     for path, _, _ in thread:
-        if _is_user_file(path):
+        if not is_internal(path):
             return False
         if str(Path(path).resolve()).startswith(own):
             return True
     return False
-
-
-def _short_path(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
 
 
 def raise_site(exc: BaseException) -> str:
@@ -401,18 +379,7 @@ def raise_site(exc: BaseException) -> str:
         if match:
             parts.append(f"rank {match[1]}")
             break
-    frames = [(f.f_code.co_filename, line, f.f_code.co_name) for f, line in _walk_tb(exc.__traceback__)]
-    user = [frame for frame in frames if _is_user_file(frame[0])]
-    if user:
-        path, line, func = user[-1]
-        source = linecache.getline(path, line).strip()
-        parts.append(f"at {_short_path(path)}:{line} in {func}" + (f": {source}" if source else ""))
+    frames = user_frames(exc, limit=1)
+    if frames:
+        parts.append(f"at {frames[0]}")
     return f" ({', '.join(parts)})" if parts else ""
-
-
-def _walk_tb(tb: Any) -> list[tuple[Any, int]]:
-    frames = []
-    while tb is not None:
-        frames.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    return frames
