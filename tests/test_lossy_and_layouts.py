@@ -263,8 +263,9 @@ def test_a_sketch_sized_from_the_model_runs_from_the_cli_with_params() -> None:
 def test_a_hook_using_global_ranks_fails_on_subgroups_with_a_factory_state() -> None:
     options = dict(state=f"{HOOKS}:GroupState", tolerance="scale=0.1", **{**FAST, "examples": 10})
     assert check_hook(f"{HOOKS}:global_rank_hook", **options).passed  # the whole world: right by luck
+    # 40 examples: enough draws to split the world (ten may all draw one group)
     report = check_hook(f"{HOOKS}:global_rank_hook", subgroups=True, backends=("gloo",),
-                        **{**options, "world_sizes": (2, 4)})
+                        **{**options, "world_sizes": (2, 4), "examples": 40})
     failure = report.failures[0]
     assert not report.passed and "IndexError" in failure.message and "subgroups of" in failure.layout
     assert "--subgroups" in failure.replay
@@ -273,5 +274,5 @@ def test_a_hook_using_global_ranks_fails_on_subgroups_with_a_factory_state() -> 
 
 def test_subgroups_from_the_cli() -> None:
     code, out = _cli(f"{HOOKS}:global_rank_hook", "--state", f"{HOOKS}:GroupState", "--tolerance", "scale=0.1",
-                     "--subgroups", "--examples", "10", "--world-sizes", "2,4", "--backend", "nccl")
+                     "--subgroups", "--examples", "40", "--world-sizes", "2,4", "--backend", "nccl")
     assert code == 1 and "IndexError" in out and "--subgroups" in out
