@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from simcluster.gloo_runner import GlooCluster
+from simcluster.real.gloo_runner import GlooCluster
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ sides of a ratio cancels out):
   (flat = O(W·n) work per collective).
 * **memory** — peak RSS growth of one step (``VmHWM``, in a fresh subprocess) over
   the gradients' bytes, at W=64 × 1M and W=8 × 4M.
-* **check** — ``simcluster.check.check_hook`` throughput (examples per second) for
+* **check** — ``simcluster.checking.check.check_hook`` throughput (examples per second) for
   ``allreduce_hook``, ``fp16_compress_hook`` and ``powerSGD_hook`` with their default
   state and tolerance (failing hooks include shrinking).
 
@@ -50,13 +50,13 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from simcluster import SimCluster
-from simcluster.bucket import make_bucket
+from simcluster.fake.bucket import make_bucket
 
 _T = "torch.distributed.algorithms.ddp_comm_hooks."
 CHECK_HOOKS = [
     ("allreduce_hook", _T + "default_hooks:allreduce_hook", "none", "fp32"),
     ("fp16_compress_hook", _T + "default_hooks:fp16_compress_hook", "none", "fp16"),
-    ("powerSGD_hook", _T + "powerSGD_hook:powerSGD_hook", "simcluster.defaults:powersgd_state", "none"),
+    ("powerSGD_hook", _T + "powerSGD_hook:powerSGD_hook", "simcluster.checking.defaults:powersgd_state", "none"),
 ]
 
 
@@ -154,7 +154,7 @@ def gloo_worker(rank: int, world_size: int, payload: tuple[int, int]) -> float:
 
 
 def bench_gloo(world: int, n: int, steps: int) -> float:
-    from simcluster.gloo_runner import run_gloo
+    from simcluster.real.gloo_runner import run_gloo
 
     return max(run_gloo(gloo_worker, world, [(n, steps)] * world, timeout=300.0))
 
@@ -264,9 +264,9 @@ def memory_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- check
 def check_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from simcluster.check import check_hook
+    from simcluster.checking.check import check_hook
 
-    print("\n## check: simcluster.check.check_hook throughput (default examples, both backends)")
+    print("\n## check: simcluster.checking.check.check_hook throughput (default examples, both backends)")
     rows = []
     for name, target, state, tolerance in CHECK_HOOKS:
         with tempfile.TemporaryDirectory() as db:

@@ -4,7 +4,7 @@
     python benchmarks/measure_gloo_facts.py facts      # facts only
     python benchmarks/measure_gloo_facts.py timings    # runner timings only
 
-Each experiment is a job run on real gloo processes through simcluster.gloo_runner, so
+Each experiment is a job run on real gloo processes through simcluster.real.gloo_runner, so
 a hang is a bounded GlooRunError (reported as "deadlock"), never a stuck script.
 """
 
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from simcluster.gloo_runner import GlooCluster, GlooRunError, run_gloo
+from simcluster.real.gloo_runner import GlooCluster, GlooRunError, run_gloo
 
 
 def _describe(value: Any, known: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
     python benchmarks/mutation_score.py [--examples 50] [--seed 0] [--only NAME,...] [--jobs 1]
 
-Every entry of :mod:`hooks.catalogue` is checked with :func:`simcluster.check.check_hook`
+Every entry of :mod:`simcluster.hooks.catalogue` is checked with :func:`simcluster.checking.check.check_hook`
 the way ``simcluster check`` would check it by default — the CLI's default number of
 examples (50 per backend), world sizes 1, 2, 3, 4, 8 (those below the entry's
 ``min_world_size`` dropped), 3 steps, seed 0, **every property that applies**, no example
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hooks.catalogue import CatalogueEntry, entries
-from simcluster.check import check_hook
-from simcluster.report import CheckReport
+from simcluster.hooks.catalogue import CatalogueEntry, entries
+from simcluster.checking.check import check_hook
+from simcluster.checking.report import CheckReport
 
 DEFAULT_WORLD_SIZES = (1, 2, 3, 4, 8)
 DEFAULT_EXAMPLES = 50  # simcluster check's --examples default

@@ -18,14 +18,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook, quantization_hooks  # noqa: E402
 
-from simcluster.defaults import powersgd_state  # noqa: E402
-from simcluster.explain import explain_story  # noqa: E402
-from simcluster.safe_range import safe_range  # noqa: E402
-from simcluster.story import Story, record  # noqa: E402
-from simcluster.timeline import write_timeline  # noqa: E402
-from simcluster.wire import PRESETS  # noqa: E402
+from simcluster.checking.defaults import powersgd_state  # noqa: E402
+from simcluster.teaching.explain import explain_story  # noqa: E402
+from simcluster.teaching.safe_range import safe_range  # noqa: E402
+from simcluster.teaching.story import Story, record  # noqa: E402
+from simcluster.teaching.timeline import write_timeline  # noqa: E402
+from simcluster.teaching.wire import PRESETS  # noqa: E402
 
-from hooks import legacy  # noqa: E402
+from simcluster.hooks import legacy  # noqa: E402
 
 NET = PRESETS["ethernet25"]
 IMG = ROOT / "docs" / "img"
@@ -95,12 +95,12 @@ def part_powersgd() -> list[str]:
     return [
         "## 2. PowerSGD: the switch, the error-feedback memory, and the gloo deadlock",
         "",
-        "With `--state simcluster.defaults:powersgd_state` (rank 1, `start_powerSGD_iter=2`, error feedback and",
+        "With `--state simcluster.checking.defaults:powersgd_state` (rank 1, `start_powerSGD_iter=2`, error feedback and",
         "warm start on), PowerSGD all-reduces the plain gradients in iterations 0 and 1 and compresses from",
         "iteration 2. Two 16x16 parameters, a 1 KiB cap: two buckets after the rebuild. (A 4x4 matrix would not",
         "be compressed at all: rank 1 costs 4 + 4 numbers, and PowerSGD wants a 2x saving.) On the NCCL model:",
         "",
-        f"```\nsimcluster explain {PS} --state simcluster.defaults:powersgd_state --params 16x16,16x16 "
+        f"```\nsimcluster explain {PS} --state simcluster.checking.defaults:powersgd_state --params 16x16,16x16 "
         "--bucket-cap-mb 0.0009765625 --steps 3 --backend nccl\n```",
         "",
         "Iteration 1 (after the rebuild) is still a plain all_reduce of each bucket:",

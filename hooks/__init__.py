@@ -1,14 +1,14 @@
 """Communication hooks written for simcluster: references, a catalogue of bugs, legacy-style hooks.
 
-* :mod:`hooks.reference` — correct hooks on the current API (mean, fp16/bf16, all_gather,
+* :mod:`simcluster.hooks.reference` — correct hooks on the current API (mean, fp16/bf16, all_gather,
   scaled fp16, top-k with error feedback).
-* :mod:`hooks.buggy` — one realistic buggy hook per bug class, each docstring teaching the bug.
-* :mod:`hooks.legacy` — hooks in the PyTorch 1.7 – 1.9 style (``[tensor]`` results).
-* :mod:`hooks.catalogue` — all of them as plain data (:func:`entries`) for checkers and tests.
+* :mod:`simcluster.hooks.buggy` — one realistic buggy hook per bug class, each docstring teaching the bug.
+* :mod:`simcluster.hooks.legacy` — hooks in the PyTorch 1.7 – 1.9 style (``[tensor]`` results).
+* :mod:`simcluster.hooks.catalogue` — all of them as plain data (:func:`entries`) for checkers and tests.
 
 This package is user-style code: it imports torch, never simcluster.
 """
 
-from hooks.catalogue import BUGGY, LEGACY, REFERENCE, CatalogueEntry, by_name, entries
+from simcluster.hooks.catalogue import BUGGY, LEGACY, REFERENCE, CatalogueEntry, by_name, entries
 
 __all__ = ["CatalogueEntry", "REFERENCE", "BUGGY", "LEGACY", "entries", "by_name"]

@@ -1,7 +1,7 @@
 """A catalogue of realistic buggy DDP communication hooks, one per bug class.
 
 Each hook is code a careful person could write — most are one token away from a correct
-hook in :mod:`hooks.reference` — and each docstring says:
+hook in :mod:`simcluster.hooks.reference` — and each docstring says:
 
 * **Bug** — what is wrong, pointing at the line;
 * **Why it is plausible** — how such code comes to be written;
@@ -10,9 +10,9 @@ hook in :mod:`hooks.reference` — and each docstring says:
   ``replicas_agree``, ``contract``, ``liveness``, ``schedule_independence``,
   ``error_feedback``) and the inputs it needs.
 
-The bug lines carry a ``# BUG`` comment.  :mod:`hooks.catalogue` lists every hook here with
+The bug lines carry a ``# BUG`` comment.  :mod:`simcluster.hooks.catalogue` lists every hook here with
 its state, tolerance and expected failure.  Like the reference hooks, this module imports
-only torch and :mod:`hooks.reference`.
+only torch and :mod:`simcluster.hooks.reference`.
 
 No ``from __future__ import annotations`` here (nor in any hook module): DDP compares the
 ``bucket`` and return annotations with the real objects at registration and refuses
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hooks.reference import first_tensor, gathered_rows, resolve_group
+from simcluster.hooks.reference import first_tensor, gathered_rows, resolve_group
 
 __all__ = [
     # averages
@@ -566,7 +566,7 @@ def skip_allreduce_if_zero(process_group: dist.ProcessGroup | None, bucket: dist
 
 
 def scaled_fp16_blocking(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-    """:func:`hooks.reference.scaled_fp16_hook` written PowerSGD-style: ``.wait()`` inside a callback.
+    """:func:`simcluster.hooks.reference.scaled_fp16_hook` written PowerSGD-style: ``.wait()`` inside a callback.
 
     Bug: phase 1's ``.then`` callback issues phase 2 and blocks on it.  On gloo the
     callback runs on one of the group's **2** worker threads; each bucket in flight parks
@@ -693,7 +693,7 @@ def topk_residual_keyed_by_index(state: IndexedResidualState, bucket: dist.GradB
     on every rank; had the sizes matched, the memory would be added to the wrong
     parameters without a word.
     Caught by: ``error_feedback`` (any multi-step run with >= 2 buckets after the rebuild
-    fails with the hook's exception); :class:`hooks.reference.TopKState` keys by parameter.
+    fails with the hook's exception); :class:`simcluster.hooks.reference.TopKState` keys by parameter.
     """
     buffer = bucket.buffer()
     residual = state.residuals.get(bucket.index())  # BUG: index() changes meaning after iteration 0

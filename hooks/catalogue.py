@@ -17,7 +17,7 @@ True
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hooks import buggy, legacy, reference
+from simcluster.hooks import buggy, legacy, reference
 
 __all__ = [
     "CatalogueEntry",
@@ -131,7 +131,7 @@ REFERENCE: tuple[CatalogueEntry, ...] = (
     _ref(reference.bf16_compress_hook, "none", "bf16", "divide in fp32, cast to bf16, all_reduce, copy back"),
     _ref(reference.allgather_mean_hook, "none", "fp32", "all_gather, fold in rank order in fp64 (any backend)"),
     _ref(reference.scaled_fp16_hook, "none", "fp16", "MAX all_reduce waited in the hook body, scaled fp16 sum"),
-    _ref(reference.topk_hook, "hooks.reference:TopKState", "none",
+    _ref(reference.topk_hook, "simcluster.hooks.reference:TopKState", "none",
          "top-k with per-parameter error feedback, rank-order merge", needs=("rebuild",)),
 )
 
@@ -143,7 +143,7 @@ BUGGY: tuple[CatalogueEntry, ...] = (
     _bug(buggy.fp16_no_division, "averages", "arithmetic + overflow", "none", "fp16", "fp16 sum, never divided", min_world_size=2),
     _bug(buggy.divides_by_global_world_size, "averages", "subgroups", "group", "fp32",
          "divides by the world's size, sums over a subgroup", needs=("subgroup",), min_world_size=4),
-    _bug(buggy.inflight_shared_compressor, "averages", "buckets in flight", "hooks.buggy:CompressorState", "fp16",
+    _bug(buggy.inflight_shared_compressor, "averages", "buckets in flight", "simcluster.hooks.buggy:CompressorState", "fp16",
          "compressor keeps 'the' bucket in self: buckets in flight overwrite it",
          needs=("buckets>=2",), min_world_size=2),
     _bug(buggy.allgather_assumes_gloo_list, "averages", "backend portability", "none", "fp32",
@@ -159,7 +159,7 @@ BUGGY: tuple[CatalogueEntry, ...] = (
     _bug(buggy.fp16_copy_wrong_direction, "replicas_agree", "replica divergence", "none", "fp16",
          "reduced.copy_(buffer) instead of buffer.copy_(reduced): local gradient kept", min_world_size=2),
     # schedule_independence
-    _bug(buggy.dp_noise_shared_generator, "schedule_independence", "schedule dependence", "hooks.buggy:NoiseState", "none",
+    _bug(buggy.dp_noise_shared_generator, "schedule_independence", "schedule dependence", "simcluster.hooks.buggy:NoiseState", "none",
          "shared-seed noise drawn in callbacks, i.e. in completion order", needs=("buckets>=2",),
          backends=("gloo",)),  # NCCL completes a group's collectives in issue order: no reordering to see
     # contract
@@ -184,13 +184,13 @@ BUGGY: tuple[CatalogueEntry, ...] = (
     _bug(buggy.scaled_fp16_blocking, "liveness", "blocking callback", "none", "fp16",
          ".wait() on a 2nd collective inside .then: starves gloo's 2 workers",
          backends=("gloo",), needs=("buckets>=2",)),
-    _bug(buggy.clip_waits_for_last_bucket, "liveness", "wait on later work", "hooks.buggy:ClipState", "none",
+    _bug(buggy.clip_waits_for_last_bucket, "liveness", "wait on later work", "simcluster.hooks.buggy:ClipState", "none",
          "callbacks wait for a future only the last bucket completes", needs=("buckets>=3",),
          backends=("gloo",)),  # the NCCL model runs callbacks at completion, not inline at issue: see docs/hooks.md
     # error_feedback
-    _bug(buggy.topk_residual_keyed_by_index, "error_feedback", "state vs rebuild", "hooks.buggy:IndexedResidualState", "none",
+    _bug(buggy.topk_residual_keyed_by_index, "error_feedback", "state vs rebuild", "simcluster.hooks.buggy:IndexedResidualState", "none",
          "error memory keyed by bucket.index(): wrong size after the rebuild", needs=("rebuild",)),
-    _bug(buggy.topk_forgets_inplace_add, "error_feedback", "error feedback", "hooks.buggy:IndexedResidualState", "none",
+    _bug(buggy.topk_forgets_inplace_add, "error_feedback", "error feedback", "simcluster.hooks.buggy:IndexedResidualState", "none",
          "buffer.add(residual) (not add_): error feedback silently off", needs=("repeated_grads",)),
 )
 
@@ -203,7 +203,7 @@ LEGACY: tuple[CatalogueEntry, ...] = (
                    expected_failure="averages", needs=("large_values",), min_world_size=2,
                    bug_class="legacy finding",
                    note="1.8: cast, fp16 all_reduce, divide while copying back: the fp16 sum overflows"),
-    CatalogueEntry("legacy.stats_mean_hook", legacy.stats_mean_hook, "hooks.legacy:LegacyStatsState", "fp32",
+    CatalogueEntry("legacy.stats_mean_hook", legacy.stats_mean_hook, "simcluster.hooks.legacy:LegacyStatsState", "fp32",
                    api="legacy", note="1.9: every accessor of the old GradBucket"),
     CatalogueEntry("legacy.fp16_wrapped_allreduce_hook", legacy.fp16_wrapped_allreduce_hook, "none", "fp16",
                    api="legacy", expected_failure="averages", needs=("large_values",), min_world_size=2,

@@ -89,7 +89,7 @@ def fp16_compress_hook(process_group: dist.ProcessGroup, bucket: dist._GradBucke
     as same-sign values add up beyond 65504 (two ranks at 32768 suffice), and the cast
     itself overflows for ``|x| > 65504``.  Later torch versions divide before the sum;
     even that overflows at W = 3 for ±65504 (``65504 / 3`` rounds to 21840, and three of
-    them to ``inf``), which :func:`hooks.reference.fp16_compress_hook` avoids with a
+    them to ``inf``), which :func:`simcluster.hooks.reference.fp16_compress_hook` avoids with a
     round-toward-zero cast and a clamp.  Caught by ``averages`` under ``fp16``.
     """
     group = _group(process_group)
@@ -187,7 +187,7 @@ def allreduce_sum_hook(process_group: dist.ProcessGroup, bucket: dist._GradBucke
 
     Bug: no division (the 1.7 tutorials' ``allreduce_sum`` examples were meant for
     learning the API, and got copied into training code).
-    On a real cluster: W-times gradients, as with :func:`hooks.buggy.forgot_division`.
+    On a real cluster: W-times gradients, as with :func:`simcluster.hooks.buggy.forgot_division`.
     Caught by: ``averages`` (legacy contract), any world size >= 2.
     """
     group = _group(process_group)

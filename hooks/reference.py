@@ -9,7 +9,7 @@ normally the **mean over ranks**.  DDP copies that tensor back into the paramete
 
     ddp_model.register_comm_hook(process_group_or_None, mean_allreduce_hook)
 
-Things every hook here respects, and that the buggy catalogue (:mod:`hooks.buggy`) breaks:
+Things every hook here respects, and that the buggy catalogue (:mod:`simcluster.hooks.buggy`) breaks:
 
 * **Mean, not sum.**  ``all_reduce`` sums; the hook divides by the *group's* size.
 * **Replicas agree bitwise.**  Every rank must return the same bits, or the model copies
@@ -212,7 +212,7 @@ def _cast_mean_hook(
     # Order matters: x / W is computed in (at least) float32 and only then rounded toward
     # zero into the narrow type and clamped (compress_share), so every finite input the
     # narrow type can hold gives a finite mean.  Casting first overflows at the cast for
-    # |x| > max; summing first overflows in the sum (hooks.buggy.fp16_divide_after_allreduce);
+    # |x| > max; summing first overflows in the sum (simcluster.hooks.buggy.fp16_divide_after_allreduce);
     # rounding x / W to nearest can still overflow the sum (65504 / 3 -> 21840, x3 -> inf).
     compressed = compress_share(buffer, group.size(), dtype)
 
@@ -293,7 +293,7 @@ def allgather_mean_hook(
       Every rank holds the same rows, so every rank does the same operations in the same
       order and gets the same bits.  (Starting the fold from one's own row — the natural
       "mine plus the others" — gives each rank a different rounding: see
-      ``hooks.buggy.allgather_own_first``.)
+      ``simcluster.hooks.buggy.allgather_own_first``.)
     """
     group = resolve_group(process_group)
     world = group.size()
@@ -341,7 +341,7 @@ def scaled_fp16_hook(
     * ``.wait()`` on phase 2 inside phase 1's ``.then`` callback (torch's PowerSGD does
       this) holds a gloo worker thread per bucket; with two buckets in flight both of the
       group's 2 workers wait and nothing runs phase 2: deadlock (measured;
-      ``hooks.buggy.scaled_fp16_blocking``).
+      ``simcluster.hooks.buggy.scaled_fp16_blocking``).
     * Issuing phase 2 from phase 1's callback without waiting avoids the deadlock but
       issues the phase-2 collectives in *completion* order, which gloo's two workers do
       not keep the same on every rank; collectives are matched by issue order, so rank 0's
@@ -384,7 +384,7 @@ class TopKState:
     **Why residuals are keyed by parameter.**  DDP rebuilds its buckets after iteration 0,
     so ``bucket.index()`` is no stable name: index 0 holds every parameter in iteration 0
     and a few of them afterwards.  A residual keyed by index would be added to the wrong
-    gradients or fail on a size mismatch (``hooks.buggy.topk_residual_keyed_by_index``).
+    gradients or fail on a size mismatch (``simcluster.hooks.buggy.topk_residual_keyed_by_index``).
     The parameters themselves are stable — DDP hands the model's own ``Parameter`` objects
     to ``bucket.parameters()`` every iteration — so the residual is stored per parameter,
     as ``torch.optim`` stores its state (a dict keyed by the parameter object; lookups

@@ -56,28 +56,28 @@ __all__ = [
 ]
 
 _HOME = {
-    "SimCluster": "cluster",
-    "RunResult": "cluster",
-    "HookRun": "cluster",
-    "SimDDP": "ddp",
-    "DDPConfig": "ddp",
-    "StepResult": "ddp",
-    "run_real_ddp": "real_ddp",
-    "RankLocal": "rank_local",
-    "check_hook": "check",
-    "assert_hook": "check",
-    "CheckReport": "report",
-    "PropertyFailure": "report",
-    "SimProcessGroup": "process_group",
-    "SimWork": "process_group",
-    "SimFuture": "futures",
-    "SimGradBucket": "bucket",
-    "Trace": "trace",
-    "Scheduler": "scheduler",
-    "InOrder": "scheduler",
-    "Reverse": "scheduler",
-    "SeededRandom": "scheduler",
-    "ChoiceList": "scheduler",
+    "SimCluster": "fake.cluster",
+    "RunResult": "fake.cluster",
+    "HookRun": "fake.cluster",
+    "SimDDP": "ddp.model",
+    "DDPConfig": "ddp.model",
+    "StepResult": "ddp.model",
+    "run_real_ddp": "ddp.real_ddp",
+    "RankLocal": "usercode.rank_local",
+    "check_hook": "checking.check",
+    "assert_hook": "checking.check",
+    "CheckReport": "checking.report",
+    "PropertyFailure": "checking.report",
+    "SimProcessGroup": "fake.process_group",
+    "SimWork": "fake.process_group",
+    "SimFuture": "fake.futures",
+    "SimGradBucket": "fake.bucket",
+    "Trace": "engine.trace",
+    "Scheduler": "engine.scheduler",
+    "InOrder": "engine.scheduler",
+    "Reverse": "engine.scheduler",
+    "SeededRandom": "engine.scheduler",
+    "ChoiceList": "engine.scheduler",
     "SimClusterError": "errors",
     "UsageError": "errors",
     "UnsupportedError": "errors",
@@ -106,10 +106,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from simcluster.bucket import SimGradBucket
-    from simcluster.check import assert_hook, check_hook
-    from simcluster.cluster import HookRun, RunResult, SimCluster
-    from simcluster.ddp import DDPConfig, SimDDP, StepResult
+    from simcluster.fake.bucket import SimGradBucket
+    from simcluster.checking.check import assert_hook, check_hook
+    from simcluster.fake.cluster import HookRun, RunResult, SimCluster
+    from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
     from simcluster.errors import (
         BackendError,
         CollectiveMismatchError,
@@ -123,10 +123,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         UnsupportedError,
         UsageError,
     )
-    from simcluster.futures import SimFuture
-    from simcluster.process_group import SimProcessGroup, SimWork
-    from simcluster.rank_local import RankLocal
-    from simcluster.real_ddp import run_real_ddp
-    from simcluster.report import CheckReport, PropertyFailure
-    from simcluster.scheduler import ChoiceList, InOrder, Reverse, Scheduler, SeededRandom
-    from simcluster.trace import Trace
+    from simcluster.fake.futures import SimFuture
+    from simcluster.fake.process_group import SimProcessGroup, SimWork
+    from simcluster.usercode.rank_local import RankLocal
+    from simcluster.ddp.real_ddp import run_real_ddp
+    from simcluster.checking.report import CheckReport, PropertyFailure
+    from simcluster.engine.scheduler import ChoiceList, InOrder, Reverse, Scheduler, SeededRandom
+    from simcluster.engine.trace import Trace

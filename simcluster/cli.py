@@ -24,13 +24,13 @@
 * **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
   at once; ``--json`` still gets the reports finished so far.
 
-Hooks run in a supervised child process (:mod:`simcluster.supervisor`): a hook that
+Hooks run in a supervised child process (:mod:`simcluster.checking.supervisor`): a hook that
 spins, blocks, sleeps, calls ``sys.exit``/``os._exit`` or kills its process is a
 *liveness* failure of that hook (exit 1), reported with the rank, step, bucket, the
 stuck code's stack and a replay command — never a hang, never exit 0. ``--deadline``
 (default 60 s) bounds each example.
 
-With no TARGET, ``check`` runs :func:`simcluster.defaults.default_entries` — every hook
+With no TARGET, ``check`` runs :func:`simcluster.checking.defaults.default_entries` — every hook
 torch ships plus the reference hooks of ``hooks/`` — each with its own state and
 tolerance; ``--state``/``--tolerance``/``--api`` then do not apply.
 
@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from simcluster.errors import SimClusterError, UsageError
-from simcluster.progress import ProgressLine
-from simcluster.report import PROPERTIES, CheckReport
+from simcluster.checking.progress import ProgressLine
+from simcluster.checking.report import PROPERTIES, CheckReport
 
 __all__ = ["main", "build_parser", "DEFAULT_DATABASE", "CheckFunction"]
 
@@ -60,7 +60,7 @@ DEFAULT_DATABASE = ".simcluster/examples"
 """Where counterexamples are kept, relative to the current directory."""
 
 CheckFunction = Callable[..., CheckReport]
-"""``simcluster.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
+"""``simcluster.checking.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it).
 
-    ``check`` replaces :func:`simcluster.check.check_hook` (tests inject a fake).
+    ``check`` replaces :func:`simcluster.checking.check.check_hook` (tests inject a fake).
     """
     try:
         try:
@@ -171,9 +171,9 @@ def _explain_command(args: argparse.Namespace) -> int:
     exits is reported (exit 1, with the stuck code's stack), never a hang."""
     import torch  # noqa: F401 - imported once here, not in the child
 
-    from simcluster.explain import explain_command
+    from simcluster.teaching.explain import explain_command
     from simcluster.limits import check_deadline
-    from simcluster.supervisor import format_stack, run_supervised
+    from simcluster.checking.supervisor import format_stack, run_supervised
 
     deadline = EXPLAIN_DEADLINE if args.deadline is None else check_deadline(args.deadline)
 
@@ -207,9 +207,9 @@ def _explain_command(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options shared by every row, validated (UsageError → exit 2 before any work)."""
     from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_deadline, check_int
-    from simcluster.supervisor import DEFAULT_DEADLINE
-    from simcluster.targets import parse_shapes, parse_world_sizes
-    from simcluster.rank_local import parse_isolate
+    from simcluster.checking.supervisor import DEFAULT_DEADLINE
+    from simcluster.usercode.targets import parse_shapes, parse_world_sizes
+    from simcluster.usercode.rank_local import parse_isolate
 
     props = None
     if args.properties is not None:
@@ -239,10 +239,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One dict per hook to check: display name, target spec, state, tolerance, api, properties, skipped."""
-    from simcluster.targets import parse_tolerance
+    from simcluster.usercode.targets import parse_tolerance
 
     if not args.targets:
-        from simcluster.defaults import default_entries
+        from simcluster.checking.defaults import default_entries
 
         given = [f"--{name}" for name in ("state", "tolerance", "api", "replay") if getattr(args, name) is not None]
         if given:
@@ -267,13 +267,13 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
     Importing a TARGET runs its module's code, which may spin, exit or crash like a hook:
     it is first imported in a supervised child (bounded by ``deadline``); only a module
     that imported cleanly there is imported here. A TARGET's hook is a
-    :class:`~simcluster.rank_local.RankLocal`: each simulated rank gets its own copy of its
+    :class:`~simcluster.usercode.rank_local.RankLocal`: each simulated rank gets its own copy of its
     module (and of the ``--isolate`` modules); the default run's hooks (``per_rank=False``:
     torch's and the reference hooks, which keep no module state) are shared."""
     from simcluster.errors import TargetLoadError
-    from simcluster.supervisor import format_stack, run_supervised
-    from simcluster.rank_local import RankLocal
-    from simcluster.targets import load_state, load_target
+    from simcluster.checking.supervisor import format_stack, run_supervised
+    from simcluster.usercode.rank_local import RankLocal
+    from simcluster.usercode.targets import load_state, load_target
 
     import torch  # noqa: F401 - imported once here, not in every child (it takes seconds)
 
@@ -301,7 +301,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     rows = _rows(args)
     _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:
-        from simcluster.check import check_hook as check
+        from simcluster.checking.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)
     reports: list[CheckReport] = []
     try:

@@ -1,6 +1,6 @@
 """What simcluster supports, in one place: option ranges and the memory a run needs.
 
-Every front door (the CLI, :func:`~simcluster.check.check_hook`, the pytest plugin,
+Every front door (the CLI, :func:`~simcluster.checking.check.check_hook`, the pytest plugin,
 :class:`~simcluster.SimCluster`) validates through these functions, so an option out of
 range is one clear :class:`~simcluster.errors.UsageError` (exit 2) that states the
 supported range — never a traceback or a machine brought to its knees.

@@ -69,8 +69,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from simcluster.cluster import SimCluster
-    from simcluster.report import CheckReport
+    from simcluster.fake.cluster import SimCluster
+    from simcluster.checking.report import CheckReport
 
 __all__ = ["check_hook", "assert_hook", "Profile", "PROFILES", "choose_profile", "hypothesis_profiles"]
 
@@ -210,7 +210,7 @@ def _defaults(profile: Profile, database_dir: Path) -> dict[str, Any]:
     defaults = {"examples": profile.examples, "database": _database(profile, database_dir), "seed": 0}
     timeout = _TEST_TIMEOUT.get()
     if timeout:  # our deadline fires first, so a hung hook is a report with its stack, not a killed test
-        from simcluster.supervisor import DEFAULT_DEADLINE
+        from simcluster.checking.supervisor import DEFAULT_DEADLINE
 
         defaults["deadline"] = min(DEFAULT_DEADLINE, max(0.5, timeout / 3))
     return defaults
@@ -251,11 +251,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """CLI strings → objects: a TARGET string (a :class:`~simcluster.rank_local.RankLocal`:
+    """CLI strings → objects: a TARGET string (a :class:`~simcluster.usercode.rank_local.RankLocal`:
     every simulated rank gets its own copy of its module, and of the ``isolate=`` modules),
     a state spec, a tolerance (UsageError if bad)."""
-    from simcluster.rank_local import RankLocal, parse_isolate
-    from simcluster.targets import parse_shapes, parse_tolerance
+    from simcluster.usercode.rank_local import RankLocal, parse_isolate
+    from simcluster.usercode.targets import parse_shapes, parse_tolerance
 
     options = dict(options)
     isolate = parse_isolate(options.get("isolate"))
@@ -273,7 +273,7 @@ def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], di
 
 
 def _check(hook: Any, defaults: dict[str, Any], options: dict[str, Any]) -> CheckReport:
-    from simcluster.check import check_hook as run_check
+    from simcluster.checking.check import check_hook as run_check
 
     hook, options = _resolve(hook, {**defaults, **options})
     return run_check(hook, **options)
@@ -285,7 +285,7 @@ def _default_profile() -> Profile:
 
 
 def check_hook(hook: Callable[..., Any] | str, **options: Any) -> CheckReport:
-    """:func:`simcluster.check.check_hook` with the CLI's spellings and the profile's defaults.
+    """:func:`simcluster.checking.check.check_hook` with the CLI's spellings and the profile's defaults.
 
     Outside the fixtures the profile is ``$SIMCLUSTER_PROFILE`` (else ``ci`` under CI,
     else ``dev``) and the example database is ``.simcluster/examples`` in the current
@@ -307,7 +307,7 @@ def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
 @pytest.fixture
 def sim_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     """A fresh SimCluster: 2 ranks, gloo, seed 0 — or what ``@pytest.mark.simcluster(...)`` says."""
-    from simcluster.cluster import SimCluster
+    from simcluster.fake.cluster import SimCluster
 
     kwargs: dict[str, Any] = {"world_size": 2, "seed": 0, "backend": "gloo"}
     marker = request.node.get_closest_marker("simcluster")

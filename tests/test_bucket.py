@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-from simcluster.bucket import (
+from simcluster.fake.bucket import (
     GradBucketAttributeError,
     GradBucketRuntimeError,
     GradBucketTypeError,
@@ -23,7 +23,7 @@ from simcluster.bucket import (
     packing,
 )
 from simcluster.errors import HookFailure, UsageError
-from simcluster.gloo_runner import GlooCluster
+from simcluster.real.gloo_runner import GlooCluster
 
 
 def two_params() -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
@@ -39,7 +39,7 @@ def bucket(index: int = 1, *, is_last: bool = False, **kw: Any) -> SimGradBucket
 
 
 def test_module_examples_run() -> None:
-    import simcluster.bucket as module
+    import simcluster.fake.bucket as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

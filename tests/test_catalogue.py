@@ -1,7 +1,7 @@
 """The harness's mutation score, as tests: every catalogued bug is caught by its oracle,
 every correct hook passes.
 
-For each entry of :mod:`hooks.catalogue`:
+For each entry of :mod:`simcluster.hooks.catalogue`:
 
 * a **buggy** entry is checked with its ``expected_failure`` property *alone* — so a bug
   that another property reaches first (a callback that raises on a size mismatch is
@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooks import buggy, reference
-from hooks.catalogue import BUGGY, LEGACY, REFERENCE, CatalogueEntry, by_name
-from simcluster.check import check_hook, encode_example
-from simcluster.report import CheckReport
-from simcluster.strategies import Example, Layout, RankSpec, StepSpec
+from simcluster.hooks import buggy, reference
+from simcluster.hooks.catalogue import BUGGY, LEGACY, REFERENCE, CatalogueEntry, by_name
+from simcluster.checking.check import check_hook, encode_example
+from simcluster.checking.report import CheckReport
+from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 
 EXAMPLES = 12
 SEED = 0

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from hooks import buggy, legacy, reference
-from simcluster.check import assert_hook, check_hook, decode_example, encode_example
+from simcluster.hooks import buggy, legacy, reference
+from simcluster.checking.check import assert_hook, check_hook, decode_example, encode_example
 from simcluster.errors import TargetLoadError, UsageError
-from simcluster.report import CheckReport
+from simcluster.checking.report import CheckReport
 
 QUICK = dict(backends=("gloo",), world_sizes=(2, 3), examples=10, seed=0)
 
 
 @pytest.fixture(scope="module")
 def forgot_division_report() -> CheckReport:
-    """One QUICK check of :func:`hooks.buggy.forgot_division`, shared by the tests that
+    """One QUICK check of :func:`simcluster.hooks.buggy.forgot_division`, shared by the tests that
     only read it (a failing check spends most of its time shrinking)."""
     return check_hook(buggy.forgot_division, **QUICK)
 
@@ -26,7 +26,7 @@ def test_correct_hook_passes_every_property() -> None:
     report = check_hook(reference.mean_allreduce_hook, **QUICK)
     assert report.passed and not report.failures
     assert report.properties == ["contract", "liveness", "replicas_agree", "averages", "schedule_independence"]
-    assert report.examples >= 10 and report.target == "hooks.reference:mean_allreduce_hook"
+    assert report.examples >= 10 and report.target == "simcluster.hooks.reference:mean_allreduce_hook"
 
 
 def test_failure_is_shrunk_and_replays_bit_for_bit(forgot_division_report: CheckReport) -> None:
@@ -82,7 +82,7 @@ def test_liveness_failure_names_the_error() -> None:
 def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:
     # 5 examples: the bug shows on the first drawn example whose steps repeat (the
     # check's cost is in shrinking what it found, not in finding it)
-    report = check_hook(buggy.topk_forgets_inplace_add, state="hooks.buggy:IndexedResidualState", tolerance="none",
+    report = check_hook(buggy.topk_forgets_inplace_add, state="simcluster.hooks.buggy:IndexedResidualState", tolerance="none",
                         **{**QUICK, "examples": 5})
     assert "error_feedback" in report.properties and "averages" not in report.properties
     assert any(f.property == "error_feedback" for f in report.failures)
@@ -96,8 +96,8 @@ def test_assert_hook_raises_the_formatted_report() -> None:
 
 def test_progress_and_string_targets() -> None:
     lines: list[str] = []
-    report = check_hook("hooks.reference:mean_allreduce_hook", progress=lines.append, **QUICK)
-    assert report.passed and report.target == "hooks.reference:mean_allreduce_hook"
+    report = check_hook("simcluster.hooks.reference:mean_allreduce_hook", progress=lines.append, **QUICK)
+    assert report.passed and report.target == "simcluster.hooks.reference:mean_allreduce_hook"
     assert len(lines) == 1 and "gloo" in lines[0]
 
 
@@ -112,4 +112,4 @@ def test_usage_errors(options: dict) -> None:
 
 def test_unloadable_target() -> None:
     with pytest.raises(TargetLoadError):
-        check_hook("hooks.reference:no_such_hook")
+        check_hook("simcluster.hooks.reference:no_such_hook")

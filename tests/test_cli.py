@@ -23,17 +23,17 @@ import pytest
 import torch
 
 from simcluster.cli import DEFAULT_DATABASE, main
-from simcluster.defaults import TORCH_HOOKS, default_entries
-from simcluster.explain import small_gradients
-from simcluster.progress import ProgressLine
-from simcluster.report import CheckReport, PropertyFailure
-from simcluster.targets import load_target, parse_tolerance, parse_world_sizes
+from simcluster.checking.defaults import TORCH_HOOKS, default_entries
+from simcluster.teaching.explain import small_gradients
+from simcluster.checking.progress import ProgressLine
+from simcluster.checking.report import CheckReport, PropertyFailure
+from simcluster.usercode.targets import load_target, parse_tolerance, parse_world_sizes
 
 PYTHON = sys.executable
 
 
 class FakeCheck:
-    """Stands in for ``simcluster.check.check_hook``: records calls; fails hooks named in ``fail``."""
+    """Stands in for ``simcluster.checking.check.check_hook``: records calls; fails hooks named in ``fail``."""
 
     def __init__(self, fail: tuple[str, ...] = ()) -> None:
         self.fail = fail
@@ -71,18 +71,18 @@ def assert_one_line_error(err: str) -> None:
 def test_passing_target_exits_0_with_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeCheck()
     report_path = tmp_path / "report.json"
-    code, out, _ = run(["check", "hooks.reference:mean_allreduce_hook", "--json", str(report_path)], capsys, fake)
+    code, out, _ = run(["check", "simcluster.hooks.reference:mean_allreduce_hook", "--json", str(report_path)], capsys, fake)
     assert code == 0
-    assert "hooks.reference:mean_allreduce_hook" in out and "ok" in out
+    assert "simcluster.hooks.reference:mean_allreduce_hook" in out and "ok" in out
     assert "1 checked, 0 failed, 0 skipped" in out
     data = json.loads(report_path.read_text())
-    assert [d["target"] for d in data] == ["hooks.reference:mean_allreduce_hook"]
+    assert [d["target"] for d in data] == ["simcluster.hooks.reference:mean_allreduce_hook"]
     assert data[0]["status"] == "ok"
     hook, options = fake.calls[0]
-    from hooks.reference import mean_allreduce_hook
+    from simcluster.hooks.reference import mean_allreduce_hook
 
     # a RankLocal: every simulated rank gets its own copy of the TARGET's module
-    assert hook.shared is mean_allreduce_hook and hook.spec == "hooks.reference:mean_allreduce_hook"
+    assert hook.shared is mean_allreduce_hook and hook.spec == "simcluster.hooks.reference:mean_allreduce_hook"
     assert options["backends"] == ("gloo", "nccl") and options["world_sizes"] == (1, 2, 3, 4, 8)
     assert options["steps"] >= 3 and options["examples"] == 50 and options["seed"] == 0
     assert options["database"] == DEFAULT_DATABASE and options["tolerance"] == "fp32" and options["state"] == "none"
@@ -90,14 +90,14 @@ def test_passing_target_exits_0_with_table_and_json(tmp_path: Path, capsys: pyte
 
 def test_options_reach_the_checker(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeCheck()
-    code, _, _ = run(["check", "hooks.reference:topk_hook", "--state", "hooks.reference:TopKState",
+    code, _, _ = run(["check", "simcluster.hooks.reference:topk_hook", "--state", "simcluster.hooks.reference:TopKState",
                       "--tolerance", "rtol=1e-3, atol=0", "--backend", "nccl", "--world-sizes", "2,4",
                       "--steps", "5", "--examples", "7", "--seed", "11", "--api", "legacy", "--no-database",
                       "--properties", "contract,liveness"], capsys, fake)
     assert code == 0
     options = fake.calls[0][1]
     # the spec string is passed on (the checker names it in replay lines); it was loaded first
-    assert options["state"] == "hooks.reference:TopKState" and options["tolerance"] == "rtol=1e-3,atol=0"
+    assert options["state"] == "simcluster.hooks.reference:TopKState" and options["tolerance"] == "rtol=1e-3,atol=0"
     assert options["backends"] == ("nccl",) and options["world_sizes"] == (2, 4)
     assert (options["steps"], options["examples"], options["seed"], options["api"]) == (5, 7, 11, "legacy")
     assert options["database"] is None and options["properties"] == ("contract", "liveness")
@@ -105,11 +105,11 @@ def test_options_reach_the_checker(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_failing_target_exits_1_with_property_counterexample_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeCheck(fail=("forgot_division",))
-    code, out, _ = run(["check", "hooks.reference:mean_allreduce_hook", "hooks.buggy:forgot_division"], capsys, fake)
+    code, out, _ = run(["check", "simcluster.hooks.reference:mean_allreduce_hook", "simcluster.hooks.buggy:forgot_division"], capsys, fake)
     assert code == 1
     assert "FAILED averages [gloo, world size 2]" in out
     assert "gradients: rank 0: [1, 2, 3]" in out
-    assert "replay:    simcluster check hooks.buggy:forgot_division --seed 7" in out
+    assert "replay:    simcluster check simcluster.hooks.buggy:forgot_division --seed 7" in out
     assert "2 checked, 1 failed" in out
     assert len(fake.calls) == 2  # the passing hook was checked too
 
@@ -118,7 +118,7 @@ def test_internal_error_exits_3_with_traceback(capsys: pytest.CaptureFixture[str
     def broken(hook: Any, **options: Any) -> CheckReport:
         raise RuntimeError("a bug in the checker")
 
-    code = main(["check", "hooks.reference:mean_allreduce_hook"], check=broken)
+    code = main(["check", "simcluster.hooks.reference:mean_allreduce_hook"], check=broken)
     _, err = capsys.readouterr()
     assert code == 3 and "Traceback" in err and "a bug in the checker" in err
 
@@ -140,9 +140,9 @@ def user_files(tmp_path: Path) -> Path:
         ("no_colon_here", "is not of the form"),
         ("no_such_module_xyz:hook", "no module named 'no_such_module_xyz'"),
         ("hooks.no_such_submodule:hook", "no module named 'hooks.no_such_submodule'"),
-        ("hooks.reference:no_such_hook", "has no attribute 'no_such_hook'"),
-        ("hooks.reference:FP16_MAX", "not callable"),
-        ("hooks.reference:1bad", "is not a Python name"),
+        ("simcluster.hooks.reference:no_such_hook", "has no attribute 'no_such_hook'"),
+        ("simcluster.hooks.reference:FP16_MAX", "not callable"),
+        ("simcluster.hooks.reference:1bad", "is not a Python name"),
         ("{d}/missing.py:hook", "file not found"),
         ("{d}/raises.py:hook", "RuntimeError: boom at import (line 2)"),
         ("{d}/imports_missing.py:hook", "ModuleNotFoundError"),
@@ -162,14 +162,14 @@ def test_bad_target_exits_2_with_one_line(
 
 
 def test_bad_state_factory_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["check", "hooks.reference:topk_hook", "--state", "hooks.reference:NoSuchState"], capsys)
+    code, _, err = run(["check", "simcluster.hooks.reference:topk_hook", "--state", "simcluster.hooks.reference:NoSuchState"], capsys)
     assert code == 2 and "--state factory" in err
     assert_one_line_error(err)
 
 
 def test_a_bad_target_among_good_ones_stops_before_any_check(capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeCheck()
-    code, _, _ = run(["check", "hooks.reference:mean_allreduce_hook", "hooks.reference:nope"], capsys, fake)
+    code, _, _ = run(["check", "simcluster.hooks.reference:mean_allreduce_hook", "simcluster.hooks.reference:nope"], capsys, fake)
     assert code == 2 and fake.calls == []
 
 
@@ -194,7 +194,7 @@ def test_a_bad_target_among_good_ones_stops_before_any_check(capsys: pytest.Capt
         ["check", "--database", "d", "--no-database"],
         ["check", "--no-such-flag"],
         ["explain"],
-        ["explain", "hooks.reference:mean_allreduce_hook", "--world-size", "0"],
+        ["explain", "simcluster.hooks.reference:mean_allreduce_hook", "--world-size", "0"],
     ],
 )
 def test_bad_usage_exits_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -292,7 +292,7 @@ def test_defaults_cover_every_torch_hook() -> None:
 
 def test_wrapper_rows_check_torchs_own_wrapped_hooks() -> None:
     for precision in ("fp16", "bf16"):
-        hook = load_target(f"simcluster.defaults:{precision}_wrapped_allreduce_hook")
+        hook = load_target(f"simcluster.checking.defaults:{precision}_wrapped_allreduce_hook")
         assert hook.__qualname__.startswith(f"{precision}_compress_wrapper.")
         assert hook.__module__ == "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
 
@@ -321,19 +321,19 @@ def test_default_run_prints_table_with_skipped_rows(tmp_path: Path, capsys: pyte
     for entry in rows:
         if entry.skipped:
             assert f"{entry.name}  SKIPPED: {entry.skipped}" in out
-    from hooks import catalogue
+    from simcluster.hooks import catalogue
 
     assert {e.name for e in catalogue.REFERENCE} <= {e.name for e in rows}
     assert not {e.name for e in catalogue.BUGGY} & {e.name for e in rows}
     powersgd = next(opts for hook, opts in fake.calls if hook.__name__ == "powerSGD_hook")
-    assert powersgd["state"] == "simcluster.defaults:powersgd_state" and powersgd["tolerance"] == "none"
+    assert powersgd["state"] == "simcluster.checking.defaults:powersgd_state" and powersgd["tolerance"] == "none"
     data = json.loads(report_path.read_text())
     assert len(data) == len(rows) and sum(d["status"] == "skipped" for d in data) == len(rows) - len(checked)
 
 
 def test_default_state_factories_build_working_states() -> None:
     from simcluster import SimCluster
-    from simcluster.defaults import post_localsgd_state, powersgd_state
+    from simcluster.checking.defaults import post_localsgd_state, powersgd_state
 
     def done(state: Any, bucket: Any) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
@@ -352,7 +352,7 @@ def test_default_state_factories_build_working_states() -> None:
 
 
 def test_explain_shows_trace_outputs_and_mean(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["explain", "hooks.buggy:forgot_division", "--world-size", "3", "--seed", "5", "--numel", "4"], capsys)
+    code, out, _ = run(["explain", "simcluster.hooks.buggy:forgot_division", "--world-size", "3", "--seed", "5", "--numel", "4"], capsys)
     assert code == 0
     grads = small_gradients(3, 4, 5)
     mean = torch.stack([g.double() for g in grads]).mean(0).tolist()
@@ -360,7 +360,7 @@ def test_explain_shows_trace_outputs_and_mean(capsys: pytest.CaptureFixture[str]
     assert f"mean: {mean}" in out
     assert str(total) in out  # forgot_division returns the sum
     assert "posts all_reduce" in out and "replicas agree bitwise: yes" in out
-    assert "simcluster explain hooks.buggy:forgot_division --world-size 3 --backend gloo --seed 5" in out
+    assert "simcluster explain simcluster.hooks.buggy:forgot_division --world-size 3 --backend gloo --seed 5" in out
 
 
 def test_explain_of_a_raising_hook_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -428,14 +428,14 @@ def _replays(out: str) -> list[str]:
 def test_printed_replay_command_reproduces_the_failure(
     capsys: pytest.CaptureFixture[str], no_shrinking: None
 ) -> None:
-    pytest.importorskip("simcluster.check")
-    argv = ["check", "hooks.buggy:forgot_division", "--backend", "gloo", "--world-sizes", "2",
+    pytest.importorskip("simcluster.checking.check")
+    argv = ["check", "simcluster.hooks.buggy:forgot_division", "--backend", "gloo", "--world-sizes", "2",
             "--steps", "1", "--examples", "10", "--properties", "averages", "--no-database", "--quiet"]
     code = main(argv)
     out, _ = capsys.readouterr()
     assert code == 1, out
     replays = _replays(out)
-    assert len(replays) == 1 and replays[0].startswith("simcluster check hooks.buggy:forgot_division ")
+    assert len(replays) == 1 and replays[0].startswith("simcluster check simcluster.hooks.buggy:forgot_division ")
     code2 = main(shlex.split(replays[0])[1:] + ["--quiet"])
     out2, _ = capsys.readouterr()
     assert code2 == 1
@@ -445,10 +445,10 @@ def test_printed_replay_command_reproduces_the_failure(
 def test_counterexamples_are_kept_in_the_database_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_shrinking: None
 ) -> None:
-    pytest.importorskip("simcluster.check")
+    pytest.importorskip("simcluster.checking.check")
     database = tmp_path / "examples"
     # world size 1 and contract only: found by generation (an explicit @example failure is never saved)
-    argv = ["check", "hooks.buggy:returns_offset_view", "--backend", "gloo", "--world-sizes", "1",
+    argv = ["check", "simcluster.hooks.buggy:returns_offset_view", "--backend", "gloo", "--world-sizes", "1",
             "--steps", "1", "--examples", "5", "--properties", "contract", "--database", str(database), "--quiet"]
     assert main(argv) == 1
     first, _ = capsys.readouterr()
@@ -459,8 +459,8 @@ def test_counterexamples_are_kept_in_the_database_directory(
 
 
 def test_bad_replay_token_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("simcluster.check")
-    code = main(["check", "hooks.buggy:forgot_division", "--replay", "not-a-token", "--quiet"])
+    pytest.importorskip("simcluster.checking.check")
+    code = main(["check", "simcluster.hooks.buggy:forgot_division", "--replay", "not-a-token", "--quiet"])
     _, err = capsys.readouterr()
     assert code == 2
     assert_one_line_error(err)

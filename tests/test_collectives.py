@@ -1,4 +1,4 @@
-"""simcluster.collectives: reductions against independent references, and bitwise against real gloo.
+"""simcluster.fake.collectives: reductions against independent references, and bitwise against real gloo.
 
 Part 1 checks the model without gloo: exact integer/float64 arithmetic, and a scalar
 re-derivation of gloo's ring order written from the measured description (per element,
@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from simcluster import collectives as C
+from simcluster.fake import collectives as C
 from simcluster.errors import BackendError, UnsupportedError, UsageError
-from simcluster.gloo_runner import GlooCluster
+from simcluster.real.gloo_runner import GlooCluster
 
 WORLDS = range(1, 9)
 

@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from hooks import buggy
+from simcluster.hooks import buggy
 from simcluster import DeadlockError, HookContractError, SimCluster
-from simcluster.ddp import CopyBackError, DDPConfig, SimDDP, StepResult, subgroups
-from simcluster.gloo_runner import GlooCluster
+from simcluster.ddp.model import CopyBackError, DDPConfig, SimDDP, StepResult, subgroups
+from simcluster.real.gloo_runner import GlooCluster
 
 MiB = 2**20
 
@@ -41,10 +41,10 @@ def assert_mean(step: StepResult, local: list[list[torch.Tensor]], rtol: float, 
 
 
 def test_module_examples_run() -> None:
-    import simcluster.copyback
-    import simcluster.ddp
+    import simcluster.ddp.copyback
+    import simcluster.ddp.model
 
-    for module in (simcluster.ddp, simcluster.copyback):
+    for module in (simcluster.ddp.model, simcluster.ddp.copyback):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
 

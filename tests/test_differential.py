@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from hooks import catalogue
-from simcluster.differential import Raised, compare_outcomes, compare_with_gloo
+from simcluster.hooks import catalogue
+from simcluster.real.differential import Raised, compare_outcomes, compare_with_gloo
 from simcluster.errors import UsageError
-from simcluster.gloo_runner import GlooCluster
+from simcluster.real.gloo_runner import GlooCluster
 
 SIZES = (1, 57, 1000, 70000)
 _DEFAULT = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:"
@@ -116,7 +116,7 @@ def assert_equal(report: Any) -> None:
 @pytest.mark.gloo
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("hook", [_DEFAULT + "allreduce_hook", _DEFAULT + "fp16_compress_hook",
-                                  "simcluster.defaults:fp16_wrapped_allreduce_hook"])
+                                  "simcluster.checking.defaults:fp16_wrapped_allreduce_hook"])
 def test_torch_default_hooks_agree_bitwise(hook: str, world: int, worlds: dict[int, GlooCluster]) -> None:
     for n in SIZES:
         grads = random_steps(world, n)

@@ -15,7 +15,7 @@ from simcluster import (
     SimCluster,
     UsageError,
 )
-from simcluster.futures import SimFuture
+from simcluster.fake.futures import SimFuture
 
 
 def two_buckets(rank: int) -> list[torch.Tensor]:

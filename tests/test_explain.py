@@ -11,11 +11,11 @@ import pytest
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, fp16_compress_hook
 
 from simcluster.cli import main
-from simcluster.safe_range import safe_range
-from simcluster.story import record
-from simcluster.targets import parse_shapes
-from simcluster.timeline import render_svg
-from simcluster.wire import PRESETS
+from simcluster.teaching.safe_range import safe_range
+from simcluster.teaching.story import record
+from simcluster.usercode.targets import parse_shapes
+from simcluster.teaching.timeline import render_svg
+from simcluster.teaching.wire import PRESETS
 
 NET = PRESETS["ethernet25"]
 TORCH_FP16 = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook"
@@ -109,7 +109,7 @@ def test_timeline_is_byte_identical_for_identical_seeds(tmp_path: Path, capsys: 
 def test_a_blocked_wait_on_a_worker_is_drawn_on_that_workers_lane() -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
-    from simcluster.defaults import powersgd_state
+    from simcluster.checking.defaults import powersgd_state
 
     story = record(powerSGD_hook, world_size=2, state=powersgd_state, shapes=((4, 4), (4, 4)),
                    bucket_cap_mb=64 / 2**20, steps=3)
@@ -146,7 +146,7 @@ def test_chrome_trace_has_the_required_fields(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_safe_range_of_torchs_fp16_hook_at_world_3_is_the_hand_derived_65488() -> None:
-    # derivation in simcluster/safe_range.py and docs/tutorial.md: fp16(M) must round to <= 65472
+    # derivation in simcluster/teaching/safe_range.py and docs/tutorial.md: fp16(M) must round to <= 65472
     result = safe_range(fp16_compress_hook, 3)
     assert result.safe == 65488.0 and result.unsafe is not None and result.unsafe > 65488.0
     assert "not finite" in result.reason
@@ -161,11 +161,11 @@ def test_safe_range_of_plain_allreduce_is_the_whole_float32_range_at_world_2() -
 def test_module_examples_run() -> None:
     import doctest
 
-    import simcluster.explain
-    import simcluster.story
-    import simcluster.wire
+    import simcluster.teaching.explain
+    import simcluster.teaching.story
+    import simcluster.teaching.wire
 
-    for module in (simcluster.explain, simcluster.story, simcluster.wire):
+    for module in (simcluster.teaching.explain, simcluster.teaching.story, simcluster.teaching.wire):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
 
@@ -175,7 +175,7 @@ def test_range_on_the_command_line_for_the_legacy_hook(capsys: pytest.CaptureFix
     # fp16 8192 (fp16's spacing is 4 below 8192; 8190 is the tie and goes to the even 8192) sums to
     # 8·8192 = 65536 → inf, while fp16(M) = 8188 sums to at most 65504. So the largest safe float32
     # is the one just below 8190.
-    code, out, _ = run(["explain", "hooks.legacy:fp16_compress_hook", "--api", "legacy", "--range",
+    code, out, _ = run(["explain", "simcluster.hooks.legacy:fp16_compress_hook", "--api", "legacy", "--range",
                         "--world-sizes", "8"], capsys)
     below_8190 = 8189.99951171875
     assert code == 0 and f"world 8: safe up to M = {below_8190:.9g}; at 8190 (the next float32): " in out

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from simcluster.errors import TargetLoadError, UsageError
-from simcluster.gloo_runner import GlooCluster, GlooRunError, run_gloo
+from simcluster.real.gloo_runner import GlooCluster, GlooRunError, run_gloo
 
 pytestmark = pytest.mark.gloo
 

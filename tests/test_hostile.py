@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from simcluster import SimCluster
-from simcluster.check import check_hook
+from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError, ForeignThreadError, StuckError
 
 HERE = Path(__file__).parent
@@ -225,7 +225,7 @@ def run_cli(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedP
 
 def test_cli_sys_exit_fails_and_other_targets_are_still_reported(tmp_path):
     out = tmp_path / "report.json"
-    result = run_cli("hooks.buggy:forgot_division", target("sys_exit_zero"), "--examples", "5",
+    result = run_cli("simcluster.hooks.buggy:forgot_division", target("sys_exit_zero"), "--examples", "5",
                      "--world-sizes", "2", "--json", str(out))
     assert result.returncode == 1, result.stderr
     assert "forgot_division" in result.stdout and "FAIL:averages" in result.stdout
@@ -261,7 +261,7 @@ def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process():
 @pytest.mark.parametrize("option, value", [("--world-sizes", "100000"), ("--seed", "99999999999999999999999"),
                                             ("--steps", "0"), ("--examples", "1000000"), ("--deadline", "-1")])
 def test_out_of_range_options_exit_2_with_the_range(option, value):
-    result = run_cli("hooks.reference:mean_allreduce_hook", option, value)
+    result = run_cli("simcluster.hooks.reference:mean_allreduce_hook", option, value)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("simcluster: error:")
     assert option in result.stderr

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simcluster.errors import UsageError
-from simcluster.gloo_runner import GlooCluster
-from simcluster.layout import bucket_assignment, bucket_calls, cap_bytes, rebuild_iteration
+from simcluster.real.gloo_runner import GlooCluster
+from simcluster.ddp.layout import bucket_assignment, bucket_calls, cap_bytes, rebuild_iteration
 
 MiB = 2**20
 
@@ -27,7 +27,7 @@ def f32(*numels: int) -> list[torch.Tensor]:
 
 
 def test_module_examples_run() -> None:
-    import simcluster.layout as module
+    import simcluster.ddp.layout as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -17,19 +17,19 @@ from hypothesis import given, settings
 from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as qh
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from hooks.reference import TopKState
-from simcluster.check import check_hook
+from simcluster.hooks.reference import TopKState
+from simcluster.checking.check import check_hook
 from simcluster.cli import main
-from simcluster.cluster import SimCluster
-from simcluster.ddp import SimDDP
-from simcluster.defaults import QUANTIZATION_TOLERANCE, TORCH_HOOKS
+from simcluster.fake.cluster import SimCluster
+from simcluster.ddp.model import SimDDP
+from simcluster.checking.defaults import QUANTIZATION_TOLERANCE, TORCH_HOOKS
 from simcluster.errors import UsageError
-from simcluster.properties import averages
-from simcluster.real_ddp import run_real_ddp
-from simcluster.state import LayoutModel, wants_model
-from simcluster.strategies import examples
-from simcluster.targets import parse_shapes
-from simcluster.tolerances import Tolerance, lossy_averages, parse_tolerance, quantization_tolerance
+from simcluster.checking.properties import averages
+from simcluster.ddp.real_ddp import run_real_ddp
+from simcluster.fake.state import LayoutModel, wants_model
+from simcluster.checking.strategies import examples
+from simcluster.usercode.targets import parse_shapes
+from simcluster.checking.tolerances import Tolerance, lossy_averages, parse_tolerance, quantization_tolerance
 
 HOOKS = str(Path(__file__).with_name("user_hooks.py"))
 FAST = {"examples": 20, "world_sizes": (1, 2, 3, 4), "database": None}
@@ -172,7 +172,7 @@ def test_bad_shapes_are_one_line_usage_errors(text: str) -> None:
     with pytest.raises(UsageError) as info:
         parse_shapes(text)
     assert str(info.value).startswith(f"--params {text!r}") and "\n" not in str(info.value)
-    code, out = _cli("hooks.reference:mean_allreduce_hook", "--params", text)
+    code, out = _cli("simcluster.hooks.reference:mean_allreduce_hook", "--params", text)
     assert code == 2 and "--params" in out
 
 
@@ -206,8 +206,8 @@ def test_the_plugin_passes_params_and_subgroups(monkeypatch: pytest.MonkeyPatch)
     from simcluster import plugin
 
     seen = {}
-    monkeypatch.setattr("simcluster.check.check_hook", lambda hook, **kw: seen.update(kw))
-    plugin.check_hook("hooks.reference:mean_allreduce_hook", params="4x5,5", subgroups=True)
+    monkeypatch.setattr("simcluster.checking.check.check_hook", lambda hook, **kw: seen.update(kw))
+    plugin.check_hook("simcluster.hooks.reference:mean_allreduce_hook", params="4x5,5", subgroups=True)
     assert seen["params"] == ((4, 5), (5,)) and seen["subgroups"] is True
     with pytest.raises(UsageError):
         check_hook(allreduce_hook, params=[(4, 0)], **FAST)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-import simcluster.check
+import simcluster.checking.check
 from simcluster import plugin
-from simcluster.report import CheckReport, PropertyFailure
+from simcluster.checking.report import CheckReport, PropertyFailure
 
 pytest_plugins = ["pytester"]
 
@@ -147,14 +147,14 @@ def test_check_hook_takes_cli_spellings_and_profile_defaults(
 ) -> None:
     from hypothesis.database import ReadOnlyDatabase
 
-    from hooks.reference import mean_allreduce_hook
+    from simcluster.hooks.reference import mean_allreduce_hook
 
     recorder = _Recorder()
-    clean_env.setattr(simcluster.check, "check_hook", recorder)
-    plugin.check_hook("hooks.reference:mean_allreduce_hook", tolerance="FP16", state="hooks.reference:TopKState")
+    clean_env.setattr(simcluster.checking.check, "check_hook", recorder)
+    plugin.check_hook("simcluster.hooks.reference:mean_allreduce_hook", tolerance="FP16", state="simcluster.hooks.reference:TopKState")
     hook, options = recorder.calls[-1]
     # strings become RankLocal: every simulated rank gets its own copy of the module
-    assert hook.shared is mean_allreduce_hook and options["target"] == "hooks.reference:mean_allreduce_hook"
+    assert hook.shared is mean_allreduce_hook and options["target"] == "simcluster.hooks.reference:mean_allreduce_hook"
     assert options["tolerance"] == "fp16" and callable(options["state"]) and options["state"].spec.endswith("TopKState")
     assert options["examples"] == plugin.PROFILES["dev"].examples
     assert not isinstance(options["database"], ReadOnlyDatabase)
@@ -165,28 +165,28 @@ def test_check_hook_takes_cli_spellings_and_profile_defaults(
 
 
 def test_assert_hook_raises_with_the_report(clean_env: pytest.MonkeyPatch) -> None:
-    clean_env.setattr(simcluster.check, "check_hook", _Recorder(fail=True))
+    clean_env.setattr(simcluster.checking.check, "check_hook", _Recorder(fail=True))
     with pytest.raises(AssertionError, match="FAILED averages"):
-        plugin.assert_hook("hooks.buggy:forgot_division")
-    clean_env.setattr(simcluster.check, "check_hook", _Recorder(fail=False))
-    plugin.assert_hook("hooks.reference:mean_allreduce_hook")
+        plugin.assert_hook("simcluster.hooks.buggy:forgot_division")
+    clean_env.setattr(simcluster.checking.check, "check_hook", _Recorder(fail=False))
+    plugin.assert_hook("simcluster.hooks.reference:mean_allreduce_hook")
 
 
 def test_bad_target_in_check_hook_is_a_usage_error(clean_env: pytest.MonkeyPatch) -> None:
     from simcluster.errors import TargetLoadError
 
-    clean_env.setattr(simcluster.check, "check_hook", _Recorder())
+    clean_env.setattr(simcluster.checking.check, "check_hook", _Recorder())
     with pytest.raises(TargetLoadError, match="no attribute 'nope'"):
-        plugin.check_hook("hooks.reference:nope")
+        plugin.check_hook("simcluster.hooks.reference:nope")
 
 
 REAL_CHECK = '''
 def test_reference_hook_holds(simcluster_assert):
-    simcluster_assert("hooks.reference:mean_allreduce_hook", examples=2, world_sizes=(2,), steps=1,
+    simcluster_assert("simcluster.hooks.reference:mean_allreduce_hook", examples=2, world_sizes=(2,), steps=1,
                       backends=("gloo",), database=None)
 
 def test_buggy_hook_fails(simcluster_check):
-    report = simcluster_check("hooks.buggy:returns_tensor_not_future", examples=2, world_sizes=(2,), steps=1,
+    report = simcluster_check("simcluster.hooks.buggy:returns_tensor_not_future", examples=2, world_sizes=(2,), steps=1,
                               backends=("gloo",), database=None, properties=("contract",))
     assert not report.passed and report.failures[0].property == "contract"
 '''

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from hooks import buggy, reference
-from simcluster import properties as P
-from simcluster.cluster import SimCluster
-from simcluster.ddp import DDPConfig, SimDDP, StepResult
+from simcluster.hooks import buggy, reference
+from simcluster.checking import properties as P
+from simcluster.fake.cluster import SimCluster
+from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import CollectiveMismatchError, DeadlockError
 
 

@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 
 from simcluster import SimCluster
-from simcluster.check import check_hook, decode_example, encode_example
-from simcluster.differential import compare_with_gloo
+from simcluster.checking.check import check_hook, decode_example, encode_example
+from simcluster.real.differential import compare_with_gloo
 from simcluster.errors import UsageError
-from simcluster.rank_local import RankLocal
-from simcluster.rank_state import SharedSettingError
-from simcluster.strategies import Example, Layout, RankSpec, StepSpec
-from simcluster.targets import load_target
+from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode.rank_state import SharedSettingError
+from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+from simcluster.usercode.targets import load_target
 
 HOOKS = Path(__file__).parent / "rank_state_hooks"
 CORRECT = ["counter_dtype", "module_random", "residual_dict"]
@@ -102,7 +102,7 @@ def test_isolate_copies_a_helper_module_per_rank(monkeypatch: pytest.MonkeyPatch
 
 def test_isolate_refuses_shared_packages() -> None:
     with pytest.raises(UsageError, match="torch.nn is part of torch, which every rank shares"):
-        check_hook("hooks.reference:mean_allreduce_hook", isolate="torch.nn")
+        check_hook("simcluster.hooks.reference:mean_allreduce_hook", isolate="torch.nn")
 
 
 @pytest.mark.parametrize("name", CORRECT)

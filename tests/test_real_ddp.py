@@ -2,7 +2,7 @@
 
 Shows that (1) real DDP + ``allreduce_hook`` here yields the mean of the ranks' local
 gradients, (2) the reducer's bucket layouts and hook call sequence per iteration are
-what :mod:`simcluster.layout` predicts, (3) gradients and hook calls equal those of the
+what :mod:`simcluster.ddp.layout` predicts, (3) gradients and hook calls equal those of the
 same job on real gloo processes (``-m gloo``), and (4) broken hooks end in an error
 naming each rank, never a hang, with no thread left and torch's state restored.
 
@@ -22,9 +22,9 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
-from simcluster.gloo_runner import GlooCluster
-from simcluster.layout import bucket_calls
-from simcluster.real_ddp import run_real_ddp
+from simcluster.real.gloo_runner import GlooCluster
+from simcluster.ddp.layout import bucket_calls
+from simcluster.ddp.real_ddp import run_real_ddp
 
 
 # ------------------------------------------------------------------ models and inputs

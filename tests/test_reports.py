@@ -129,8 +129,8 @@ def test_rebuild_hint_for_a_residual_keyed_by_bucket_index(capsys: pytest.Captur
 
 
 def test_long_diagnostics_are_summarised_not_cut() -> None:
-    from simcluster.properties import averages
-    from simcluster.render import MAX_LINES, error_text
+    from simcluster.checking.properties import averages
+    from simcluster.checking.render import MAX_LINES, error_text
 
     inputs = [[torch.ones(1000)], [torch.ones(1000)]]
     message = averages([[torch.full((1000,), 2.0)]] * 2, inputs, "fp32")
@@ -190,7 +190,7 @@ def test_differential_files_a_crash_under_the_rank_that_crashed_and_reproduces(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import report_hooks  # noqa: F401 - importable by name: the gloo children import it the same way
 
-    from simcluster.differential import compare_with_gloo
+    from simcluster.real.differential import compare_with_gloo
 
     monkeypatch.chdir(tmp_path)
     grads = [[torch.ones(4), torch.full((4,), 3.0)]]
@@ -241,7 +241,7 @@ def test_callback_error_names_its_line_and_merges_identical_ranks(capsys: pytest
 
 def test_not_callable_message_reads_right(tmp_path: Path) -> None:
     from simcluster.errors import TargetLoadError
-    from simcluster.targets import load_target
+    from simcluster.usercode.targets import load_target
 
     (tmp_path / "values.py").write_text("COUNT = 3\nNAME = 'x'\n")
     with pytest.raises(TargetLoadError, match="COUNT is an int, not callable"):

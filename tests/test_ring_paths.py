@@ -26,7 +26,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from simcluster import collectives as C
+from simcluster.fake import collectives as C
 
 AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import given, settings, strategies as st
 
-from simcluster.strategies import (
+from simcluster.checking.strategies import (
     Example,
     Layout,
     RankSpec,

@@ -178,7 +178,7 @@ def test_post_local_sgd_switches_from_global_to_subgroup_mean() -> None:
         return post_localSGD_hook(state, bucket)
 
     def step(rank: int, it: int) -> torch.Tensor:
-        from simcluster.bucket import make_bucket
+        from simcluster.fake.bucket import make_bucket
 
         if it == 0:
             states.append(factory(cluster.process_group(rank)))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook, optimizer_overlap_hooks
 
-from simcluster.check import check_hook
-from simcluster.defaults import TORCH_HOOKS
-from simcluster.train_check import TrainExample, check_training, run_training
-from simcluster.training import TRAININGS, Heads, Training, trains_like_reference, zero_step_setup
+from simcluster.checking.check import check_hook
+from simcluster.checking.defaults import TORCH_HOOKS
+from simcluster.checking.train_check import TrainExample, check_training, run_training
+from simcluster.checking.training import TRAININGS, Heads, Training, trains_like_reference, zero_step_setup
 
 
 def _skip_rank1_shard(ddp, group):
@@ -46,7 +46,7 @@ def test_a_zero_step_that_skips_one_shard_fails_trains_like_reference() -> None:
 def test_the_oracle_is_exact_before_the_first_update_and_catches_a_small_drift() -> None:
     example = TrainExample(world_size=2, sizes=(3, 2), cap_bytes=40, batch=2, seed=5)
     inputs = example.inputs(4)
-    from simcluster.real_ddp import run_real_ddp
+    from simcluster.ddp.real_ddp import run_real_ddp
 
     run = run_real_ddp(example.model, inputs, world_size=2, hook=None, setup=TRAININGS["hook_with_zero_step"].setup,
                        iterations=4, bucket_cap_mb=40 / 2**20, backend="nccl")
@@ -74,7 +74,7 @@ def test_optimizer_in_backward_needs_an_accelerator_under_real_ddp() -> None:
     parameters given to _apply_optimizer_in_backward, and its end-of-backward callback fails on CPU."""
     from torch.distributed.optim import _apply_optimizer_in_backward
 
-    from simcluster.real_ddp import run_real_ddp
+    from simcluster.ddp.real_ddp import run_real_ddp
 
     def model() -> torch.nn.Module:
         torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Bytes on the wire: simcluster.wire's formulas against an independent, message-by-message
+"""Bytes on the wire: simcluster.teaching.wire's formulas against an independent, message-by-message
 model of each backend algorithm, fed with the payloads the simulator's trace records."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from simcluster import SimCluster
 from simcluster.errors import UsageError
-from simcluster.wire import PRESETS, bytes_sent, collective_time, parse_network, wire_rows
+from simcluster.teaching.wire import PRESETS, bytes_sent, collective_time, parse_network, wire_rows
 
 
 def ring_allreduce_messages(vectors: list[torch.Tensor]) -> tuple[list[int], list[torch.Tensor]]:

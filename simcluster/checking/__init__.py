@@ -1,0 +1,5 @@
+"""Checking: ``strategies`` (Hypothesis draws), ``properties`` (the oracles), ``tolerances``,
+``check`` (the property search), ``supervisor`` (runs a search in a child it can always end),
+``report``/``render`` (what a failure says), ``training``/``train_check`` (multi-step runs),
+``defaults`` (the embedded default run) and ``progress``.
+"""

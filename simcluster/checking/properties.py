@@ -1,0 +1,355 @@
+"""The oracles: pure functions that judge the results of a simulated DDP run.
+
+Each oracle takes plain tensors (what the ranks fed in, what they got back) and returns
+``None`` when the property holds, or a sentence explaining the first violation — which
+rank, which parameter, which element, which values, and the bound. They need no cluster,
+no Hypothesis and no pytest, so they can be used alone::
+
+    >>> import torch
+    >>> inputs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 6.0])]]   # [rank][param]
+    >>> good = [[torch.tensor([2.0, 4.0])], [torch.tensor([2.0, 4.0])]]
+    >>> averages(good, inputs, "fp32") is None
+    True
+    >>> print(averages([[torch.tensor([4.0, 8.0])]] * 2, inputs, "fp32"))   # forgot to divide
+    rank 0, param 0 (shape (2,)), element 0: got 4.0, the float64 mean of the ranks' gradients is 2.0; |error| 2 > bound 5.96e-07 (tolerance fp32: γ_4(u=2^-24)·mean|x| + 2·2^-149); inputs there, rank by rank: ['1.0', '3.0']; 1 more of its 2 elements out of bound
+
+The tolerance of :func:`averages` is **derived from the arithmetic** a hook of that
+class performs; the derivation is in :func:`error_bound` and ``docs/properties.md``.
+
+* :func:`averages` — each rank's result is the mean over its group, within the bound.
+* :func:`replicas_agree` — every rank of a group holds bitwise-identical results.
+* :func:`registration_problem` / :func:`result_problem` — the *contract*: what current
+  (or legacy) DDP accepts at ``register_comm_hook`` and from the hook's future.
+* :func:`liveness` — the run ended in no deadlock and no mismatched collectives.
+* :func:`schedule_independence` — two runs under different completion orders agree bitwise.
+* :func:`error_feedback` — for hooks with a residual memory, the accumulated output
+  tracks the accumulated mean with a lag that stays bounded and drains.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
+from simcluster.checking.tolerances import Tolerance, lossy_averages, parse_tolerance
+
+__all__ = [
+    "Tolerance",
+    "parse_tolerance",
+    "error_bound",
+    "group_mean",
+    "averages",
+    "replicas_agree",
+    "registration_problem",
+    "result_problem",
+    "liveness",
+    "schedule_independence",
+    "error_feedback",
+    "bits_equal",
+]
+
+Grads = Sequence[Sequence[torch.Tensor]]  # [rank][param]
+
+# unit roundoff u = 2**-p and smallest positive subnormal eta of each arithmetic
+_ARITH = {
+    "fp32": (2.0**-24, 2.0**-149, "u=2^-24", "2^-149"),
+    "fp16": (2.0**-11, 2.0**-24, "u=2^-11", "2^-24"),
+    "bf16": (2.0**-8, 2.0**-133, "u=2^-8", "2^-133"),
+}
+
+
+def _gamma(k: int, u: float) -> float:
+    """γ_k = k·u / (1 − k·u): the relative error bound of k roundings in a row."""
+    return k * u / (1.0 - k * u)
+
+
+def error_bound(tolerance: str | Tolerance, world_size: int, mean: torch.Tensor, abs_mean: torch.Tensor,
+                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Elementwise bound on ``|result − mean|`` for a hook in the tolerance's arithmetic class.
+
+    ``mean`` = (1/W)·Σ_r x_r (float64), ``abs_mean`` = S = (1/W)·Σ_r |x_r|.
+
+    **Derivation** (standard model: a rounding to nearest with unit roundoff u gives
+    fl(a ∘ b) = (a ∘ b)(1 + δ), |δ| ≤ u, plus an absolute error ≤ η/2 when the result is
+    subnormal, η the smallest positive subnormal; additions of subnormals are exact).
+    A mean-computing hook does, on each rank's value, at most two roundings before the
+    sum — the division by W and the cast to the communication dtype (fp16/bf16), in
+    either order — then the W − 1 additions of the backend's sum (a ring fold or a tree;
+    the order doesn't matter for the bound), then an exact cast back. So each summand is
+    y_r = (x_r / W)(1 + θ_2) + e_r, |θ_2| ≤ γ_2, |e_r| ≤ η, and a sum of W terms in any
+    order has error ≤ γ_{W−1} · Σ|y_r|. Altogether
+
+        |result − mean| ≤ γ_{W+2}(u) · S + W·η  (+ u_out·|mean| + η_out for the result's dtype)
+
+    with γ_k = k·u/(1 − k·u), and (u, η) = (2^-24, 2^-149) for ``fp32``, (2^-11, 2^-24)
+    for ``fp16``, (2^-8, 2^-133) for ``bf16``. The bound is relative to S, not to
+    |mean|: with cancellation (mixed signs) the error of a correct hook is relative to
+    the magnitudes summed, not to their mean. It assumes no overflow: a result that is
+    not finite where the mean is finite fails regardless (under ``fp16`` every input is a
+    float16 value, up to ±65504, so a hook that divides first cannot overflow).
+    ``exact``: 0. Explicit: ``atol + rtol·|mean|`` (``numpy.allclose``'s form).
+    """
+    tol = parse_tolerance(tolerance)
+    if tol.kind == "exact":
+        return torch.zeros_like(mean)
+    if tol.kind == "explicit":
+        return tol.atol + tol.rtol * mean.abs()
+    if tol.kind not in _ARITH:
+        raise UsageError(f"tolerance {tol.describe()!r} has no per-element bound here: none checks nothing, "
+                         "scale=/norm= are judged per bucket (simcluster.checking.tolerances.lossy_averages)")
+    u, eta, _, _ = _ARITH[tol.kind]
+    bound = _gamma(world_size + 2, u) * abs_mean + world_size * eta
+    if out_dtype.is_floating_point:
+        fi = torch.finfo(out_dtype)
+        bound = bound + fi.eps / 2 * mean.abs() + fi.smallest_normal * fi.eps
+    return bound
+
+
+def _bound_text(tol: Tolerance, world_size: int) -> str:
+    if tol.kind in _ARITH:
+        _, _, u, eta = _ARITH[tol.kind]
+        return f"tolerance {tol.kind}: γ_{world_size + 2}({u})·mean|x| + {world_size}·{eta}"
+    return f"tolerance {tol.describe()}"
+
+
+def group_mean(inputs: Grads, ranks: Sequence[int], param: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, mean of absolute values) over ``ranks`` of parameter ``param``, in float64."""
+    stack = torch.stack([inputs[r][param].detach().to(torch.float64).reshape(-1) for r in ranks])
+    return stack.mean(0), stack.abs().mean(0)
+
+
+def _groups_of(world: int, groups: Sequence[Sequence[int]] | None) -> list[list[int]]:
+    return [list(g) for g in groups] if groups is not None else [list(range(world))]
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x)) if abs(x) >= 1e-3 or x == 0 else f"{float(x):.6g}"
+
+
+def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
+             groups: Sequence[Sequence[int]] | None = None,
+             buckets: Sequence[Sequence[int]] | None = None) -> str | None:
+    """Each rank's result equals the float64 mean of its group's gradients, within :func:`error_bound`.
+
+    ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
+    what each rank fed in. ``groups``: the rank lists DDP ran on (default: one group of
+    every rank). A non-finite result where the mean is finite always fails.
+    ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
+    indices of each; default one bucket of all) — see :func:`simcluster.checking.tolerances.lossy_averages`.
+    """
+    tol = parse_tolerance(tolerance)
+    if tol.kind == "none":
+        return None
+    if tol.lossy:
+        return lossy_averages(results, inputs, tol, groups, buckets)
+    for ranks in _groups_of(len(inputs), groups):
+        for k in range(len(inputs[ranks[0]])):
+            mean, abs_mean = group_mean(inputs, ranks, k)
+            for r in ranks:
+                got_t = results[r][k].detach()
+                got = got_t.to(torch.float64).reshape(-1)
+                bound = error_bound(tol, len(ranks), mean, abs_mean, got_t.dtype)
+                err = (got - mean).abs()
+                bad = ~(err <= bound)  # catches NaN and inf too
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0, 0])
+                    shape = tuple(results[r][k].shape)
+                    xs = [_fmt(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    what = "is not finite" if not math.isfinite(float(got[i])) else (
+                        f"|error| {float(err[i]):.3g} > bound {float(bound[i]):.3g}")
+                    n_bad = int(bad.sum())
+                    more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
+                    return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
+                            f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
+                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
+    return None
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two tensors (dtype, shape and every bit; NaNs compare by payload)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a8 = a.detach().contiguous().reshape(-1).view(torch.uint8)
+    b8 = b.detach().contiguous().reshape(-1).view(torch.uint8)
+    return torch.equal(a8, b8)
+
+
+def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    diff = ~((fa == fb) | (fa.isnan() & fb.isnan())) if fa.is_floating_point() else fa != fb
+    if not bool(diff.any()):  # differ only in bits: -0.0 vs 0.0 or NaN payloads
+        diff = fa.contiguous().view(torch.uint8) != fb.contiguous().view(torch.uint8)
+        return f"a bit pattern differs (e.g. -0.0 vs 0.0) at byte {int(diff.nonzero()[0, 0])}"
+    i = int(diff.nonzero()[0, 0])
+    return f"element {i}: {_fmt(fa[i])} vs {_fmt(fb[i])} (differ by {abs(float(fa[i]) - float(fb[i])):.3g})"
+
+
+def replicas_agree(results: Grads, groups: Sequence[Sequence[int]] | None = None) -> str | None:
+    """Every rank of each group holds bitwise-identical results — DDP's core invariant.
+
+    Replicas that differ by one bit drift apart as training goes on, silently.
+    """
+    for ranks in _groups_of(len(results), groups):
+        first = ranks[0]
+        for r in ranks[1:]:
+            for k, (a, b) in enumerate(zip(results[first], results[r])):
+                if not bits_equal(a, b):
+                    return f"rank {first} and rank {r} differ in param {k} (shape {tuple(a.shape)}): {_first_diff(a, b)}"
+    return None
+
+
+# --------------------------------------------------------------------------- contract
+def registration_problem(hook: Callable[..., Any], api: str = "current") -> str | None:
+    """What ``DistributedDataParallel.register_comm_hook`` (torch 2.13) says about ``hook``.
+
+    Its check (``_check_comm_hook``) requires a parameter named ``bucket`` (else
+    ``KeyError: 'bucket'``), whose annotation, if any, is ``dist.GradBucket`` itself —
+    a *string* annotation (``from __future__ import annotations``) fails the ``!=``
+    test — and a return annotation, if any, of ``torch.futures.Future[torch.Tensor]``.
+    Under ``api="legacy"`` only the parameter name is checked (1.8's rule; the
+    annotations of that era, ``dist._GradBucket`` and a bare ``Future``, differ).
+    """
+    if not callable(hook):
+        return f"{hook!r} is not callable: register_comm_hook raises TypeError"
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError) as exc:
+        return f"inspect.signature fails on the hook ({exc}); register_comm_hook needs it"
+    if "bucket" not in sig.parameters:
+        names = list(sig.parameters)
+        return (f"the hook's parameters are {names}: register_comm_hook looks up the one named 'bucket' and "
+                "raises KeyError: 'bucket' — name the second parameter `bucket`")
+    if api == "legacy":
+        return None
+    ann = sig.parameters["bucket"].annotation
+    if ann is not inspect.Parameter.empty and ann != dist.GradBucket:
+        return (f"the bucket parameter is annotated {ann!r}: register_comm_hook raises ValueError "
+                "'Communication hook: bucket annotation should be dist.GradBucket.'"
+                + (" (string annotations, e.g. from `from __future__ import annotations`, never compare equal)"
+                   if isinstance(ann, str) else ""))
+    ret = sig.return_annotation
+    if ret is not inspect.Signature.empty and ret != torch.futures.Future[torch.Tensor]:
+        return (f"the return annotation is {ret!r}: register_comm_hook raises ValueError 'Communication hook: "
+                "return annotation should be torch.futures.Future[torch.Tensor].'")
+    return None
+
+
+def result_problem(value: Any, buffer_numel: int, api: str = "current") -> str | None:
+    """What DDP's reducer does with the value the hook's future resolved to (DESIGN.md §4).
+
+    Current DDP wants a Tensor with at least the bucket's numel elements, contiguous and
+    at storage offset 0 — it copies from the storage's element 0 on. A non-contiguous or
+    offset tensor is *accepted with wrong gradients*; a list, ``None``, a short or 0-d
+    tensor raise in ``backward()``. ``api="legacy"`` wants the 1.7–1.9 one-element list.
+    """
+    if api == "legacy":
+        if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], torch.Tensor)):
+            return f"a legacy (1.7–1.9) hook's future must resolve to [tensor]; got {_describe(value)}"
+        value = value[0]
+    elif isinstance(value, (list, tuple)):
+        return (f"the future resolved to {_describe(value)} (the pre-1.10 list style): current DDP raises "
+                "'Unable to cast [...] to Tensor' in backward(); return the tensor itself (check with api='legacy' "
+                "for hooks written for PyTorch 1.7–1.9)")
+    if not isinstance(value, torch.Tensor):
+        return f"the future resolved to {_describe(value)}: current DDP raises 'Expected a proper Tensor' in backward()"
+    if value.dim() == 0 or value.numel() < buffer_numel:
+        return (f"the result has {value.numel()} element(s) (shape {tuple(value.shape)}) for a bucket of "
+                f"{buffer_numel}: DDP raises 'setStorage: ... out of bounds' in backward()")
+    if not value.is_contiguous() or value.storage_offset() != 0:
+        return (f"the result is a view with strides {value.stride()} and storage offset {value.storage_offset()}: "
+                "DDP reads its storage from element 0 as contiguous and silently applies the wrong gradients; "
+                "return a contiguous tensor at offset 0 (e.g. .clone())")
+    return None
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(_describe(v) for v in value[:3])})"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+# --------------------------------------------------------------------------- liveness
+def liveness(error: BaseException | None) -> str | None:
+    """``None`` unless ``error`` is a deadlock, mismatched collectives or a stuck rank.
+
+    A real cluster hangs (or silently corrupts data) in each case; simcluster detects it
+    and its message — returned whole, every line — names each rank's pending call.
+    """
+    if isinstance(error, (DeadlockError, CollectiveMismatchError, StuckError)):
+        return f"{type(error).__name__}: {error}".rstrip(": ")
+    return None
+
+
+# --------------------------------------------------------------------------- schedules
+def schedule_independence(run_a: Sequence[Grads], run_b: Sequence[Grads], label_a: str = "the drawn schedule",
+                          label_b: str = "in-order completion") -> str | None:
+    """Two runs of the same steps (``run[step][rank][param]``) are bitwise equal.
+
+    Completion order is the one thing a correct hook must not depend on: a real cluster
+    completes collectives in a different order on every run (gloo's 2 worker threads).
+    """
+    for t, (a_step, b_step) in enumerate(zip(run_a, run_b)):
+        for r, (a_rank, b_rank) in enumerate(zip(a_step, b_step)):
+            for k, (a, b) in enumerate(zip(a_rank, b_rank)):
+                if not bits_equal(a, b):
+                    return (f"step {t}, rank {r}, param {k}: results under {label_a} and under {label_b} differ; "
+                            f"{_first_diff(a, b)}")
+    return None
+
+
+# --------------------------------------------------------------------------- error feedback
+def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[Grads], *, drain_from: int,
+                   lag: float | None = None, drained: float = 0.5, floor: float | None = None,
+                   ranks: Sequence[int] | None = None) -> str | None:
+    """A hook with error feedback sends, over time, everything it was given.
+
+    ``outputs[t][param]``: one replica's result at step ``t``; ``inputs[t][rank][param]``
+    the ranks' gradients (``ranks``: the group, default all). With ``m_t`` the float64
+    mean of step ``t``, the *lag* is ``D_t = Σ_{s≤t} (output_s − m_s)`` — minus the mean
+    residual the ranks still hold. Two checks:
+
+    1. **Bounded:** ``max|D_t| ≤ lag · G`` at every step, ``G`` the largest ``|gradient|``
+       seen so far (default ``lag`` = the model's numel: top-k sending ≥ 1 entry per
+       bucket per step delays any entry at most that many steps' worth).
+    2. **Drains:** steps ``drain_from`` on have all-zero gradients; a hook that keeps a
+       residual sends it then, so at the end ``max|D|`` is at most ``drained`` × its peak
+       (plus the rounding ``floor``, default 2^-20·G·steps). A hook that *drops* what it
+       did not send keeps its lag forever; one whose memory goes astray grows it.
+    """
+    group = list(ranks) if ranks is not None else list(range(len(inputs[0])))
+    n_params = len(outputs[0]) if outputs else 0
+    numel = sum(int(outputs[0][k].numel()) for k in range(n_params)) if outputs else 0
+    lag = float(max(numel, 1)) if lag is None else lag
+    total: torch.Tensor | None = None
+    peak, g_max = 0.0, 0.0
+    for t in range(len(outputs)):
+        out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
+        mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
+        g_max = max(g_max, max((float(inputs[t][r][k].detach().abs().max()) if inputs[t][r][k].numel() else 0.0)
+                               for r in group for k in range(n_params)))
+        total = (out - mean) if total is None else total + (out - mean)
+        now = float(total.abs().max()) if total.numel() else 0.0
+        if not math.isfinite(now):
+            return f"step {t}: the accumulated output minus the accumulated mean is not finite"
+        if now > lag * g_max * (1 + 1e-9) + 1e-300:
+            return (f"step {t}: the accumulated output is {now:.3g} away from the accumulated mean, more than "
+                    f"lag·max|g| = {lag:g}·{g_max:.3g}: the error memory grows instead of being sent")
+        if t < drain_from:
+            peak = max(peak, now)
+    end = float(total.abs().max()) if total is not None and total.numel() else 0.0
+    rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
+    if drain_from < len(outputs) and end > drained * peak + rounding:
+        return (f"after {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
+                f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
+                "sent (error feedback lost)")
+    return None

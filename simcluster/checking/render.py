@@ -1,0 +1,210 @@
+"""Turning a failed example into a report a reader can act on (text and JSON).
+
+:mod:`simcluster.checking.check` finds failures; this module says what they mean: the full
+diagnostic (every line of the exception and its notes, long lists summarised), the
+user-code frames it arose at, the DDP step of the counterexample — which parameters each
+bucket held at each step and where DDP rebuilt the layout, with a one-line hint when a
+property fails after the rebuild — the gradients, and a replay command that runs as
+printed from the current directory.
+
+>>> from simcluster.checking.strategies import Example, Layout, StepSpec, RankSpec
+>>> ex = Example(1, Layout(((3,), (2,), (1,)), 8 / 2**20, (2, 1, 0)), StepSpec((RankSpec("const"),)), (1, 1))
+>>> steps = bucket_steps(ex, 2)
+>>> print(describe_steps(steps))
+step 0: bucket 0 = params [0, 1, 2] (6 elements)
+             step 1 (rebuilt): bucket 0 = params [2, 1] (3 elements), bucket 1 = params [0] (3 elements)
+             step 2: same buckets as step 1
+>>> rebuild_hint(steps, 2)
+'DDP rebuilt its buckets after step 0: bucket 0 held params [0, 1, 2] at step 0 and [2, 1] from step 1'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from simcluster.engine.frames import Frame, short_path, user_frames
+from simcluster.ddp.layout import bucket_calls
+from simcluster.checking.strategies import DTYPES, Example
+
+__all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
+           "render_gradients", "describe_layout", "loadable_spec", "MAX_LINES"]
+
+MAX_LINES = 40
+"""Lines of one diagnostic shown before the rest is summarised as a count."""
+
+
+# --------------------------------------------------------------------------- the diagnostic
+def _keep_note(note: str) -> bool:
+    """Notes that add to the story (not the Python-API replay line or the step already named)."""
+    return not (note.startswith("simcluster: replay with ") or note.startswith("simcluster: in SimDDP.step"))
+
+
+_OTHER_RANK = re.compile(r"^simcluster: rank (\d+) also (?:failed|raised)(?: \([^)]*\))?: (.*)$", re.DOTALL)
+
+
+def _same(a: str, b: str) -> bool:
+    """Equal up to rank numbers, the exception type prefix and blank lines."""
+    def norm(text: str) -> str:
+        text = re.sub(r"^\w+: ", "", text.strip())
+        return "\n".join(_lines(re.sub(r"rank \d+", "rank N", text)))
+    return norm(a) == norm(b)
+
+
+def _lines(text: str) -> list[str]:
+    return [l for l in text.splitlines() if l.strip() and not l.strip().startswith("replay: SimCluster(")]
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` with every line of the message and of its notes — the
+    Python-API ``replay:`` lines and blank lines dropped, other ranks that failed the same
+    way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``)."""
+    message = str(exc)
+    lines = _lines(message)
+    head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    same: list[int] = []
+    for note in getattr(exc, "__notes__", None) or []:
+        other = _OTHER_RANK.match(str(note))
+        if other is not None and _same(other.group(2), message):
+            same.append(int(other.group(1)))
+        elif _keep_note(note):
+            lines += _lines(str(note))
+    if same:
+        lines.append(f"simcluster: {'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))} "
+                     "also failed the same way")
+    body = [head] + lines[1:]
+    if len(body) > MAX_LINES:
+        body = body[: MAX_LINES - 1] + [f"… and {len(body) - MAX_LINES + 1} more lines"]
+    return "\n".join(body)
+
+
+def error_frames(exc: BaseException) -> list[Frame]:
+    """The last frames of user code the exception went through (outermost first)."""
+    return user_frames(exc)
+
+
+def user_line(exc: BaseException | None) -> str:
+    """``file:line`` of the innermost user frame of ``exc`` ("" if none): part of a bug's identity."""
+    if exc is None:
+        return ""
+    frames = user_frames(exc, limit=1)
+    return f"{short_path(frames[0].file)}:{frames[0].line}" if frames else ""
+
+
+# --------------------------------------------------------------------------- the DDP step
+def bucket_steps(example: Example, upto: int) -> list[dict[str, Any]]:
+    """Steps ``0..upto`` of the example's DDP run: per step its buckets (index, parameter
+    indices, elements) and whether DDP rebuilt the layout before it (JSON-ready)."""
+    lay = example.layout
+    dtype = DTYPES[example.dtype]
+    params = [torch.empty(tuple(s), dtype=dtype) for s in lay.shapes]
+    out: list[dict[str, Any]] = []
+    for t in range(upto + 1):
+        calls = bucket_calls(params, iteration=t, bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
+                             find_unused_parameters=lay.find_unused_parameters, ready_order=list(lay.ready_order))
+        buckets = [{"index": c.index, "params": list(c.params),
+                    "numel": sum(int(params[i].numel()) for i in c.params)} for c in calls]
+        rebuilt = bool(out) and [b["params"] for b in buckets] != [b["params"] for b in out[-1]["buckets"]]
+        out.append({"step": t, "rebuilt": rebuilt, "buckets": buckets})
+    return out
+
+
+def describe_steps(steps: Sequence[dict[str, Any]], indent: str = " " * 13) -> str:
+    """One line per step: ``step 1 (rebuilt): bucket 0 = params [2, 1] (3 elements), …``."""
+    lines: list[str] = []
+    for i, step in enumerate(steps):
+        mark = " (rebuilt)" if step["rebuilt"] else ""
+        if i and not step["rebuilt"]:
+            last = lines[-1]
+            if last.startswith("step") and " same buckets as step " in last:  # extend "steps 2-4: same …"
+                first = last.split(":")[0].removeprefix("steps ").removeprefix("step ").split("-")[0]
+                lines[-1] = f"steps {first}-{step['step']}: {last.split(': ', 1)[1]}"
+            else:
+                lines.append(f"step {step['step']}: same buckets as step {steps[i - 1]['step']}")
+            continue
+        shown = [f"bucket {b['index']} = params {b['params']} ({b['numel']} element{'s' * (b['numel'] != 1)})"
+                 for b in step["buckets"][:8]]
+        more = len(step["buckets"]) - 8
+        tail = f", … and {more} more buckets" if more > 0 else ""
+        lines.append(f"step {step['step']}{mark}: " + ", ".join(shown) + tail)
+    return f"\n{indent}".join(lines)
+
+
+def rebuild_hint(steps: Sequence[dict[str, Any]], at: int) -> str | None:
+    """When the failing step ``at`` runs on a rebuilt layout: which bucket changed
+    parameters, e.g. ``bucket 0 held params [0, 1, 2] at step 0 and [2, 1] from step 1``."""
+    if at < 1 or at >= len(steps) or not any(s["rebuilt"] for s in steps[1 : at + 1]):
+        return None
+    now = {b["index"]: b["params"] for b in steps[at]["buckets"]}
+    since = max(s["step"] for s in steps[1 : at + 1] if s["rebuilt"])
+    before = steps[since - 1]
+    for b in before["buckets"]:
+        if now.get(b["index"]) != b["params"]:
+            after = now.get(b["index"])
+            change = f"and {after}" if after is not None else "and no longer exists"
+            change += f" from step {since}"
+            return (f"DDP rebuilt its buckets after step {since - 1}: bucket {b['index']} held params {b['params']} "
+                    f"at step {before['step']} {change}")
+    extra = sorted(set(now) - {b["index"] for b in before["buckets"]})
+    return (f"DDP rebuilt its buckets after step {since - 1}: {len(before['buckets'])} bucket(s) at step "
+            f"{before['step']}, {len(now)} from step {since} (new: {extra})")
+
+
+# --------------------------------------------------------------------------- inputs
+def _abridge(t: torch.Tensor, limit: int = 6) -> str:
+    flat = t.detach().reshape(-1).to(torch.float64).tolist()
+    if flat and all(v == flat[0] for v in flat) and len(flat) > 1:
+        return f"[{flat[0]!r} ×{len(flat)}]"
+    shown = ", ".join(repr(v) for v in flat[:limit])
+    return f"[{shown}{', …' if len(flat) > limit else ''}]" + (f"({len(flat)})" if len(flat) > limit else "")
+
+
+def render_gradients(example: Example, upto: int, max_ranks: int = 4) -> str:
+    """Steps ``0..upto``, rank by rank, each parameter abridged to a few values."""
+    grads = example.grads()
+    lines = []
+    for t, step in enumerate(grads[: upto + 1]):
+        ranks = [f"r{r}: " + " ".join(_abridge(g) for g in rank) for r, rank in enumerate(step[:max_ranks])]
+        more = f" (+{len(step) - max_ranks} ranks)" if len(step) > max_ranks else ""
+        lines.append(f"step {t}: " + " | ".join(ranks) + more)
+    return "\n             ".join(lines)
+
+
+def describe_layout(example: Example, steps: int) -> str:
+    """The parameters, cap, ready order, flags, step count and dtypes in one line."""
+    text = example.layout.describe() + f", {steps} steps, {example.dtype} gradients"
+    if example.values != example.dtype:
+        text += f" holding {example.values} values"
+    if example.subgroups > 1:
+        text += f", DDP on {example.subgroups} subgroups of {example.world_size // example.subgroups} ranks"
+    return text
+
+
+# --------------------------------------------------------------------------- replay
+def loadable_spec(obj: Any) -> str | None:
+    """A TARGET spelling ``simcluster check`` can load from the current directory.
+
+    A function defined in a file under the current directory (a test module, a script)
+    is named by that file's relative path, ``tests/test_x.py:hook`` — its module name
+    (``test_x``) means nothing to a fresh ``simcluster`` process. Anything else
+    (an installed package) by ``module:qualname``. ``None`` for lambdas and closures.
+    """
+    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qual or "<" in qual:
+        return None
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file:
+        rel = os.path.relpath(os.path.abspath(file))
+        if not rel.startswith("..") and not os.path.isabs(rel) and not _installed(file):
+            return f"{rel}:{qual}"
+    return f"{module}:{qual}"
+
+
+def _installed(file: str) -> bool:
+    path = os.path.abspath(file)
+    return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path

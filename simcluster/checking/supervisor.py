@@ -1,0 +1,387 @@
+"""Running user code in a child process that can always be ended.
+
+Hook code can spin (``while True: pass``), block in C (``time.sleep``, a lock, a C++
+future), end its process (``os._exit``, a crash) or never return in a hundred other
+ways. Nothing *inside* a Python process can stop all of those: a pure-Python loop
+ignores other threads, a C call ignores asynchronous exceptions until it returns, and
+signals reach only the main thread. So a check runs in a **forked child** and the
+parent watches it:
+
+1. Before each example the child writes *what it is about to run* into a page of
+   shared memory (:class:`Monitor`): the example's replay token, when it started, and —
+   at every hook call — the rank, DDP step and bucket.
+2. The parent polls that page. An example running longer than ``deadline`` seconds is
+   stuck: the parent asks the child for every thread's Python stack (``SIGUSR1``,
+   answered by :mod:`faulthandler` from C, so it works whatever the stuck thread is
+   doing), kills it (``SIGKILL``) and reports where it was (:class:`ChildDeath`).
+3. A child that exits without answering (``os._exit``, a signal, a segfault) is reported
+   the same way, with the example and position it was at.
+4. A child that finishes sends its result back through a pipe (pickled).
+
+The child is a ``fork`` of the caller, so closures and hooks defined in a test file
+work as they are, and nothing is imported twice. torch's OpenMP pool does not survive
+``fork`` (a parallel region in the child would hang), so the child runs torch with one
+intra-op thread; reductions inside hook code can then differ in their last bits from a
+multi-threaded run — identically on every simulated rank, and identically on every
+replay, which also runs supervised.
+
+The child also: ignores ``SIGINT`` (Ctrl-C is the parent's to handle: it kills the
+child and re-raises), dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
+``os._exit(code)`` into :class:`~simcluster.errors.HookExited` raised at the call, so the
+report can name the line. Time limits are the one place where wall-clock time reaches
+a verdict: a hook that needs longer than ``deadline`` for one example is reported as
+stuck. The default, :data:`DEFAULT_DEADLINE`, is generous (a typical example takes
+milliseconds; the slowest of torch's hooks, under a second on 2 cores).
+
+    >>> outcome = run_supervised(lambda monitor: 6 * 7, deadline=5)
+    >>> outcome.value, outcome.death
+    (42, None)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import linecache
+import mmap
+import os
+import pickle
+import re
+import select
+import signal
+import struct
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simcluster.errors import HookExited
+from simcluster.engine.frames import is_internal, short_path, user_frames
+
+__all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "stuck_in",
+           "raise_site"]
+
+DEFAULT_DEADLINE = 60.0
+"""Seconds one example may take before it is reported stuck (``--deadline``)."""
+
+_PAGE = 1 << 16
+_HEADER = struct.Struct("<QdBiiiI")  # example seq, last begin/end (monotonic), active, rank, step, bucket, payload length
+_DUMP_GRACE = 1.0  # seconds allowed for faulthandler to write the stacks
+_POLL = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+class Monitor:
+    """The child's side: announces each example and each hook call in shared memory.
+
+    Outside a supervised child (``enabled`` False) every method is a no-op, so the
+    checking code calls it unconditionally.
+    """
+
+    def __init__(self, page: mmap.mmap | None = None) -> None:
+        self._page = page
+        self._seq = 0
+        self.enabled = page is not None
+
+    def begin(self, payload: dict[str, Any]) -> None:
+        """An example starts; ``payload`` (JSON-able: backend, replay token…) is what the
+        parent reports if it never ends."""
+        if self._page is None:
+            return
+        import json
+
+        data = json.dumps(payload).encode()[: _PAGE - _HEADER.size]
+        self._seq += 1
+        self._page[_HEADER.size:_HEADER.size + len(data)] = data
+        _HEADER.pack_into(self._page, 0, self._seq, time.monotonic(), 1, -1, -1, -1, len(data))
+
+    def at(self, rank: int, step: int, bucket: int) -> None:
+        """A hook call starts on ``rank`` at DDP step ``step``, bucket ``bucket``."""
+        if self._page is None:
+            return
+        struct.pack_into("<iii", self._page, 17, rank, step, bucket)
+
+    def end(self) -> None:
+        """The example ended (passed or failed)."""
+        if self._page is not None:
+            struct.pack_into("<dB", self._page, 8, time.monotonic(), 0)
+
+
+@dataclass
+class ChildDeath:
+    """Why a supervised child ended without a result, and where it was."""
+
+    kind: str  # "deadline" | "exited" | "signal"
+    detail: str  # "did not return within 2.0 s", "exited with code 3", "was killed by SIGSEGV"
+    payload: dict[str, Any] | None  # what Monitor.begin announced (None: between examples)
+    position: tuple[int, int, int] | None  # (rank, step, bucket) of the last hook call
+    stacks: str  # faulthandler's dump of every thread ('' if none was taken)
+
+    def where(self) -> str:
+        """``rank 1, step 0, bucket 0`` (the last hook call), or what is known."""
+        if self.position is None:
+            return "before the first hook call of the example"
+        rank, step, bucket = self.position
+        return f"rank {rank}, DDP step {step}, bucket {bucket} (the last hook call that started)"
+
+
+@dataclass
+class Outcome:
+    """What :func:`run_supervised` returns: exactly one of the three is set."""
+
+    value: Any = None
+    error: BaseException | None = None  # raised by the job in the child, to re-raise
+    death: ChildDeath | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_DEADLINE) -> Outcome:
+    """Run ``job(monitor)`` in a forked child; return its value, its exception or its death.
+
+    ``deadline`` bounds each example the job announces with ``monitor.begin`` (and the
+    time before its first one). A ``BaseException`` in the caller while waiting
+    (Ctrl-C, pytest-timeout's signal method) first collects the child's stacks — added
+    to the exception as a note, so the report says where the checked code was — then
+    kills the child and propagates.
+    """
+    start = time.monotonic()
+    page = mmap.mmap(-1, _PAGE)
+    stack_file = tempfile.TemporaryFile()
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its coverage is the tests' subject
+        os.close(read_end)
+        _child(job, Monitor(page), write_end, stack_file.fileno())
+    os.close(write_end)
+    try:
+        return _watch(pid, page, read_end, stack_file, deadline, start)
+    finally:
+        os.close(read_end)
+        stack_file.close()
+        page.close()
+
+
+def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: int) -> None:  # pragma: no cover
+    real_exit = os._exit
+    code = 0
+    try:
+        _prepare_child(stack_fd)
+        try:
+            message: tuple[str, Any] = ("value", job(monitor))
+        except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
+            # the traceback does not survive pickling: keep what it said as notes
+            exc.add_note(f"simcluster: raised in the supervised child{raise_site(exc)}")
+            if isinstance(exc, Exception):  # a bug of ours or a usage error: keep the traceback's text
+                exc.add_note("".join(traceback.format_exception(exc)).rstrip())
+            message = ("error", exc)
+        try:
+            data = pickle.dumps(message)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+            data = pickle.dumps(("error", RuntimeError(f"unpicklable result from the supervised child: {exc!r}")))
+        view = memoryview(data)
+        while view:
+            written = os.write(out, view)
+            view = view[written:]
+    except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
+        code = 70
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
+                pass
+        real_exit(code)
+
+
+def _prepare_child(stack_fd: int) -> None:  # pragma: no cover - runs in the child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    faulthandler.enable(file=stack_fd, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
+    torch = sys.modules.get("torch")  # only if the caller uses it: importing it here costs seconds
+    if torch is not None:
+        torch.set_num_threads(1)
+
+    def exit_is_a_finding(status: int = 0) -> None:
+        raise HookExited(f"os._exit({status}) was called: on a real cluster this rank's process ends here")
+
+    os._exit = exit_is_a_finding  # type: ignore[assignment]
+
+
+def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: float, start: float) -> Outcome:
+    chunks: list[bytes] = []
+    try:
+        while True:
+            readable, _, _ = select.select([pipe], [], [], _POLL)
+            if readable:
+                chunk = os.read(pipe, 1 << 20)
+                if chunk:
+                    chunks.append(chunk)
+                    continue
+                return _finish(pid, page, b"".join(chunks), stack_file, start)
+            stamp, active = _HEADER.unpack_from(page, 0)[1:3]
+            # ``deadline`` bounds an example; simcluster's own work between examples
+            # (Hypothesis generating, shrinking) gets the generous default as a backstop.
+            limit = deadline if active else max(deadline, DEFAULT_DEADLINE)
+            if time.monotonic() - (stamp or start) > limit:
+                stacks = _dump_and_kill(pid, stack_file)
+                return Outcome(death=_death(page, "deadline", f"did not return within {deadline:g} s", stacks),
+                               seconds=time.monotonic() - start)
+    except BaseException as exc:
+        stacks = _dump_and_kill(pid, stack_file)
+        if stacks:
+            exc.add_note("simcluster: the checked code was here when this arrived:\n" + format_stack(stacks))
+        raise
+
+
+def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: float) -> Outcome:
+    _, status = os.waitpid(pid, 0)
+    seconds = time.monotonic() - start
+    if data:
+        try:
+            kind, payload = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - a truncated message: the child died while writing
+            kind, payload = "broken", None
+        if kind == "value":
+            return Outcome(value=payload, seconds=seconds)
+        if kind == "error":
+            return Outcome(error=payload, seconds=seconds)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        detail = f"was killed by {signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"was killed by signal {sig}"
+        kind = "signal"
+    else:
+        detail, kind = f"exited with code {os.WEXITSTATUS(status)} without reporting", "exited"
+    stack_file.flush()
+    stacks = os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
+    return Outcome(death=_death(page, kind, f"it {detail}", stacks), seconds=seconds)
+
+
+def _dump_and_kill(pid: int, stack_file: Any) -> str:
+    """Ask the child for every thread's stack, then kill and reap it; return the dump."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        pass
+    else:
+        limit = time.monotonic() + _DUMP_GRACE
+        size = -1
+        while time.monotonic() < limit:
+            time.sleep(0.05)
+            now = os.fstat(stack_file.fileno()).st_size
+            if now and now == size:
+                break
+            size = now
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+    return os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
+
+
+def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
+    import json
+
+    _seq, _started, active, rank, step, bucket, length = _HEADER.unpack_from(page, 0)
+    payload = None
+    if active:
+        try:
+            payload = json.loads(bytes(page[_HEADER.size:_HEADER.size + length]))
+        except ValueError:
+            payload = None
+    position = (rank, step, bucket) if active and rank >= 0 else None
+    return ChildDeath(kind, detail, payload, position, stacks)
+
+
+# --------------------------------------------------------------------------- stacks
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
+    """faulthandler's dump as a list of threads, each a list of (file, line, function),
+    innermost frame first (faulthandler's order)."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif threads and (match := _FRAME.match(line)):
+            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+    return threads
+
+
+def stuck_in(dump: str) -> str:
+    """``spins (tests/hostile/hooks.py)``: the innermost user-code function of the stuck
+    thread — stable run to run, unlike the line a spinning loop happened to be on when
+    sampled; ``''`` when no user code is on the stack."""
+    threads = _threads(dump)
+    for thread in sorted(threads, key=_parked_by_simcluster):
+        for path, _, func in thread:
+            if not is_internal(path):
+                return f"{func} ({short_path(path)})"
+    return ""
+
+
+def format_stack(dump: str, *, limit: int = 8) -> str:
+    """The stuck code's stack from a faulthandler dump, outermost call first, with source
+    lines: the thread whose innermost frames are user code (not simcluster, torch, the
+    standard library), else the thread that was running. ``''`` for an empty dump."""
+    threads = _threads(dump)
+    if not threads:
+        return ""
+    with_user = [t for t in threads if any(not is_internal(f) for f, _, _ in t)]
+    # a thread parked by simcluster (waiting its turn inside a simulated wait) is not the stuck one
+    running = [t for t in with_user if not _parked_by_simcluster(t)]
+    chosen = (running or with_user or threads)[0 if (running or with_user) else -1]
+    user = [i for i, (f, _, _) in enumerate(chosen) if not is_internal(f)]
+    if user:  # the innermost run of user frames, and up to 3 library frames it called into
+        end = user[0]
+        while end + 1 < len(chosen) and not is_internal(chosen[end + 1][0]):
+            end += 1
+        chosen = chosen[max(0, user[0] - 3): end + 1]
+    frames = list(reversed(chosen))[-limit:]
+    lines = []
+    for path, lineno, func in frames:
+        shown = short_path(path)
+        lines.append(f"    {shown}:{lineno} in {func}")
+        source = linecache.getline(path, lineno).strip()
+        if source:
+            lines.append(f"        {source}")
+    return "\n".join(lines)
+
+
+def _parked_by_simcluster(thread: list[tuple[str, int, str]]) -> bool:
+    """Whether the innermost frames (inside the innermost user frame) are simcluster's."""
+    import simcluster
+
+    own = str(Path(simcluster.__file__).parent.resolve())
+    for path, _, _ in thread:
+        if not is_internal(path):
+            return False
+        if str(Path(path).resolve()).startswith(own):
+            return True
+    return False
+
+
+def raise_site(exc: BaseException) -> str:
+    """`` (rank 0, at hostile.py:3 in hook: sys.exit(0))``: the rank simcluster noted
+    and the innermost frame of user code in ``exc``'s traceback; ``''`` if neither."""
+    parts = []
+    for note in getattr(exc, "__notes__", ()):
+        match = re.search(r"raised on rank (\d+)", note)
+        if match:
+            parts.append(f"rank {match[1]}")
+            break
+    frames = user_frames(exc, limit=1)
+    if frames:
+        parts.append(f"at {frames[0]}")
+    return f" ({', '.join(parts)})" if parts else ""

@@ -1,0 +1,360 @@
+"""``SimDDP``: DDP's backward-time bucket reduction, simulated on a :class:`SimCluster`.
+
+One :meth:`SimDDP.step` is what one ``loss.backward()`` under
+``DistributedDataParallel`` does with a communication hook, on every rank at once:
+
+1. **Layout.** The buckets of this iteration come from :mod:`simcluster.ddp.layout`:
+   iteration 0 has one bucket in ``model.parameters()`` order; from iteration 1
+   (``static_graph``: 2) DDP rebuilds them in gradient-ready order under the cap;
+   ``find_unused_parameters`` applies the cap from iteration 0 and never rebuilds.
+2. **Hook calls.** Each rank builds a *fresh* bucket per call (its gradients packed
+   without gaps) and calls ``hook(state, bucket)`` for every bucket in index order,
+   ``is_last()`` only on the highest index. Every rank calls *all* its hooks before
+   any collective completes — several buckets in flight, as in a backward pass that
+   outruns the network — then the scheduler completes them in its (seeded) order.
+3. **Copy-back.** Once every future has completed, DDP's reducer copies what each
+   future holds into ``p.grad``, bucket by bucket, with its own rules and traps
+   (measured on torch 2.13, gloo; see ``docs/ddp-facts.md``, "Copy-back"):
+
+   * a tensor of any dtype and shape is read as the flat run of its *storage* from
+     element 0: parameter ``k`` gets ``result.as_strided((numel_k,), (1,), offset_k)``
+     cast to ``p.dtype``. So fp16/bf16/float64/int64 results are cast silently, a
+     ``(1, n)`` result or a longer one works — and a **non-contiguous or offset view is
+     accepted with wrong gradients** (DDP reads the storage, not the view);
+   * a storage too short for the bucket → ``setStorage: ... out of bounds ...``;
+   * ``[tensor]`` / ``(tensor,)`` (the PyTorch 1.8 contract; accepted with
+     ``api="legacy"``), ``set_exception(e)`` or any other object →
+     ``Unable to cast <it> to Tensor``; ``None`` → ``Expected a proper Tensor but got None…``;
+   * an exception inside a ``then`` callback → the future's error
+     (``Got the following error when running the callback: …``);
+   * a hook returning a non-Future fails at once on that rank (a pybind cast error;
+     returning ``None`` crashes real DDP with SIGSEGV).
+
+   These raise :class:`CopyBackError` (a :class:`HookContractError` and a
+   ``RuntimeError``, like real DDP's), whose message starts with real DDP's text and
+   names the rank, bucket, iteration and replay line; the rules live in
+   :mod:`simcluster.ddp.copyback`. A hook that raises is re-raised as itself, with those
+   as notes.
+
+Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
+inside the first step, and kept across steps, as DDP keeps it.
+
+>>> import torch
+>>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+>>> ddp = SimDDP(SimCluster(2, seed=0), allreduce_hook, [(2,), (3,)])
+>>> step = ddp.step([[torch.ones(2), torch.ones(3)], [torch.zeros(2), torch.full((3,), 4.0)]])
+>>> step.grads[1]
+[tensor([0.5000, 0.5000]), tensor([2.5000, 2.5000, 2.5000])]
+>>> step.bucket_params, ddp.step(step.grads).bucket_params   # iteration 0, then the rebuild
+([[0, 1]], [[1, 0]])
+
+Differs from real DDP: the gradients are inputs (no autograd, no forward); the
+ready order is one fixed permutation (``DDPConfig.ready_order``); a failed step leaves
+the simulation usable (real DDP's next iteration fails inside the reducer); not
+modelled: unused parameters' gradients, ``no_sync``, sparse gradients, the
+``set_grads_to_none`` path, mixed-device models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simcluster.fake.bucket import make_bucket
+from simcluster.fake.cluster import SimCluster, collect
+from simcluster.ddp.copyback import CopyBackError, copy_bucket, resolved
+from simcluster.errors import SimClusterError, UsageError, add_context_note
+from simcluster.ddp.layout import BucketCall, bucket_calls
+from simcluster.fake.process_group import SimProcessGroup
+from simcluster.fake.state import LayoutModel, make_state
+from simcluster.usercode.rank_local import as_rank_local
+from simcluster.engine.trace import Trace
+
+__all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups"]
+
+@dataclass(frozen=True)
+class DDPConfig:
+    """The ``DistributedDataParallel`` options that change what a hook sees.
+
+    ``ready_order``: the order in which the parameters' gradients become ready in the
+    recorded iteration (iteration 0; 1 with ``static_graph``), as parameter indices;
+    default reverse parameter order. ``api``: ``"current"`` (torch >= 1.10: the future
+    must hold a tensor) or ``"legacy"`` (torch 1.8 contract: ``[tensor]`` is accepted
+    too, and the bucket offers the 1.7–1.9 methods only).
+    """
+
+    bucket_cap_mb: float | None = None
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+    ready_order: tuple[int, ...] | None = None
+    api: str = "current"
+
+    def __post_init__(self) -> None:
+        if self.api not in ("current", "legacy"):
+            raise UsageError(f"DDPConfig(api={self.api!r}): use 'current' or 'legacy'")
+        if not isinstance(self.gradient_as_bucket_view, bool):
+            raise UsageError(f"DDPConfig(gradient_as_bucket_view={self.gradient_as_bucket_view!r}) must be a bool")
+
+
+@dataclass
+class StepResult:
+    """One simulated backward pass.
+
+    ``grads[r][i]``: rank ``r``'s ``p.grad`` of parameter ``i`` after the copy-back.
+    ``bucket_params[k]``: parameter indices of bucket ``k`` (buffer order).
+    ``outputs[r][k]``: what rank ``r``'s future for bucket ``k`` resolved to.
+    ``warnings``: results DDP accepted but read differently from what the view shows.
+    """
+
+    iteration: int
+    grads: list[list[torch.Tensor]]
+    bucket_params: list[list[int]]
+    outputs: list[list[Any]]
+    trace: Trace
+    schedule: list[int]
+    replay: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
+    """A ``process_group_factory`` splitting the world into groups, e.g.
+    ``subgroups([0, 1], [2, 3])``: every rank creates every group, in the given order
+    (as ``dist.new_group`` requires on a real cluster), and DDP uses its own."""
+    groups = [sorted(m) for m in member_lists]
+
+    def factory(rank: int) -> SimProcessGroup:
+        mine = None
+        for members in groups:
+            pg = dist.new_group(members)
+            if rank in members:
+                mine = pg
+        if mine is None:
+            raise UsageError(f"subgroups{tuple(groups)}: rank {rank} is in none of the groups")
+        return mine
+
+    return factory
+
+
+class SimDDP:
+    """DDP over ``cluster`` with ``hook`` registered, one :meth:`step` per backward.
+
+    ``param_shapes`` (every rank gets zero Parameters of ``dtype`` with these shapes)
+    or ``parameters[r]`` (rank ``r``'s own Parameters, same shapes and dtypes on every
+    rank). ``state``: ``None``, ``"group"`` (the rank's DDP process group) or a factory
+    ``factory(process_group)`` or ``factory(process_group, model)`` (``model``: a
+    :class:`~simcluster.fake.state.LayoutModel` of the rank's parameters; see
+    :mod:`simcluster.fake.state`), called once per rank inside the first step.
+    ``process_group_factory(rank)``: DDP on a subgroup (see :func:`subgroups`), called
+    once per rank inside the first step; default the whole world. With ``state=None``
+    torch's hooks then fall back to ``dist.group.WORLD`` — as on a real cluster.
+
+    ``hook`` (and a state factory) given as a callable share their module with every
+    simulated rank: module globals — counters, residual dicts, module-level RNG objects —
+    are then *not* per rank. Give a ``"file.py:name"`` / ``"module:name"`` spec (or a
+    :class:`~simcluster.usercode.rank_local.RankLocal`) for full isolation: each rank calls its own
+    copy of the module, fresh for every :class:`SimCluster`.
+    """
+
+    def __init__(
+        self,
+        cluster: SimCluster,
+        hook: Callable[[Any, Any], Any],
+        param_shapes: Sequence[tuple[int, ...]] | None = None,
+        *,
+        parameters: Sequence[Sequence[torch.nn.Parameter]] | None = None,
+        state: Any = None,
+        config: DDPConfig = DDPConfig(),
+        dtype: torch.dtype = torch.float32,
+        process_group_factory: Callable[[int], Any] | None = None,
+    ) -> None:
+        if not isinstance(cluster, SimCluster):
+            raise UsageError(f"cluster={cluster!r} must be a SimCluster")
+        hook = as_rank_local(hook)
+        if not callable(hook):
+            raise UsageError(f"hook={hook!r} is not callable")
+        if not isinstance(config, DDPConfig):
+            raise UsageError(f"config={config!r} must be a DDPConfig")
+        if isinstance(state, str) and state != "group":
+            raise UsageError(f"state={state!r}: use None, 'group' or a factory(process_group)")
+        self.cluster, self.hook, self.config, self.state_spec = cluster, hook, config, state
+        self.process_group_factory = process_group_factory
+        self.on_hook_call: Callable[[int, int, int], None] | None = None
+        """Called as ``(rank, iteration, bucket index)`` before every hook call (the
+        supervisor uses it to say where a hook that never returns was)."""
+        self.params = _make_params(cluster.world_size, param_shapes, parameters, dtype)
+        self.iteration = 0
+        self.groups: list[Any] = [None] * cluster.world_size
+        self.states: list[Any] = [None] * cluster.world_size
+        for it in range(3):  # validates caps and ready_order now, not mid-run
+            self.layout(it)
+
+    # -- layout -----------------------------------------------------------------
+    def layout(self, iteration: int | None = None) -> list[BucketCall]:
+        """The hook calls of ``iteration`` (default: the next one), in call order."""
+        c = self.config
+        return bucket_calls(
+            self.params[0], iteration=self.iteration if iteration is None else iteration,
+            bucket_cap_mb=c.bucket_cap_mb, static_graph=c.static_graph,
+            find_unused_parameters=c.find_unused_parameters,
+            ready_order=None if c.ready_order is None else list(c.ready_order),
+        )
+
+    # -- stepping ---------------------------------------------------------------
+    def run(self, grads_per_step: Sequence[Sequence[Sequence[torch.Tensor]]]) -> list[StepResult]:
+        """:meth:`step` once per entry of ``grads_per_step``."""
+        return [self.step(grads) for grads in grads_per_step]
+
+    def step(self, grads: Sequence[Sequence[torch.Tensor]]) -> StepResult:
+        """One backward pass: ``grads[r][i]`` is rank ``r``'s local gradient of parameter ``i``.
+
+        Raises what real DDP's ``backward()`` would (see the module docstring). The
+        iteration counter advances even when the step fails, as DDP's does.
+        """
+        local = self._check_grads(grads)
+        it, calls = self.iteration, self.layout()
+        world = self.cluster.world_size
+        futures: list[list[Any]] = [[] for _ in range(world)]
+        bucket_api = "legacy" if self.config.api == "legacy" else "current"
+
+        def rank_fn(rank: int) -> None:
+            if self.groups[rank] is None:
+                self._init_rank(rank)
+            state, params = self.states[rank], self.params[rank]
+            for pos, call in enumerate(calls):
+                bucket = make_bucket(
+                    call.index, [params[i] for i in call.params], [local[rank][i] for i in call.params],
+                    is_last=call.is_last, gradient_as_bucket_view=self.config.gradient_as_bucket_view,
+                    api=bucket_api,
+                )
+                where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
+                if self.on_hook_call is not None:
+                    self.on_hook_call(rank, it, call.index)
+                try:
+                    future = self.hook(state, bucket)
+                except Exception as exc:
+                    add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
+                    raise
+                if future is None:
+                    raise CopyBackError(
+                        f"hook {_name(self.hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, "
+                        "gloo) crashes the process with SIGSEGV in backward() (measured); a DDP communication hook "
+                        "must return a torch.futures.Future"
+                    )
+                if not isinstance(future, torch._C.Future):
+                    raise CopyBackError(
+                        f"Unable to cast Python instance of type {type(future)} to C++ type '?' (#define "
+                        "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
+                        "communication hook's callback must return a torch.futures.Future object, but got "
+                        f"{_qualified(type(future))}\n  simcluster: hook {_name(self.hook)} on rank {rank}, "
+                        f"{where}: real DDP raises this from backward() and then fails the next iteration "
+                        "inside the reducer"
+                    )
+                futures[rank].append(future)
+            for call, future in zip(calls, futures[rank]):
+                collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
+
+        try:
+            result = self.cluster.run(rank_fn)
+        except BaseException as exc:
+            add_context_note(exc, f"simcluster: in SimDDP.step, DDP iteration {it}")
+            raise
+        finally:
+            self.iteration += 1
+        grads_out, outputs, warnings = self._copy_back(it, calls, futures, result.replay)
+        return StepResult(
+            iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
+            trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
+        )
+
+    # -- per-rank set-up ----------------------------------------------------------
+    def _init_rank(self, rank: int) -> None:
+        if self.process_group_factory is None:
+            group = self.cluster.process_group(rank)
+        else:
+            group = self.process_group_factory(rank)
+            if not isinstance(group, SimProcessGroup) or rank not in group.spec.ranks:
+                raise UsageError(
+                    f"process_group_factory({rank}) returned {group!r}; it must return a simulated process "
+                    "group this rank belongs to (create it with dist.new_group inside the factory)"
+                )
+        self.groups[rank] = group
+        self.states[rank] = make_state(self.state_spec, group, lambda: LayoutModel(self.params[rank]))
+
+    # -- copy-back ----------------------------------------------------------------
+    def _copy_back(
+        self, it: int, calls: list[BucketCall], futures: list[list[Any]], replay: str
+    ) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
+        grads: list[list[torch.Tensor]] = [[] for _ in futures]
+        outputs: list[list[Any]] = [[] for _ in futures]
+        warnings: list[str] = []
+        errors: list[tuple[int, BaseException]] = []
+        for rank, rank_futures in enumerate(futures):
+            try:
+                for call, future in zip(calls, rank_futures):
+                    where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
+                    value = resolved(future, outputs[rank], where, self.config.api)
+                    params = [self.params[rank][i] for i in call.params]
+                    copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
+            except (CopyBackError, SimClusterError) as exc:
+                errors.append((rank, exc))
+            grads[rank] = [p.grad for p in self.params[rank]]
+        if errors:
+            rank, exc = errors[0]
+            for other, other_exc in errors[1:]:
+                add_context_note(exc, f"simcluster: rank {other} also failed: {other_exc}")
+            if isinstance(exc, SimClusterError):
+                exc.with_replay(replay)
+            raise exc
+        return grads, outputs, warnings
+
+    # -- validation ---------------------------------------------------------------
+    def _check_grads(self, grads: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        if len(grads) != self.cluster.world_size:
+            raise UsageError(f"grads has {len(grads)} entries; the cluster has {self.cluster.world_size} ranks")
+        out = []
+        for rank, (rank_grads, params) in enumerate(zip(grads, self.params)):
+            if isinstance(rank_grads, torch.Tensor) or len(rank_grads) != len(params):
+                raise UsageError(f"grads[{rank}] must hold one tensor per parameter ({len(params)})")
+            for i, (g, p) in enumerate(zip(rank_grads, params)):
+                if not isinstance(g, torch.Tensor) or g.shape != p.shape or g.dtype != p.dtype:
+                    got = f"shape={tuple(g.shape)}, dtype={g.dtype}" if isinstance(g, torch.Tensor) else repr(g)
+                    raise UsageError(
+                        f"grads[{rank}][{i}] ({got}) must match parameter {i}: shape={tuple(p.shape)}, dtype={p.dtype}"
+                    )
+            out.append([g.detach() for g in rank_grads])
+        return out
+
+
+def _make_params(
+    world: int, shapes: Sequence[tuple[int, ...]] | None, parameters: Sequence[Sequence[Any]] | None,
+    dtype: torch.dtype,
+) -> list[list[torch.nn.Parameter]]:
+    if (shapes is None) == (parameters is None):
+        raise UsageError("pass exactly one of param_shapes and parameters")
+    if shapes is not None:
+        if isinstance(shapes, torch.Tensor) or not shapes:
+            raise UsageError(f"param_shapes={shapes!r} must be a non-empty sequence of shapes")
+        return [[torch.nn.Parameter(torch.zeros(tuple(s), dtype=dtype)) for s in shapes] for _ in range(world)]
+    assert parameters is not None
+    if len(parameters) != world:
+        raise UsageError(f"parameters has {len(parameters)} entries; the cluster has {world} ranks (one list per rank)")
+    out = [list(ps) for ps in parameters]
+    for rank, ps in enumerate(out):
+        if [(tuple(p.shape), p.dtype) for p in ps] != [(tuple(p.shape), p.dtype) for p in out[0]]:
+            raise UsageError(f"parameters[{rank}] differ from parameters[0] in shapes or dtypes; DDP replicas match")
+        if len({id(p) for p in ps} & {id(p) for q in out[:rank] for p in q}):
+            raise UsageError(f"parameters[{rank}] shares Parameter objects with a lower rank; give each rank its own")
+    return out
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

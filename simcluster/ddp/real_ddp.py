@@ -1,0 +1,315 @@
+"""torch's own ``DistributedDataParallel`` on simulated process groups, one thread per rank.
+
+:mod:`simcluster.ddp.model` *models* DDP's bucketing and copy-back; this module runs the
+real thing — the C++ reducer, its bucket rebuild, its copy-back — on
+:class:`~simcluster.fake.process_group.SimProcessGroup` groups in this process, with the
+hook under test registered through ``register_comm_hook``. Use it to check the model
+against the reducer, or a hook against real DDP without starting processes.
+
+    >>> import torch
+    >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    >>> from simcluster.ddp.real_ddp import run_real_ddp
+    >>> def model():
+    ...     torch.manual_seed(0)
+    ...     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    >>> inputs = [[torch.ones(2, 4)] * 2, [torch.zeros(2, 4)] * 2]      # rank -> iteration -> input
+    >>> run = run_real_ddp(model, inputs, world_size=2, hook=allreduce_hook, iterations=2)
+    >>> [call[1:3] for call in run.hook_calls[0]]      # (bucket index, is_last) per hook call on rank 0
+    [(0, True), (0, True)]
+
+How it runs. The reducer waits on the hook's future inside C++, where no Python
+``wait`` override is seen, so the deterministic baton engine cannot host it. Here
+the free-running :class:`~simcluster.engine.threaded.ThreadedEngine` runs each rank on its
+own thread; a collective completes when its last rank posts it, and each rank's
+future is completed on that rank's gloo worker threads, which wakes the C++ waiter.
+Per rank, in its thread: wrap the rank's model in ``DistributedDataParallel`` over
+the rank's simulated WORLD group (the constructor's shape check and parameter
+broadcast run as simulated collectives), register the hook, then for each iteration
+``loss = ddp(input).sum(); loss.backward()``, clone every ``p.grad`` and set the
+grads to ``None``.
+
+Per-rank process state while the run lasts (all restored afterwards):
+
+* ``torch.distributed.distributed_c10d._world`` is a proxy whose attributes belong to
+  the *calling thread's* rank (a :class:`~simcluster.fake.rank_context.RankWorld` each), so
+  ``dist.get_rank()``, ``dist.group.WORLD`` and default-group collectives resolve per
+  rank, as torch's threaded test process group does;
+* autograd multithreading is disabled in every rank thread (a thread-local flag in
+  torch: a new thread starts with it on — measured), so ``backward()`` runs entirely
+  in the rank's thread.
+
+Where this differs from a real cluster: ranks share the process-wide CPU generator
+(``torch.manual_seed`` in one rank moves every rank's stream); the interleaving of
+ranks is up to the OS (gradients do not depend on it — the reduction bits are
+gloo's — but the order of trace events does); ``dist.new_group`` is not available
+inside the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+
+from simcluster.fake.backends import BackendModel, backend_model
+from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note
+from simcluster.fake.futures import SimFuture
+from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
+from simcluster.fake.rank_context import RankWorld
+from simcluster.fake.state import make_state
+from simcluster.engine.threaded import ThreadedEngine
+from simcluster.engine.trace import Trace
+
+__all__ = ["RealDDPRun", "HookCall", "run_real_ddp"]
+
+HookCall = tuple[int, int, bool, tuple[int, ...]]
+"""One hook call as recorded: ``(iteration, bucket.index(), bucket.is_last(), parameter indices)``."""
+
+
+@dataclass
+class RealDDPRun:
+    """What :func:`run_real_ddp` returns.
+
+    ``hook_calls[r]``: rank ``r``'s hook calls in call order, each
+    ``(iteration, bucket index, is_last, indices into model.parameters())``.
+    ``grads[k][r][i]``: parameter ``i``'s ``.grad`` on rank ``r`` after iteration
+    ``k``'s ``backward()`` (a clone; ``None`` if the parameter got no gradient).
+    ``trace``: the collectives posted (event order depends on thread timing).
+    ``initial[r][i]``: parameter ``i`` on rank ``r`` once DDP's constructor broadcast
+    rank 0's; ``params[k][r][i]``: after iteration ``k`` and its optimizer step (clones).
+    """
+
+    hook_calls: list[list[HookCall]]
+    grads: list[list[list[torch.Tensor | None]]]
+    trace: Trace
+    initial: list[list[torch.Tensor]] = field(default_factory=list)
+    params: list[list[list[torch.Tensor]]] = field(default_factory=list)
+
+
+Setup = Callable[[DistributedDataParallel, SimProcessGroup], tuple[Callable[..., Any], Any, Callable[[], Any] | None]]
+"""``setup(ddp, group) -> (hook, state, step)``: per rank, after DDP's constructor — the hook to
+register (it may need the DDP object, e.g. ZeRO's wrappers), its state, and what to call after
+each ``backward()`` (an optimizer's ``step``; ``None`` when the hook steps itself)."""
+
+
+class _Runtime(Runtime):
+    def __init__(self, engine: ThreadedEngine, backend: BackendModel) -> None:
+        self.engine = engine  # type: ignore[assignment] - same interface as Engine
+        self.backend = backend
+
+
+class _WorldProxy:
+    """Stands in for ``c10d._world``: every attribute is the calling rank's own.
+
+    On a thread that is no rank's, it is the ``_world`` that was there before the run.
+    """
+
+    def __init__(self, worlds: list[RankWorld], outside: Any, engine: ThreadedEngine) -> None:
+        object.__setattr__(self, "_sim", (worlds, outside, engine))
+
+    def _target(self) -> Any:
+        worlds, outside, engine = object.__getattribute__(self, "_sim")
+        rank = engine.current_rank
+        return outside if rank is None else worlds[rank]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._target(), name, value)
+
+
+class _DDPGroup(SimProcessGroup):
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "simcluster-" + super().getBackendName()
+
+
+def _no_new_group(*args: Any, **kwargs: Any) -> Any:
+    raise UnsupportedError("dist.new_group inside run_real_ddp is not supported (real DDP runs on each rank's WORLD)")
+
+
+@contextlib.contextmanager
+def _per_thread_world(proxy: _WorldProxy) -> Iterator[None]:
+    """Install the proxy as torch's ``_world`` (and block ``new_group``) for the run only."""
+    saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group)]
+    try:
+        c10d._world = proxy
+        c10d.new_group = dist.new_group = _no_new_group
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter], calls: list[HookCall],
+               iteration: list[int], returned: list[torch.futures.Future]) -> Callable[..., Any]:
+    """The hook as registered: records the bucket DDP passed, then calls ``hook``.
+
+    ``functools.wraps`` gives it ``hook``'s name and signature, so DDP's registration
+    checks (parameter named ``bucket``, annotations) judge the hook under test itself.
+    """
+
+    @functools.wraps(hook)
+    def recorded_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        indices = tuple(next(i for i, q in enumerate(params) if q is p) for p in bucket.parameters())
+        calls.append((iteration[0], bucket.index(), bucket.is_last(), indices))
+        future = hook(state, bucket)
+        if isinstance(future, torch.futures.Future):
+            returned.append(future)
+        return future
+
+    return recorded_hook
+
+
+def run_real_ddp(
+    model_factory: Callable[[], torch.nn.Module],
+    inputs_per_rank: Sequence[Sequence[torch.Tensor]],
+    *,
+    world_size: int,
+    hook: Callable[[Any, Any], Any] | None,
+    state: Any = "group",
+    iterations: int = 3,
+    bucket_cap_mb: float | None = None,
+    static_graph: bool = False,
+    find_unused_parameters: bool = False,
+    gradient_as_bucket_view: bool = False,
+    backend: str = "gloo",
+    timeout: float = 60.0,
+    setup: Setup | None = None,
+) -> RealDDPRun:
+    """Train ``iterations`` steps of real DDP on ``world_size`` simulated ranks (see the module docstring).
+
+    ``model_factory()`` is called once per rank (in rank order, before the threads
+    start, under a forked RNG so the caller's stream is untouched); DDP's constructor
+    then broadcasts rank 0's parameters, as on a real cluster. ``inputs_per_rank[r][k]``
+    is rank ``r``'s input in iteration ``k``. ``hook``: the comm hook (``None``: DDP's
+    built-in allreduce, no hook registered); ``state``: ``"group"`` (the rank's WORLD
+    group), ``None``, or a factory called in the rank's thread as ``factory(group)`` or
+    ``factory(group, model)`` with the rank's module (see :mod:`simcluster.fake.state`).
+    ``timeout``: seconds without progress before the run is reported stuck.
+    ``setup``: instead of ``hook``/``state``, build them per rank from the DDP object and
+    say how to step an optimizer (see :data:`Setup`); ``hook`` must then be ``None``.
+
+    Raises the first failing rank's exception as itself (rank attached as a note), or
+    :class:`~simcluster.errors.DeadlockError` / :class:`~simcluster.errors.StuckError`
+    naming what each rank thread was doing; never hangs, leaves no thread running
+    (except one blocked on something simcluster cannot fail, named in the error).
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise UsageError(f"world_size={world_size!r} must be a positive int")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise UsageError(f"iterations={iterations!r} must be a positive int")
+    if len(inputs_per_rank) != world_size or any(len(xs) < iterations for xs in inputs_per_rank):
+        raise UsageError(
+            f"inputs_per_rank must hold world_size={world_size} sequences of at least iterations={iterations} "
+            f"inputs each (rank -> iteration -> input), got lengths {[len(xs) for xs in inputs_per_rank]}"
+        )
+    model_backend = backend_model(backend)
+    # DDP's constructor imports torch._dynamo on first use (~1 s): do it here, not in a
+    # rank thread, so the watchdog does not mistake the import for a hang.
+    importlib.import_module("torch._dynamo.utils")
+    with torch.random.fork_rng():
+        models = [model_factory() for _ in range(world_size)]
+    params = [[p for p in m.parameters() if p.requires_grad] for m in models]
+
+    trace = Trace()
+    engine = ThreadedEngine(world_size=world_size, trace=trace, worker_limit=model_backend.workers_per_group,
+                            worker_name=model_backend.worker_name, timeout=timeout)
+    runtime = _Runtime(engine, model_backend)
+    spec = GroupSpec("WORLD", tuple(range(world_size)))
+    groups = [_DDPGroup(runtime, spec, r) for r in range(world_size)]
+    worlds = [RankWorld() for _ in range(world_size)]
+    for world, group in zip(worlds, groups):
+        world.register(group, default=True)
+
+    hook_calls: list[list[HookCall]] = [[] for _ in range(world_size)]
+    returned: list[torch.futures.Future] = []
+    engine.on_abort(lambda: _fail_pending(returned))
+    grads: list[list[list[torch.Tensor | None]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
+    after: list[list[list[torch.Tensor]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
+    initial: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+    if setup is not None and hook is not None:
+        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
+
+    def rank_fn(rank: int) -> Callable[[], None]:
+        def body() -> None:
+            with torch.autograd.set_multithreading_enabled(False):
+                _train(rank)
+
+        return body
+
+    def _train(rank: int) -> None:
+        iteration = [0]
+        engine.set_status("constructing DistributedDataParallel (parameter check and broadcast)")
+        ddp = DistributedDataParallel(
+            models[rank], process_group=groups[rank], bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
+            find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=gradient_as_bucket_view,
+        )
+        try:
+            initial[rank] = [p.detach().clone() for p in params[rank]]
+            rank_hook, step = hook, None
+            if setup is not None:
+                rank_hook, rank_state, step = setup(ddp, groups[rank])
+            elif hook is not None:
+                rank_state = make_state(state, groups[rank], models[rank])
+            if rank_hook is not None:
+                ddp.register_comm_hook(rank_state, _recording(rank_hook, params[rank], hook_calls[rank], iteration,
+                                                              returned))
+            for k in range(iterations):
+                iteration[0] = k
+                engine.set_status(f"forward of iteration {k}")
+                loss = ddp(inputs_per_rank[rank][k]).sum()
+                engine.set_status(f"in backward() of iteration {k} (the C++ reducer waits on hook futures here)")
+                loss.backward()
+                grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params[rank]]
+                if step is not None:
+                    engine.set_status(f"optimizer step of iteration {k}")
+                    step()
+                after[k][rank] = [p.detach().clone() for p in params[rank]]
+                ddp.zero_grad(set_to_none=True)
+        finally:
+            del ddp
+
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine)):
+        try:
+            engine.run([rank_fn(r) for r in range(world_size)])
+        except SimClusterError as error:
+            for rank, label, exc in engine.failures:
+                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {_brief(exc)}")
+            raise
+    if engine.failures:
+        _raise_failures(engine, world_size)
+    return RealDDPRun(hook_calls=hook_calls, grads=grads, trace=trace, initial=initial, params=after)
+
+
+def _fail_pending(futures: list[torch.futures.Future]) -> None:
+    """On abort: fail every hook future still pending, so the reducer's C++ wait on it wakes."""
+    for future in list(futures):
+        # The engine fails its own (simulated) futures; only foreign ones are failed here.
+        if not isinstance(future, SimFuture) and not future.done():
+            with contextlib.suppress(RuntimeError):  # completed meanwhile by its owner
+                future.set_exception(RuntimeError("simcluster aborted the run; this hook future never completed"))
+
+
+def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:
+    """Raise the root cause: the first exception recorded before the run was aborted (the
+    others — e.g. errors the abort put into other ranks' futures — become notes)."""
+    failures = engine.failures
+    rank, label, exc = failures[0]
+    add_context_note(exc, f"simcluster: raised on rank {rank} of {world_size} ({label}, real DDP on threads)")
+    for other_rank, other_label, other in failures[1:]:
+        add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {_brief(other)}")
+    raise exc
+
+
+def _brief(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

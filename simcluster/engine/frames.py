@@ -1,0 +1,143 @@
+"""Where in the user's code something happened: frames outside simcluster, torch and Python.
+
+A report names the line of *user* code a failure arose at — the hook, its callbacks,
+its state factory — not the simulator's or torch's internals it went through.
+
+>>> import torch, simcluster.engine.inline
+>>> from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+>>> is_internal(torch.__file__), is_internal(simcluster.engine.inline.__file__), is_internal("my_hooks.py")
+(True, True, False)
+>>> is_internal(default_hooks.__file__)   # torch's own hooks are checked like anyone's
+False
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+
+__all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "format_frames", "short_path"]
+
+
+def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(package folders that are never user code, the stdlib folders)."""
+    import torch
+
+    import simcluster
+
+    packages = [os.path.dirname(os.path.abspath(simcluster.__file__)), os.path.dirname(os.path.abspath(torch.__file__)),
+                os.path.join(os.path.abspath(sys.prefix), "bin"), os.path.join(os.path.abspath(sys.prefix), "Scripts")]
+    for name in ("hypothesis", "_pytest", "pluggy"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            packages.append(os.path.dirname(os.path.abspath(module.__file__)))
+    stdlib = {os.path.abspath(p) for key in ("stdlib", "platstdlib") if (p := sysconfig.get_paths().get(key))}
+    return tuple(p + os.sep for p in packages), tuple(p + os.sep for p in sorted(stdlib))
+
+
+_ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+_TORCH_HOOKS = (os.sep + os.path.join("algorithms", "ddp_comm_hooks") + os.sep,
+                os.sep + os.path.join("algorithms", "model_averaging") + os.sep)
+
+
+def is_internal(filename: str) -> bool:
+    """Whether ``filename`` belongs to simcluster, torch (but not torch's DDP communication
+    hooks, which are code under test), Python's stdlib, the test runner or a console script."""
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = _roots()
+    if filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    packages, stdlib = _ROOTS
+    if any(part in path for part in _TORCH_HOOKS):  # torch's own hooks are the code under test there
+        return False
+    if path.startswith(packages):
+        return True
+    installed = os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
+    return path.startswith(stdlib) and not installed
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of user code: ``file:line in function``, with its source line."""
+
+    file: str
+    line: int
+    function: str
+    source: str
+
+    def __str__(self) -> str:
+        text = f"{short_path(self.file)}:{self.line} in {self.function}"
+        return f"{text}: {self.source}" if self.source else text
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the current directory when it is inside it (else as is)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _frames(summary: Iterable[traceback.FrameSummary]) -> list[Frame]:
+    return [Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
+            for fs in summary if not is_internal(fs.filename)]
+
+
+def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
+    """The last ``limit`` frames of user code in ``exc``'s traceback (outermost first).
+
+    An exception that carries ``simcluster_frames`` (set where simcluster raises on the
+    user's behalf, e.g. a mismatch detected at a rank's call) gives those instead.
+    """
+    given = getattr(exc, "simcluster_frames", None)
+    if given is not None:
+        return list(given)[-limit:]
+    tb: TracebackType | None = exc.__traceback__
+    found = _frames(traceback.extract_tb(tb)) if tb is not None else []
+    if not found:
+        found = _at_frames(str(exc))
+    if not found and exc.__cause__ is not None and exc.__cause__ is not exc:
+        return user_frames(exc.__cause__, limit)
+    return found[-limit:]
+
+
+_AT_LINE = re.compile(r"^\s+(.+)\((\d+)\): (\S+)$")
+
+
+def _at_frames(message: str) -> list[Frame]:
+    """Frames from the ``At:`` stack torch writes into the message of an exception raised
+    in a future's callback (``  /path/hooks.py(12): <lambda>``, innermost first)."""
+    lines = message.splitlines()
+    if "At:" not in (line.strip() for line in lines):
+        return []
+    found = []
+    for line in lines[[line.strip() for line in lines].index("At:") + 1:]:
+        match = _AT_LINE.match(line)
+        if match is None:
+            break
+        file, number, function = match.group(1), int(match.group(2)), match.group(3)
+        if not is_internal(file):
+            found.append(Frame(file, number, function, linecache.getline(file, number).strip()))
+    return found[::-1]
+
+
+def stack_user_frames(frame: FrameType | None, limit: int = 3) -> list[Frame]:
+    """The last ``limit`` user frames of the stack ending at ``frame`` (outermost first)."""
+    if frame is None:
+        return []
+    return _frames(traceback.extract_stack(frame))[-limit:]
+
+
+def format_frames(frames: Iterable[Frame], indent: str = "  ") -> list[str]:
+    """One line per frame, innermost last, as ``at file:line in function: source``."""
+    return [f"{indent}at {f}" for f in frames]

@@ -1,0 +1,750 @@
+"""The engine: N ranks' code on a baton, collectives matched and completed on command.
+
+The engine knows nothing of torch. It sees *tasks* (a rank's code to run), *calls*
+(a rank posting its part of a collective) and *waits* (code that cannot go on until
+something completes). Its rules:
+
+1. **One thread runs at a time.** Tasks run inline on whichever thread holds the
+   baton. Code that waits on something pending parks its OS thread and hands the
+   driving role to a pooled thread; when the awaited thing completes, the parked
+   thread is resumed *in turn*, never concurrently. So thread timing never reaches a
+   result.
+2. **Nothing completes unless stepped.** Runnable tasks run first, in FIFO order.
+   Only when nothing can run does the engine complete one *ready* collective — one
+   that every participant has posted (and, where the backend has a limited number of
+   worker threads per group, one that has a worker on every rank). Which one is the
+   scheduler's choice (:mod:`simcluster.engine.scheduler`), recorded for replay.
+3. **Completing a collective** computes every rank's result at once (ranks get the
+   bits the backend would give them) and then, for each participant, runs a
+   completion task in the backend's context (e.g. on a gloo worker of that group),
+   which sets that rank's future and so runs its callbacks.
+4. **No hang.** When nothing can run, nothing is ready and work is still pending,
+   that is a deadlock: the engine unwinds every parked thread and raises
+   :class:`~simcluster.errors.DeadlockError` listing each rank's blocked wait and
+   every unmatched call. Code blocked *outside* the engine (a lock, a plain C++
+   future, a spin) cannot be interrupted from inside the process: while the calling
+   thread is parked a watchdog reports it as :class:`~simcluster.errors.StuckError`;
+   :mod:`simcluster.checking.supervisor` ends it from outside (a checked example runs in a
+   child process that is killed at its deadline).
+5. **Only the engine's threads are ranks.** A collective, a wait or a future
+   completion from any other thread (one a hook started) raises
+   :class:`~simcluster.errors.ForeignThreadError` in that thread at once, before it
+   touches the engine, so the run never depends on that thread's timing.
+6. **Stop means stop.** ``KeyboardInterrupt`` and pytest's outcome exceptions
+   (``pytest.fail``/``skip``/``exit``, pytest-timeout's signal-method ``Failed``) raised
+   in rank code abort the whole run and propagate from :meth:`Engine.run` as
+   themselves; every parked thread is unwound first. ``SystemExit`` is not one of
+   them: a hook calling ``sys.exit`` is that hook's failure, recorded like any other.
+
+How features interact: a mismatched collective is fatal at once (the run is
+unwound and the mismatch raised); an exception escaping a rank's task is recorded,
+the other ranks go on until nothing can move, and the task's exception wins over a
+deadlock it caused (the deadlock is attached as a note).
+"""
+
+from __future__ import annotations
+
+import sys
+import gc
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from simcluster.errors import (
+    CollectiveMismatchError, DeadlockError, ForeignThreadError, SimClusterError, StuckError, UsageError,
+)
+from simcluster.engine.frames import stack_user_frames
+from simcluster.engine.scheduler import Scheduler
+from simcluster.engine.trace import Blocked, Completed, Posted, Resumed, Trace
+
+__all__ = ["Engine", "Call", "RunAborted", "Waitable", "is_stop_request", "thread_description"]
+
+
+def is_stop_request(exc: BaseException) -> bool:
+    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``
+    or one of pytest's outcome exceptions (``Failed``, ``Skipped``, ``Exit``…, which
+    pytest-timeout's signal method raises too). Such an exception is never a finding."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return any(getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
+
+
+def thread_description(thread: threading.Thread) -> str:
+    """A thread named by what it runs (its target's qualified name), not by its
+    process-wide counter (``Thread-7``), so messages are the same run after run."""
+    target = getattr(thread, "_target", None)
+    name = getattr(target, "__qualname__", None) or type(thread).__qualname__
+    return f"a thread running {name}" if target is not None else f"a {name} thread"
+
+
+class RunAborted(BaseException):
+    """Raised inside parked user code to unwind it when the run is aborted.
+
+    A ``BaseException`` so that a hook's ``except Exception`` does not swallow it.
+    """
+
+
+class Waitable(Protocol):
+    """Something a rank can wait on (a simulated future)."""
+
+    label: str
+
+    def done(self) -> bool: ...
+
+    def _on_done(self, resume: Callable[[], None]) -> None: ...
+
+
+@dataclass
+class Call:
+    """One rank's part of a collective (or point-to-point transfer).
+
+    ``channel`` and the per-rank sequence number match calls across ranks: the k-th
+    call of every rank on a channel belongs to the same collective. ``signature`` must
+    be equal on every rank (its first item names the kind of call, the rest — dtypes,
+    shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
+    :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
+    call, in the order of ``ranks``) returns each rank's result; ``deliver`` hands a rank
+    its result.
+    """
+
+    rank: int
+    channel: str
+    ranks: tuple[int, ...]
+    op: str
+    signature: tuple[Any, ...]
+    compute: Callable[[dict[int, "Call"]], dict[int, Any]]
+    deliver: Callable[[Any], None]
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    nbytes: int = 0
+    detail: str = ""
+    uses_worker: bool = True
+    payload: Any = None
+    seq: int = -1
+    worker: int = -1
+
+    @property
+    def describe(self) -> str:
+        """``op(arg, …)`` for error messages, from the signature (built only when an error needs it)."""
+        return f"{self.op}({', '.join(str(s) for s in self.signature[1:])})"
+
+
+@dataclass
+class _Instance:
+    channel: str
+    seq: int
+    ranks: tuple[int, ...]
+    calls: dict[int, Call] = field(default_factory=dict)
+    executing: set[int] = field(default_factory=set)
+    first: Call | None = None
+
+
+@dataclass
+class _Task:
+    rank: int
+    fn: Callable[[], None]
+    label: str
+    where: str
+    on_done: Callable[[], None] | None = None
+
+
+class _Slot:
+    """An OS thread the engine can park and wake (a binary semaphore per thread)."""
+
+    def __init__(self, engine: "Engine", index: int, thread: threading.Thread | None = None) -> None:
+        self.index = index
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.command = "idle"
+        self.abort = False
+        if thread is None:
+            thread = threading.Thread(target=engine._pool_main, args=(self,), name=f"simcluster-{index}", daemon=True)
+        self.thread = thread
+
+    def park(self) -> None:
+        self.lock.acquire()
+
+    def wake(self) -> None:
+        self.lock.release()
+
+
+@dataclass
+class _Resume:
+    slot: _Slot
+    rank: int
+    where: str
+    label: str
+
+
+@dataclass
+class _Workers:
+    """A backend's worker threads of one group on one rank (gloo: 2), and their queue."""
+
+    size: int
+    busy: list[bool]
+    queue: deque[tuple[_Instance, Call]] = field(default_factory=deque)
+
+
+class Engine:
+    """Runs one simulated run: tasks on a baton, calls matched, completions scheduled.
+
+    ``switch(old_rank, new_rank)`` is called whenever the code about to run belongs to
+    another rank than the code that ran last (``None`` = outside the run): the caller
+    swaps per-rank state (torch's world, RNG) there.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        trace: Trace,
+        switch: Callable[[int | None, int | None], None],
+        workers_per_channel: int | None,
+        fifo_per_channel: bool = False,
+        per_rank_delivery: bool = False,
+        worker_name: Callable[[str, int], str] = lambda channel, i: f"worker {channel}#{i}",
+        stuck_timeout: float = 60.0,
+        replay: Callable[[list[int]], str] = lambda choices: f"schedule={choices!r}",
+    ) -> None:
+        self.scheduler = scheduler
+        self.trace = trace
+        self.choices: list[tuple[int, int]] = []
+        self._replay = replay
+        self._switch = switch
+        self._workers_per_channel = workers_per_channel
+        self._worker_name = worker_name
+        self._stuck_timeout = stuck_timeout
+        self._runnable: deque[_Task | _Resume] = deque()
+        self._instances: dict[tuple[str, int], _Instance] = {}
+        self._ready: list[_Instance] = []
+        self._deliveries: list[_Task] = []
+        self._finished_seq: dict[str, int] = {}
+        self._fifo = fifo_per_channel
+        self._per_rank_delivery = per_rank_delivery
+        self._seq: dict[tuple[int, str], int] = {}
+        self._issued: dict[int, int] = {}
+        self._workers: dict[tuple[int, str], _Workers] = {}
+        self._parked: dict[int, tuple[_Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
+        self._expected: dict[int, tuple[int, str, str]] = {}  # -> (rank, label, context)
+        self._expected_count = 0
+        self._slots: list[_Slot] = []
+        self._home: _Slot | None = None
+        self._idle: list[_Slot] = []
+        self._current: _Slot | None = None
+        self._rank: int | None = None
+        self._where = ""
+        self._completions = 0
+        self._steps = 0
+        self._fatal: SimClusterError | None = None
+        self._aborting = False
+        self._done = False
+        self.failures: list[tuple[int, str, BaseException]] = []
+        self.deadlock: DeadlockError | None = None
+        self.running = False
+        self._stop: BaseException | None = None
+        self._dead = False
+        self._owned: set[int] = set()
+        self.started_threads: list[tuple[int, str]] = []  # (rank, description) of threads rank code started
+
+    # ----------------------------------------------------------------- public
+    def replay(self) -> str:
+        """The replay line for everything up to now (computed only when an error needs it)."""
+        return self._replay([choice for _, choice in self.choices])
+
+    @property
+    def current_rank(self) -> int | None:
+        """The rank whose code is running now (None outside a run)."""
+        return self._rank
+
+    @property
+    def where(self) -> str:
+        """Where the running code runs: ``"rank <r>"`` or a backend worker's name."""
+        return self._where
+
+    def spawn(self, rank: int, fn: Callable[[], None], label: str, where: str | None = None) -> None:
+        """Queue ``fn`` to run as rank ``rank``'s code; exceptions escaping it are recorded."""
+        self._runnable.append(_Task(rank, fn, label, where or f"rank {rank}"))
+
+    def run(self) -> None:
+        """Drive until every task finished and every collective completed.
+
+        The calling thread drives first, so a hook that never blocks runs without a
+        single thread hand-over. Pool threads appear only when code blocks; while the
+        calling thread is parked it watches for code stuck outside the simulator.
+        Raises a stop request (rule 6) or the fatal error (mismatch, deadlock, stuck
+        code) if there was one; task failures are left in :attr:`failures` for the
+        caller to report. However it ends, the caller's torch state is restored and
+        every parked simulator thread is unwound and ended.
+        """
+        self.running = True
+        home = self._home = _Slot(self, -1, thread=threading.current_thread())
+        self._owned.add(threading.get_ident())
+        real_start = threading.Thread.start
+        engine = self
+
+        def start(thread: threading.Thread) -> None:
+            if threading.get_ident() in engine._owned and engine.running:
+                engine.started_threads.append((engine._rank if engine._rank is not None else -1,
+                                               thread_description(thread)))
+            real_start(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign]
+        collecting = gc.isenabled()
+        gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
+        try:
+            home.command = "drive"
+            while True:
+                if home.command == "drive":
+                    self._drive(home)
+                if self._done or self._dead:
+                    break
+                self._park_watching(home)
+        finally:
+            threading.Thread.start = real_start  # type: ignore[method-assign]
+            self.running = False
+            if self._rank is not None:
+                self._switch(self._rank, None)
+                self._rank = None
+            if collecting:
+                gc.enable()
+        self._stop_pool()
+        if self._stop is not None:
+            raise self._stop
+        if self._fatal is not None:
+            raise self._fatal
+
+    def check_thread(self, what: str) -> None:
+        """Reject ``what`` (a collective, a wait, completing a future) unless the calling
+        thread is one this engine runs rank code on (rule 5)."""
+        if threading.get_ident() in self._owned:
+            return
+        raise ForeignThreadError(
+            f"{what} from {thread_description(threading.current_thread())}, which is not a simulated rank: "
+            "a thread a hook starts is not a rank, and simcluster rejects its collectives, waits and future "
+            "completions (on a real cluster it would use its own process's group; run that work on the "
+            "rank's own code path instead)"
+        )
+
+    def _abandon(self) -> None:
+        """The calling thread is leaving a run that did not finish (interrupted, stuck):
+        unwind every parked thread, one at a time, end the idle pool threads, and mark
+        the engine dead so any code still running gets ``RunAborted`` from it."""
+        self._dead = self._aborting = True
+        self.running = False
+        me = threading.current_thread()
+        for index in sorted(self._parked):
+            slot = self._parked[index][0]
+            if slot.thread is me:
+                continue
+            slot.abort = True
+            slot.wake()
+            slot.thread.join(timeout=5.0)
+        self._parked.clear()
+        self._stop_pool()
+
+    def _park_watching(self, home: "_Slot") -> None:
+        """Park the calling thread until it is handed the baton. If the code holding the
+        baton makes no progress for ``stuck_timeout`` seconds (blocked outside the
+        simulator, or spinning), or a signal raises here (Ctrl-C, pytest-timeout), the
+        run is abandoned: :attr:`_dead` is set and the caller unwinds."""
+        last_steps, quiet = self._steps, 0.0
+        try:
+            while not home.lock.acquire(timeout=0.5):
+                if self._steps != last_steps:
+                    last_steps, quiet = self._steps, 0.0
+                    continue
+                quiet += 0.5
+                if quiet >= self._stuck_timeout:
+                    self._fail(StuckError(
+                        f"rank {self._rank}'s code ({self._where}) has been blocked outside the simulator for "
+                        f"{self._stuck_timeout:.0f}s — e.g. waiting on a plain torch Future, a lock or a socket, "
+                        "or spinning. simcluster cannot interrupt it in this process; its thread is abandoned "
+                        "(check_hook runs examples in a supervised child process, which is killed instead)."
+                    ))
+                    self._abandon()
+                    return
+        except BaseException as exc:  # noqa: BLE001 - a signal: Ctrl-C, pytest-timeout's Failed
+            if self._stop is None:
+                self._stop = exc
+            self._abandon()
+
+    def post(self, call: Call) -> None:
+        """Post ``call`` for the running rank; completes later, when scheduled."""
+        self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
+        self._check_alive()
+        if call.rank != self._rank:
+            raise UsageError(
+                f"rank {self._rank}'s code called {call.op} on rank {call.rank}'s process group. Simulated ranks "
+                "share one Python process, so state built once is shared by every rank; give each rank its own "
+                "(pass a factory called once per rank with that rank's process group)."
+            )
+        key = (call.rank, call.channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        call.seq = seq
+        issue = self._issued.get(call.rank, 0)
+        self._issued[call.rank] = issue + 1
+        self.trace.record(
+            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
+        )
+        inst = self._instances.get((call.channel, seq))
+        if inst is None:
+            inst = _Instance(call.channel, seq, call.ranks, first=call)
+            self._instances[(call.channel, seq)] = inst
+        else:
+            self._check_match(inst, call)
+        inst.calls[call.rank] = call
+        if call.uses_worker and self._workers_per_channel is not None:
+            pool = self._workers.get(key)
+            if pool is None:
+                pool = self._workers[key] = _Workers(self._workers_per_channel, [False] * self._workers_per_channel)
+            pool.queue.append((inst, call))
+            self._start_queued(pool)
+        else:
+            self._mark_executing(inst, call.rank)
+
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        return [inst.first.op for inst in self._instances.values() if inst.channel == channel and inst.first]
+
+    def expect(self, rank: int, waitable: Waitable, context: str) -> None:
+        """Record that ``waitable`` must complete before the run may end, without
+        blocking anyone — how the harness "waits" on a hook's future, as DDP's reducer
+        does, at no thread hand-over. If it never completes, that is a deadlock."""
+        if waitable.done():
+            return
+        key = self._expected_count
+        self._expected_count += 1
+        self._expected[key] = (rank, waitable.label, context)
+        waitable._on_done(lambda: self._expected.pop(key, None) and None)
+
+    def block_until(self, waitable: Waitable, context: str = "") -> None:
+        """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
+        self.check_thread(f"wait() on pending {waitable.label}")
+        self._check_alive()
+        slot = self._current
+        if slot is None or slot.thread is not threading.current_thread():
+            raise UsageError(
+                f"wait() on pending {waitable.label} from a thread simcluster does not run; "
+                "simulated futures can only be waited on by hook code inside a run"
+            )
+        rank, where = self._rank, self._where
+        assert rank is not None
+        self.trace.add(Blocked(rank, waitable.label, context or where))
+        self._parked[slot.index] = (slot, rank, waitable.label, context or where)
+        waitable._on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
+        driver = self._take_idle()
+        driver.command = "drive"
+        self._current = None
+        driver.wake()
+        if slot is self._home:
+            self._park_watching(slot)
+        else:
+            slot.park()
+        self._current = slot
+        self._parked.pop(slot.index, None)
+        if slot.abort or self._dead:
+            raise RunAborted()
+        self._enter(rank, where)
+        self.trace.add(Resumed(rank, waitable.label))
+
+    # ------------------------------------------------------------- matching
+    def _check_match(self, inst: _Instance, call: Call) -> None:
+        first = inst.first
+        assert first is not None
+        if call.rank in inst.calls:
+            problem = f"rank {call.rank} posted twice at position {inst.seq} of {inst.channel}"
+        elif call.ranks != first.ranks:
+            problem = f"ranks disagree on the group's members: {list(first.ranks)} vs {list(call.ranks)}"
+        elif call.signature != first.signature:
+            problem = "ranks issued different collectives at the same position of the group's sequence"
+        else:
+            return
+        frames = stack_user_frames(sys._getframe(1))
+        at = f" at {frames[-1]}" if frames else ""
+        others = sorted(r for r in inst.calls if r != first.rank)
+        agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
+        error = CollectiveMismatchError(
+            f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
+            f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
+            "On a real cluster this hangs or silently mixes up data."
+        )
+        error.simcluster_frames = frames  # type: ignore[attr-defined]
+        self._fail(error)
+        raise RunAborted()
+
+    def _start_queued(self, pool: _Workers) -> None:
+        while pool.queue and not all(pool.busy):
+            inst, call = pool.queue.popleft()
+            call.worker = pool.busy.index(False)
+            pool.busy[call.worker] = True
+            self._mark_executing(inst, call.rank)
+
+    def _mark_executing(self, inst: _Instance, rank: int) -> None:
+        inst.executing.add(rank)
+        if len(inst.executing) == len(inst.ranks):
+            self._ready.append(inst)
+
+    def _eligible(self) -> list[_Instance]:
+        """Ready collectives that may complete now. With ``fifo_per_channel`` (NCCL: one
+        stream per communicator) only the oldest unfinished collective of each group."""
+        if not self._fifo:
+            return self._ready
+        return [inst for inst in self._ready if inst.seq == self._finished_seq.get(inst.channel, 0)]
+
+    def _complete_one(self) -> bool:
+        """Make one scheduled step: deliver a computed result to one rank, or complete
+        (compute) one ready collective. Options: pending deliveries first (oldest
+        first), then eligible ready collectives (oldest first) — so choice 0 always
+        continues what is under way and the all-zero schedule is in-order."""
+        eligible = self._eligible()
+        options = len(self._deliveries) + len(eligible)
+        if options == 0:
+            return False
+        choice = self.scheduler.choose(options)
+        if not 0 <= choice < options:
+            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} options")
+        self.choices.append((options, choice))
+        if choice < len(self._deliveries):
+            self._runnable.append(self._deliveries.pop(choice))
+            return True
+        inst = eligible[choice - len(self._deliveries)]
+        self._ready.remove(inst)
+        del self._instances[(inst.channel, inst.seq)]
+        self._finished_seq[inst.channel] = inst.seq + 1
+        assert inst.first is not None
+        self.trace.record(Completed, inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options)
+        self._completions += 1
+        try:
+            results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
+        except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
+            calls = _calls_by_description(inst.calls)
+            self._fail(CollectiveMismatchError(
+                f"{inst.first.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n{calls}"
+            ))
+            return True
+        tasks = []
+        for rank in inst.ranks:
+            call = inst.calls[rank]
+            on_done = None
+            where = f"rank {rank}"
+            if call.worker >= 0:
+                pool = self._workers[(rank, inst.channel)]
+                where = self._worker_name(inst.channel, call.worker)
+                on_done = self._releaser(pool, call.worker)
+            tasks.append(
+                _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)
+            )
+        if self._per_rank_delivery and len(tasks) > 1:
+            self._deliveries.extend(tasks)  # each rank sees the completion when the scheduler says
+        else:
+            self._runnable.extend(tasks)
+        return True
+
+    def _releaser(self, pool: _Workers, worker: int) -> Callable[[], None]:
+        def release() -> None:
+            pool.busy[worker] = False
+            self._start_queued(pool)
+
+        return release
+
+    # -------------------------------------------------------------- driving
+    def _pool_main(self, slot: _Slot) -> None:
+        while True:
+            slot.park()
+            if slot.command == "stop" or self._dead:
+                return
+            self._drive(slot)
+            if self._dead:
+                return
+
+    def _drive(self, slot: _Slot) -> None:
+        self._current = slot
+        while True:
+            if self._dead:
+                return
+            self._steps += 1
+            if (self._fatal is not None or self._stop is not None) and not self._aborting:
+                self._begin_abort()
+            if self._runnable:
+                item = self._runnable.popleft()
+                if isinstance(item, _Task):
+                    self._run_task(item)
+                    continue
+                # Hand the baton to the parked thread; this one returns to the pool.
+                slot.command = "idle"
+                self._idle.append(slot)
+                self._current = None
+                item.slot.wake()
+                return
+            if not self._aborting and self._complete_one():
+                continue
+            if not self._aborting and (self._parked or self._instances or self._expected or self._deliveries):
+                self._on_deadlock()
+                continue
+            self._done = True
+            self._current = None
+            if slot.index >= 0:  # a pool thread finished: hand the baton home
+                slot.command = "idle"
+                self._idle.append(slot)
+                self._home.command = "finished"
+                self._home.wake()
+            return
+
+    def _run_task(self, task: _Task) -> None:
+        self._enter(task.rank, task.where)
+        try:
+            task.fn()
+        except RunAborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
+            if is_stop_request(exc):
+                if self._stop is None:
+                    exc.add_note(f"simcluster: raised on rank {task.rank} ({task.label}, {task.where})")
+                    self._stop = exc
+            else:
+                self.failures.append((task.rank, task.label, exc))
+        finally:
+            if task.on_done is not None and not self._aborting:
+                task.on_done()
+
+    def _enter(self, rank: int, where: str) -> None:
+        if rank != self._rank:
+            self._switch(self._rank, rank)
+            self._rank = rank
+        self._where = where
+
+    def _take_idle(self) -> _Slot:
+        if self._idle:
+            return self._idle.pop()
+        slot = _Slot(self, len(self._slots))
+        self._slots.append(slot)
+        slot.thread.start()
+        assert slot.thread.ident is not None
+        self._owned.add(slot.thread.ident)
+        return slot
+
+    def _stop_pool(self) -> None:
+        idle = [slot for slot in self._idle if slot.index >= 0]
+        for slot in idle:
+            slot.command = "stop"
+            slot.wake()
+        for slot in idle:
+            slot.thread.join()
+        self._idle.clear()
+
+    # ---------------------------------------------------------------- failure
+    def _check_alive(self) -> None:
+        if self._aborting or self._fatal is not None or self._stop is not None or self._dead:
+            raise RunAborted()
+        if not self.running:
+            raise UsageError("simulated collectives and waits only work inside a SimCluster run")
+
+    def _fail(self, error: SimClusterError) -> None:
+        if self._fatal is None:
+            self._fatal = error.with_replay(self.replay())
+
+    def _begin_abort(self) -> None:
+        """Drop queued tasks and resume every parked thread with ``abort`` set, so each
+        unwinds (``RunAborted`` out of its wait) one at a time, in slot order."""
+        self._aborting = True
+        self._runnable = deque(item for item in self._runnable if isinstance(item, _Resume))
+        pending = {item.slot.index for item in self._runnable if isinstance(item, _Resume)}
+        for index in sorted(self._parked):
+            slot = self._parked[index][0]
+            slot.abort = True
+            if index not in pending:
+                self._runnable.append(_Resume(slot, -1, "", "abort"))
+
+    def _on_deadlock(self) -> None:
+        error = DeadlockError(self.describe_blockage()).with_replay(self.replay())
+        current = sys._current_frames()
+        first = min(self._parked.values(), key=lambda p: (p[1], p[2]), default=None)
+        error.simcluster_frames = (  # type: ignore[attr-defined]
+            stack_user_frames(current.get(first[0].thread.ident or -1)) if first is not None else [])
+        if self.failures:
+            self.deadlock = error  # the task failure is the root cause; keep this as context
+            self._begin_abort()
+        else:
+            self._fail(error)
+
+    def describe_blockage(self) -> str:
+        """What every rank is stuck on: parked waits (with the user's line), unmatched
+        calls (for point-to-point: the missing send or recv and its peer), starved workers.
+        Each kind lists at most :data:`MAX_LISTED` entries, then how many more."""
+        current = sys._current_frames()
+        parked = []
+        for slot, rank, label, where in sorted(self._parked.values(), key=lambda p: (p[1], p[2])):
+            frames = stack_user_frames(current.get(slot.thread.ident or -1))
+            at = f" at {frames[-1]}" if frames else ""
+            parked.append(f"  rank {rank}: blocked in wait() on {label} ({where}){at}")
+        expected = [f"  rank {rank}: {context} waits on {label}, which never completes"
+                    for rank, label, context in sorted(self._expected.values())]
+        unmatched: list[str] = []
+        starved: list[str] = []
+        for inst in sorted(self._instances.values(), key=lambda i: (i.channel, i.seq)):
+            missing = [r for r in inst.ranks if r not in inst.calls]
+            waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing]
+            first = inst.first
+            desc = first.describe if first else "?"
+            if len(set(inst.ranks)) < len(inst.ranks) and first is not None:  # a rank's send/recv to itself
+                unmatched.append(_p2p_unmatched(first, inst, [first.rank]))
+            elif missing and first is not None and first.op in ("send", "recv"):
+                unmatched.append(_p2p_unmatched(first, inst, missing))
+            elif missing:
+                unmatched.append(
+                    f"  {desc} (call #{inst.seq} on {inst.channel}): posted by ranks "
+                    f"{rank_list(sorted(inst.calls))}, never posted by ranks {rank_list(missing)}"
+                )
+            if waiting:
+                starved.append(
+                    f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {rank_list(waiting)} behind "
+                    f"{self._workers_per_channel} busy backend worker threads of that group"
+                )
+        lines = ["deadlock: no rank can make progress and work is still pending"]
+        for group, what in ((parked, "blocked ranks"), (expected, "pending results"),
+                            (unmatched, "unmatched calls"), (starved, "starved calls")):
+            lines += group[:MAX_LISTED]
+            if len(group) > MAX_LISTED:
+                lines.append(f"  … and {len(group) - MAX_LISTED} more {what}")
+        for rank, thread in self.started_threads[:MAX_LISTED]:
+            lines.append(f"  rank {rank} started {thread}: it is not a simulated rank: any collective, wait or "
+                         "future completion it makes is rejected (ForeignThreadError, raised in that thread)")
+        return "\n".join(lines)
+
+
+MAX_LISTED = 8
+"""Entries of one kind a deadlock message lists before summarising the rest."""
+
+
+def rank_list(ranks: list[int], limit: int = 8) -> str:
+    """``[0, 1, 2]``; a long run of ranks as ``[0..999] (1000 ranks)``; else the first few and a count."""
+    if len(ranks) <= limit:
+        return str(list(ranks))
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)} ranks)"
+    return f"[{', '.join(map(str, ranks[:limit]))}, …] ({len(ranks)} ranks)"
+
+
+def _calls_by_description(calls: dict[int, Call]) -> str:
+    """Each distinct call once, with the ranks that posted it (``  ranks [0..6]: all_reduce(…)``)."""
+    groups: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        groups.setdefault(call.describe, []).append(rank)
+    lines = [f"  {'rank ' + str(rs[0]) if len(rs) == 1 else 'ranks ' + rank_list(rs)}: {d}" for d, rs in groups.items()]
+    more = len(lines) - MAX_LISTED
+    return "\n".join(lines[:MAX_LISTED] + ([f"  … and {more} more distinct calls"] if more > 0 else []))
+
+
+def _p2p_unmatched(first: Call, inst: _Instance, missing: list[int]) -> str:
+    """A point-to-point call whose counterpart never came: who posted what, who owes which call."""
+    peer = missing[0]
+    other = "recv" if first.op == "send" else "send"
+    name = "itself" if peer == first.rank else f"rank {peer}"
+    direction = f"to {name}" if first.op == "send" else f"from {name}"
+    back = "itself" if peer == first.rank else f"rank {first.rank}"
+    back = f"from {back}" if other == "recv" else f"to {back}"
+    return (f"  rank {first.rank}: {first.describe} {direction} (call #{inst.seq} on {inst.channel}) is unmatched: "
+            f"rank {peer} never posted the matching {other} {back}")

@@ -1,0 +1,122 @@
+"""Backend models: what a hook observes that differs between gloo and NCCL.
+
+A hook's result can depend on the backend in five ways, and each model states all five:
+
+1. **The shape of a future's value.** ``all_reduce`` resolves to ``[t]`` (the input
+   tensor itself) on both. ``all_gather`` resolves to the flat list of the output
+   tensors themselves on gloo, but to ``[flat]`` — *one* tensor of shape ``(W, …)`` — on
+   NCCL. A hook that indexes ``fut.value()[0]`` gets rank 0's tensor on one and the
+   whole gathered batch on the other.
+2. **Which futures exist.** gloo's ``reduce_scatter``, ``reduce_scatter_tensor`` and
+   point-to-point works raise ``RuntimeError: Work::getFuture not implemented.``.
+3. **Where callbacks run.** On gloo, a collective runs on one of the group's worker
+   threads (2 per group by default) and its future's ``then`` callbacks run on that
+   worker; a callback that blocks on another collective holds the worker, so enough
+   blocking callbacks starve the group — a real deadlock the model reproduces. On
+   NCCL the future is marked complete as soon as the work is enqueued on the device
+   stream, so callbacks run at once in the issuing thread. **Difference from the real
+   thing:** a CPU simulation cannot hand out a result before every rank has posted the
+   collective, so the NCCL model completes a collective once all ranks posted it (in
+   the scheduler's order) and runs callbacks then, with no worker limit.
+4. **Completion order.** On gloo each rank's workers finish collectives on their own,
+   so rank 0 may see collective B complete before A while rank 1 sees A first (measured:
+   PowerSGD with two buckets posts its inner all_reduces in different orders on the two
+   ranks and gloo aborts on the size mismatch); the gloo model lets the scheduler deliver
+   each rank's completion separately. On NCCL a group's collectives run on one stream,
+   in issue order, on every rank; the NCCL model completes them in that order.
+5. **Which ops and dtypes are accepted, and when the error comes.** gloo raises for
+   ``PREMUL_SUM`` and for bitwise ops on floating dtypes at ``wait()``, leaving the
+   group usable; NCCL rejects unsupported ops when the call is made. The messages and
+   the floating-point summation order come from :mod:`simcluster.fake.collectives`.
+
+The facts behind each line are in ``docs/gloo-facts.md`` (measured on torch 2.13 with
+real gloo) and ``docs/collectives.md``; NCCL's are read from its code paths, not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from simcluster.errors import UsageError
+
+__all__ = ["BackendModel", "GLOO", "NCCL", "backend_model", "BACKEND_NAMES"]
+
+_GET_FUTURE_NOT_IMPLEMENTED = "Work::getFuture not implemented."
+
+
+@dataclass(frozen=True)
+class BackendModel:
+    """The observable behaviour of one backend (see the module docstring)."""
+
+    name: str
+    workers_per_group: int | None
+    """gloo: 2 worker threads per group, FIFO; ``None``: no limit (NCCL)."""
+    errors_at_call: bool
+    """True: an unsupported op raises when called (NCCL); False: at ``wait()`` (gloo)."""
+    no_future_ops: frozenset[str]
+    """Ops whose ``Work.get_future()`` raises ``Work::getFuture not implemented.``."""
+    gather_as_flat: bool
+    """True: ``all_gather``'s future holds ``[flat]`` of shape ``(W, …)`` (NCCL)."""
+    fifo_per_group: bool
+    """True: a group's collectives complete in issue order (NCCL: one stream per communicator)."""
+    per_rank_delivery: bool
+    """True: each rank sees a collective complete at its own moment (gloo: each rank's own
+    worker threads), so two ranks may see two collectives complete in different orders."""
+
+    def get_future_error(self, op: str) -> str | None:
+        return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
+
+    def all_gather_value(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """What ``all_gather(outputs, t).get_future()`` resolves to, given the filled outputs."""
+        if self.gather_as_flat:
+            return [torch.stack(list(outputs))]
+        return list(outputs)
+
+    def all_gather_into_tensor_value(
+        self, output: torch.Tensor, input_shape: Sequence[int], world_size: int
+    ) -> list[torch.Tensor]:
+        """What ``all_gather_into_tensor(output, t)``'s future resolves to.
+
+        gloo: ``world_size`` *new* view tensors of ``output`` (one per rank's chunk,
+        each shaped like the input), measured; NCCL: ``[output]``.
+        """
+        if self.gather_as_flat:
+            return [output]
+        return list(output.view(world_size, *input_shape).unbind(0))
+
+    def worker_name(self, group: str, index: int) -> str:
+        return f"gloo-worker {group}#{index}" if self.name == "gloo" else f"{self.name} {group}"
+
+
+GLOO = BackendModel(
+    name="gloo",
+    workers_per_group=2,
+    errors_at_call=False,
+    no_future_ops=frozenset({"reduce_scatter", "reduce_scatter_tensor", "send", "recv"}),
+    gather_as_flat=False,
+    fifo_per_group=False,
+    per_rank_delivery=True,
+)
+
+NCCL = BackendModel(
+    name="nccl",
+    workers_per_group=None,
+    errors_at_call=True,
+    no_future_ops=frozenset({"send", "recv"}),
+    gather_as_flat=True,
+    fifo_per_group=True,
+    per_rank_delivery=False,
+)
+
+BACKEND_NAMES = ("gloo", "nccl")
+
+
+def backend_model(name: str) -> BackendModel:
+    """``"gloo"`` or ``"nccl"`` → its model."""
+    models = {"gloo": GLOO, "nccl": NCCL}
+    if name not in models:
+        raise UsageError(f"backend={name!r} is not modelled; choose one of {list(models)}")
+    return models[name]

@@ -1,0 +1,353 @@
+"""``SimCluster``: N simulated ranks in one process, and running a hook on them.
+
+    >>> import torch
+    >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    >>> from simcluster import SimCluster
+    >>> cluster = SimCluster(world_size=2, seed=0)
+    >>> result = cluster.run_hook(allreduce_hook, [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])])
+    >>> result.outputs[0]
+    tensor([2., 3.])
+
+What happens in ``run_hook``: each rank gets a fresh bucket holding its gradient;
+the hook is called once per rank (rank 0 first); every collective it issues is
+matched across ranks and completed when the scheduler says; callbacks run where the
+backend model says; each rank then waits on the future its hook returned, as DDP's
+reducer does. ``outputs[r]`` is what rank ``r``'s future resolved to.
+
+Same ``seed`` and ``schedule`` → bitwise-identical outputs and an equal trace. Every
+error raised from a run ends with a replay line naming both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from simcluster.fake.backends import backend_model
+from simcluster.fake.bucket import SimGradBucket, make_bucket
+from simcluster.engine.inline import Engine
+from simcluster.errors import HookContractError, UsageError, add_context_note
+from simcluster.fake.futures import SimFuture
+from simcluster.limits import check_memory
+from simcluster.fake.process_group import Runtime, SimProcessGroup
+from simcluster.fake.rank_context import RankContexts, patched_torch
+from simcluster.usercode.rank_local import as_rank_local
+from simcluster.engine.scheduler import Scheduler, make_scheduler
+from simcluster.fake.state import LayoutModel, make_state
+from simcluster.engine.trace import Trace
+
+__all__ = ["SimCluster", "RunResult", "HookRun"]
+
+StateSpec = Any  # None | "group" | SimProcessGroup | Callable[[SimProcessGroup], Any]
+
+
+@dataclass
+class RunResult:
+    """What :meth:`SimCluster.run` returns: each rank's return value and the trace."""
+
+    values: list[Any]
+    trace: Trace
+    schedule: list[int]
+    replay_fn: Callable[[], str] = field(repr=False, compare=False, default=lambda: "")
+
+    @property
+    def replay(self) -> str:
+        """A constructor call replaying the cluster up to the end of this run (built on demand)."""
+        return self.replay_fn()
+
+
+@dataclass
+class HookRun(RunResult):
+    """What :meth:`SimCluster.run_hook` returns.
+
+    ``outputs[r]``: the value rank ``r``'s future resolved to (normally a tensor);
+    ``buckets[r]``: the bucket rank ``r``'s hook saw; ``states[r]``: its state.
+    """
+
+    outputs: list[Any] = field(default_factory=list)
+    buckets: list[SimGradBucket] = field(default_factory=list)
+    states: list[Any] = field(default_factory=list)
+
+
+class SimCluster(Runtime):
+    """``world_size`` simulated ranks sharing this process.
+
+    ``backend``: ``"gloo"`` or ``"nccl"`` model (:mod:`simcluster.fake.backends`).
+    ``schedule``: completion order — ``"random"`` (seeded by ``seed``, default),
+    ``"in_order"``, ``"reverse"``, a list of choices to replay, or a
+    :class:`~simcluster.engine.scheduler.Scheduler`. The scheduler lives as long as the
+    cluster, so a multi-step run replays from one list of choices.
+    ``rng``: ``"per_rank"`` (rank r starts from ``manual_seed(seed + r)``) or ``"same"``.
+    ``stuck_timeout``: seconds before code blocked outside the simulator is reported.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        seed: int = 0,
+        backend: str = "gloo",
+        schedule: object = "random",
+        *,
+        rng: str = "per_rank",
+        stuck_timeout: float = 60.0,
+    ) -> None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise UsageError(f"world_size={world_size!r} must be a positive int")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise UsageError(f"seed={seed!r} (type={type(seed).__name__}) must be an int")
+        check_memory(world_size)
+        self.world_size = world_size
+        self.seed = seed
+        self.backend = backend_model(backend)
+        self.scheduler: Scheduler = make_scheduler(schedule, seed)
+        self._schedule_arg = schedule
+        self.rng = rng
+        self.stuck_timeout = stuck_timeout
+        self.engine: Engine | None = None
+        self.choices: list[int] = []
+        self.contexts = RankContexts(world_size, self, seed=seed, rng=rng)
+
+    # -- introspection --------------------------------------------------------
+    def process_group(self, rank: int) -> SimProcessGroup:
+        """Rank ``rank``'s handle on the simulated WORLD group."""
+        if not 0 <= rank < self.world_size:
+            raise UsageError(f"rank={rank} is not in 0..{self.world_size - 1}")
+        return self.contexts.world_groups[rank]
+
+    def replay_line(self, pending: Sequence[int] = (), *, upto: int | None = None) -> str:
+        """A constructor call that replays every run of this cluster so far, bit for bit
+        (making the same calls on it in the same order); ``pending``: choices of the run
+        in progress; ``upto``: only the first ``upto`` choices made (a past run's end)."""
+        choices = self.choices if upto is None else self.choices[:upto]
+        return (
+            f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
+            f"schedule={[*choices, *pending]!r}, rng={self.rng!r})"
+        )
+
+    # -- running --------------------------------------------------------------
+    def run(self, rank_fn: Callable[[int], Any]) -> RunResult:
+        """Run ``rank_fn(rank)`` as each rank's code (rank 0 first) until everything settles.
+
+        Inside ``rank_fn``, ``dist.*`` collectives, ``dist.group.WORLD``,
+        ``dist.get_rank()`` and ``dist.new_group`` act on that rank's simulated world.
+        An exception escaping ``rank_fn`` on any rank is re-raised as itself with the
+        rank and the replay line attached as notes (failures on several ranks are
+        listed in the notes of the lowest rank's).
+        """
+        if self.engine is not None:
+            raise UsageError("SimCluster.run is not re-entrant: a run is already in progress on this cluster")
+        trace = Trace()
+        values: list[Any] = [None] * self.world_size
+        start = len(self.choices)
+        engine = Engine(
+            scheduler=self.scheduler,
+            trace=trace,
+            switch=self.contexts.switch,
+            workers_per_channel=self.backend.workers_per_group,
+            fifo_per_channel=self.backend.fifo_per_group,
+            per_rank_delivery=self.backend.per_rank_delivery,
+            worker_name=self.backend.worker_name,
+            stuck_timeout=self.stuck_timeout,
+            replay=self.replay_line,
+        )
+
+        def task(rank: int) -> Callable[[], None]:
+            def body() -> None:
+                values[rank] = rank_fn(rank)
+
+            return body
+
+        for rank in range(self.world_size):
+            engine.spawn(rank, task(rank), f"rank {rank}'s code")
+        self.engine = engine
+        try:
+            with patched_torch(self.contexts, lambda: engine.current_rank, engine):
+                try:
+                    engine.run()
+                finally:
+                    self.choices.extend(choice for _, choice in engine.choices)
+        finally:
+            self.engine = None
+            # a rank that changed a process-wide setting invalidates the run: that story first
+            self.contexts.audit.raise_if_changed(self.replay_line)
+        upto = len(self.choices)
+
+        def replay() -> str:
+            return self.replay_line(upto=upto)
+
+        if engine.failures:
+            self._raise_failures(engine, replay())
+        return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay)
+
+    def _raise_failures(self, engine: Engine, replay: str) -> None:
+        failures = sorted(engine.failures, key=lambda f: f[0])
+        rank, label, exc = failures[0]
+        if isinstance(exc, ValueError) and "not initialized in the world group map" in str(exc):
+            add_context_note(
+                exc, "simcluster: a rank used a process group that belongs to another simulated rank: state built "
+                "once is shared by every simulated rank; pass a factory called once per rank with its process group"
+            )
+        add_context_note(exc, f"simcluster: raised on rank {rank} of {self.world_size} ({label}, backend {self.backend.name})")
+        for other_rank, other_label, other in failures[1:]:
+            add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {type(other).__name__}: {other}")
+        if engine.deadlock is not None:
+            add_context_note(exc, "simcluster: the other ranks were then left blocked:\n" + str(engine.deadlock.args[0]))
+        add_context_note(exc, f"simcluster: replay with {replay}")
+        raise exc
+
+    def run_hook(
+        self,
+        hook: Callable[[Any, Any], Any],
+        grads: Sequence[torch.Tensor],
+        state: StateSpec = None,
+        *,
+        parameters: Sequence[torch.Tensor] | None = None,
+        bucket_index: int = 0,
+        is_last: bool = True,
+    ) -> HookRun:
+        """Call ``hook(state, bucket)`` on every rank for one bucket and wait on its future.
+
+        ``hook``: a callable — its module is then shared by every simulated rank (module
+        globals, caches, module-level RNG objects are *not* per rank) — or a
+        ``"file.py:name"`` / ``"module:name"`` spec or :class:`~simcluster.usercode.rank_local.RankLocal`:
+        each rank then calls its own copy of the module, as each process imports it.
+
+        ``grads[r]``: rank ``r``'s flat 1-D gradient (copied into a fresh bucket buffer).
+        ``state``: ``None``; ``"group"`` (each rank's WORLD process group); one of this
+        cluster's :class:`SimProcessGroup` (each rank gets its own handle on that group);
+        or a factory called once per rank, inside the run, as ``factory(process_group)``
+        (or ``factory(process_group, model)``, the model holding the bucket's parameters; a
+        :class:`~simcluster.usercode.rank_local.RankLocal` factory comes from the rank's own module copy).
+        ``parameters``: the bucket's parameters (default: one parameter per rank shaped
+        like the gradient).
+        """
+        hook = as_rank_local(hook)
+        grads = self._check_grads(grads)
+        buckets: list[SimGradBucket] = []
+        states: list[Any] = [None] * self.world_size
+        outputs: list[Any] = [None] * self.world_size
+        for rank, grad in enumerate(grads):
+            params = list(parameters) if parameters is not None else [torch.nn.Parameter(torch.zeros_like(grad))]
+            buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
+
+        def rank_fn(rank: int) -> Any:
+            states[rank] = self.state_for(rank, state, buckets[rank].parameters())
+            future = hook(states[rank], buckets[rank])
+            check_future(future, rank, bucket_index, hook)
+            collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
+
+        result = self.run(rank_fn)
+        raise_stored(outputs, self.world_size, bucket_index, result.replay_fn)
+        return HookRun(
+            values=result.values, trace=result.trace, schedule=result.schedule, replay_fn=result.replay_fn,
+            outputs=outputs, buckets=buckets, states=states,
+        )
+
+    def state_for(self, rank: int, state: StateSpec, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
+        """Rank ``rank``'s hook state from a state spec (see :meth:`run_hook`); ``parameters``
+        make the model of a ``factory(process_group, model)`` (:mod:`simcluster.fake.state`)."""
+        if state is None:
+            return None
+        if isinstance(state, str):
+            if state == "group":
+                return self.contexts.world_groups[rank]
+            raise UsageError(f"state={state!r} is not a state spec: use None, 'group', a process group or a factory")
+        if isinstance(state, SimProcessGroup):
+            if state.global_rank not in state.spec.ranks or state._runtime is not self:
+                raise UsageError(f"state={state!r} is not a process group of this cluster")
+            if state.spec.name == "WORLD":
+                return self.contexts.world_groups[rank]
+            raise UsageError(
+                f"state={state!r}: pass a factory for subgroups, e.g. lambda pg: dist.new_group([...]), "
+                "so every rank creates its own handle"
+            )
+        if callable(state):
+            return make_state(state, self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
+        raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
+
+    def _check_grads(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if len(grads) != self.world_size:
+            raise UsageError(f"grads has {len(grads)} tensors; the cluster has {self.world_size} ranks (one per rank)")
+        out = []
+        for rank, g in enumerate(grads):
+            if not isinstance(g, torch.Tensor):
+                raise UsageError(f"grads[{rank}] is a {type(g).__name__}, not a tensor")
+            out.append(g.detach().reshape(-1))
+        shapes = {tuple(g.shape) for g in out}
+        if len(shapes) > 1 or len({g.dtype for g in out}) > 1:
+            raise UsageError(
+                "every rank's gradient must have the same shape and dtype (DDP's buckets match across ranks), got "
+                + ", ".join(f"rank {r}: {str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for r, g in enumerate(out))
+            )
+        return out
+
+
+def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -> None:
+    """Wait on a hook's future as DDP's reducer does: ``into[rank]`` gets its value, or
+    the exception it holds, once it completes; the run cannot end before that.
+
+    Nothing blocks (the reducer's wait has no side effect a hook could observe), so a
+    hook that never blocks runs without a single thread hand-over.
+    """
+    def store(fut: torch.futures.Future) -> None:
+        try:
+            into[rank] = fut.value()
+        except Exception as exc:  # noqa: BLE001 - DDP raises it from backward(); so do we, later
+            into[rank] = _Raised(exc)
+
+    if isinstance(future, SimFuture):
+        future._engine.expect(rank, future, context)
+        future.add_done_callback(store)
+    elif future.done():
+        store(future)
+    else:
+        raise HookContractError(
+            f"rank {rank}, {context}: the hook returned a pending plain torch Future that simcluster did not "
+            "create; it cannot complete inside the simulation (real DDP would hang in backward())"
+        )
+
+
+@dataclass
+class _Raised:
+    """A future's stored exception, kept until the run ends."""
+
+    exception: BaseException
+
+
+def check_future(future: Any, rank: int, bucket_index: int, hook: Callable[..., Any]) -> None:
+    """Real DDP requires the hook to return a ``torch.futures.Future`` (else a cast error,
+    and the *next* iteration fails inside the reducer)."""
+    # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
+    # the C++ class itself, which DDP accepts too.
+    if not isinstance(future, torch._C.Future):
+        name = getattr(hook, "__qualname__", repr(hook))
+        raise HookContractError(
+            f"hook {name} returned {type(future).__name__} on rank {rank}, bucket {bucket_index}: a DDP comm hook "
+            "must return a torch.futures.Future (e.g. dist.all_reduce(..., async_op=True).get_future()); real DDP "
+            "fails with a cast error and then breaks the next iteration inside the reducer"
+        )
+
+
+def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay: Callable[[], str]) -> None:
+    """Raise the exception a hook's future held (lowest rank first), as DDP's
+    ``backward()`` would, with the rank, bucket and replay line attached."""
+    raised = [(r, o.exception) for r, o in enumerate(outputs) if isinstance(o, _Raised)]
+    if not raised:
+        return
+    rank, exc = raised[0]
+    add_context_note(exc, f"simcluster: the future returned by the hook on rank {rank} of {world_size}, "
+                          f"bucket {bucket_index}, completed with this error")
+    if len(raised) > 1:
+        add_context_note(exc, f"simcluster: ranks {[r for r, _ in raised]} all failed this way or similarly")
+    add_context_note(exc, f"simcluster: replay with {replay()}")
+    raise exc
+
+
+def _split_like(grad: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    sizes = [p.numel() for p in params]
+    if sum(sizes) != grad.numel():
+        raise UsageError(f"the parameters hold {sum(sizes)} elements but the gradient has {grad.numel()}")
+    return [g.view(p.shape) for g, p in zip(grad.split(sizes), params)]

@@ -1,0 +1,275 @@
+"""Simulated futures: real ``torch.futures.Future`` objects that complete on the engine's say.
+
+A :class:`SimFuture` *is* a ``torch.futures.Future`` (``isinstance`` holds, and
+``value()``, ``done()``, ``set_result`` behave as torch's do), with three changes so
+that the engine stays in control:
+
+* ``then(cb)`` returns another :class:`SimFuture` (torch's would return a plain C++
+  future whose ``wait`` the engine could not see);
+* ``wait()`` on a pending future parks the calling rank's code and lets the other
+  ranks run (torch's would block the only running thread: a guaranteed hang);
+* callbacks are recorded in the trace with *where* they ran.
+
+Behaviours kept from torch (measured on 2.13, see ``docs/``):
+
+* a ``then`` callback on a pending future runs in the code that completes it (for a
+  collective: the backend's context, e.g. a gloo worker thread); on a complete one it
+  runs at once, inline, in the caller;
+* callbacks run in registration order;
+* an exception raised in a ``then`` callback completes the derived future with
+  ``RuntimeError("Got the following error when running the callback: <Type>: <msg>…")``,
+  raised by ``wait()`` and ``value()`` (we keep the original as ``__cause__``);
+* an exception in an ``add_done_callback`` callback is logged and swallowed;
+* a callback that returns a Future gives a Future *of* a Future (no unwrapping);
+* ``value()`` on a pending future raises ``RuntimeError`` (torch: an internal assert);
+* completing a future twice raises ``RuntimeError``.
+
+Example — a rank's code chaining on a collective (run inside a cluster)::
+
+    fut = dist.all_reduce(t, async_op=True).get_future()   # pending SimFuture
+    doubled = fut.then(lambda f: f.value()[0] * 2)          # pending SimFuture
+    doubled.wait()          # this rank parks; others run; the scheduler completes it
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from simcluster.engine.trace import CallbackRan
+
+if TYPE_CHECKING:
+    from simcluster.engine.inline import Engine
+
+__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error"]
+
+_log = logging.getLogger("simcluster")
+
+
+def callback_error(exc: BaseException) -> RuntimeError:
+    """The error torch puts in a ``then``-derived future when the callback raises."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    error = RuntimeError(
+        f"Got the following error when running the callback: {type(exc).__name__}: {exc}\n\nAt:\n{at}"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+class SimFuture(torch.futures.Future):
+    """A future owned by one simulated rank, completed by the engine or by user code.
+
+    ``label`` names it in traces and deadlock reports (``"all_reduce#3 on WORLD"``,
+    ``"then(decompress) of all_reduce#3 on WORLD"``).
+    """
+
+    def __init__(self, engine: "Engine", rank: int, label: str) -> None:
+        super().__init__()
+        self._engine = engine
+        self._rank = rank
+        self.label = label
+        self._callbacks: list[tuple[Callable[["SimFuture"], None], str]] = []
+        self._resumers: list[Callable[[], None]] = []
+        self._complete = False
+        # Only the free-running engine (simcluster.engine.threaded) completes futures while
+        # other threads register callbacks; the lock makes "check pending, then
+        # append" atomic with "mark complete, then take the lists" there.
+        self._guard = threading.Lock()
+
+    # -- completion -----------------------------------------------------------
+    def done(self) -> bool:
+        return self._complete
+
+    def _check_completer(self) -> None:
+        """A future may be completed only by code the engine runs (not by a thread a hook
+        started): otherwise the run's outcome would depend on that thread's timing."""
+        check = getattr(self._engine, "check_thread", None)
+        if check is not None and self._engine.running:
+            check(f"completing {self.label}")
+
+    def set_result(self, result: Any) -> None:
+        self._check_completer()
+        if self._complete:
+            raise RuntimeError(
+                "Attempting to mark a completed Future as complete again. "
+                "Note that a Future can only be marked completed once."
+            )
+        super().set_result(result)
+        self._finish()
+
+    def set_exception(self, result: BaseException) -> None:  # type: ignore[override]
+        self._check_completer()
+        if self._complete:
+            raise RuntimeError(
+                "Attempting to mark a completed Future as complete again. "
+                "Note that a Future can only be marked completed once."
+            )
+        super().set_exception(result)
+        self._finish()
+
+    def _finish(self) -> None:
+        # Waiters are queued first (they run after this code finishes or parks), then
+        # callbacks run here: as on gloo, ``fut.wait()`` returns once the value is set,
+        # even while a callback is still blocked.
+        with self._guard:
+            self._complete = True
+            resumers, self._resumers = self._resumers, []
+            callbacks, self._callbacks = self._callbacks, []
+        for resume in resumers:
+            resume()
+        for callback, name in callbacks:
+            self._run_callback(callback, name, "completion")
+
+    def _on_done(self, resume: Callable[[], None]) -> None:
+        """Engine hook: call ``resume`` once this future completes (at once if it has)."""
+        with self._guard:
+            if not self._complete:
+                self._resumers.append(resume)
+                return
+        resume()
+
+    # -- waiting --------------------------------------------------------------
+    def wait(self) -> Any:
+        if not self._complete:
+            self._engine.block_until(self)
+        return super().wait()
+
+    def value(self) -> Any:
+        if not self._complete:
+            raise RuntimeError(
+                f"value() on pending {self.label}: torch raises an internal assert here "
+                "(completed() INTERNAL ASSERT FAILED); call wait() or use it inside a then-callback"
+            )
+        return super().value()
+
+    # -- chaining -------------------------------------------------------------
+    def then(self, callback: Callable[["SimFuture"], Any]) -> "SimFuture":  # type: ignore[override]
+        name = _name_of(callback)
+        child = SimFuture(self._engine, self._rank, f"then({name}) of {self.label}")
+
+        def run(parent: SimFuture) -> None:
+            try:
+                result = callback(parent)
+            except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future
+                child.set_exception(callback_error(exc))
+            else:
+                child.set_result(result)
+
+        self._register(run, name)
+        return child
+
+    def add_done_callback(self, callback: Callable[["SimFuture"], None]) -> None:  # type: ignore[override]
+        name = _name_of(callback)
+
+        def run(parent: SimFuture) -> None:
+            try:
+                callback(parent)
+            except Exception as exc:  # noqa: BLE001 - torch logs and swallows it
+                _log.error("Got the following error when running the callback: %s: %s", type(exc).__name__, exc)
+
+        self._register(run, name)
+
+    def _register(self, run: Callable[["SimFuture"], None], name: str) -> None:
+        with self._guard:
+            if not self._complete:
+                self._callbacks.append((run, name))
+                return
+        self._run_callback(run, name, "inline")
+
+    def _run_callback(self, run: Callable[["SimFuture"], None], name: str, how: str) -> None:
+        engine = self._engine
+        where = "inline" if how == "inline" else (engine.where or "completion")
+        if engine.running and engine.current_rank is not None:
+            engine.trace.record(CallbackRan, engine.current_rank, self.label, name, where)
+        run(self)
+
+
+class DoneFlag:
+    """A value-less waitable: "this work's callbacks have run" (what ``Work.wait()`` waits on).
+
+    Set once by the engine right after the work's future completed and ran its
+    callbacks. Not a :class:`SimFuture` — one C++ future fewer per collective call on
+    the hot path; the engine only needs ``label``, ``done()`` and ``_on_done``.
+    """
+
+    __slots__ = ("_future", "_complete", "_resumers", "_guard")
+
+    def __init__(self, future: SimFuture) -> None:
+        self._future = future
+        self._complete = False
+        self._resumers: list[Callable[[], None]] = []
+        self._guard = threading.Lock()  # as SimFuture's: only the threaded engine sets it from another thread
+
+    @property
+    def label(self) -> str:
+        return f"work of {self._future.label} (its callbacks)"
+
+    def done(self) -> bool:
+        return self._complete
+
+    def set(self) -> None:
+        with self._guard:
+            self._complete = True
+            resumers, self._resumers = self._resumers, []
+        for resume in resumers:
+            resume()
+
+    def _on_done(self, resume: Callable[[], None]) -> None:
+        with self._guard:
+            if not self._complete:
+                self._resumers.append(resume)
+                return
+        resume()
+
+    def wait(self) -> None:
+        if not self._complete:
+            self._future._engine.block_until(self)
+
+
+def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future:
+    """Simulated ``torch.futures.collect_all``: a SimFuture of the list of input futures.
+
+    torch's own returns a plain C++ future whose ``wait`` would block the run's only
+    thread; inside a run this version is patched in its place.
+    """
+    sims = [f for f in futures if isinstance(f, SimFuture)]
+    if not sims:
+        return _plain_collect_all(futures)
+    first = sims[0]
+    out = SimFuture(first._engine, first._rank, f"collect_all of {len(futures)} futures")
+    remaining = [len(futures)]
+    items = list(futures)
+
+    def one_done(_: Any) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            out.set_result(items)
+
+    for fut in items:
+        if isinstance(fut, SimFuture):
+            fut.add_done_callback(one_done)
+        elif fut.done():
+            one_done(fut)
+        else:
+            raise NotImplementedError(
+                "collect_all mixing simulated futures with a pending plain torch Future is not supported"
+            )
+    return out
+
+
+def wait_all(futures: Sequence[torch.futures.Future]) -> list[Any]:
+    """Simulated ``torch.futures.wait_all``: waits on each future in turn."""
+    return [fut.wait() for fut in collect_all(futures).wait()]
+
+
+_plain_collect_all = torch.futures.collect_all

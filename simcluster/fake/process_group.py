@@ -1,0 +1,583 @@
+"""``SimProcessGroup``: a real ``torch.distributed.ProcessGroup`` whose collectives are simulated.
+
+Each simulated rank holds its own ``SimProcessGroup`` object per group, exactly as each
+process holds its own ``ProcessGroupGloo``. ``dist.all_reduce(t, group=pg,
+async_op=True)`` and friends call straight into it (torch's Python front end
+needs no ``init_process_group`` for that). Each call:
+
+1. validates the arguments as the real front end/back end would;
+2. posts the rank's part to the engine, which matches the k-th call of every rank of
+   the group and checks that they agree (op, dtype, shape, reduce op, root);
+3. returns a :class:`SimWork` whose future is a pending
+   :class:`~simcluster.fake.futures.SimFuture`.
+
+When the scheduler completes the collective, every rank's output tensors are written
+(with the bits the backend would produce — :mod:`simcluster.fake.collectives`) and each
+rank's future is set to the value the backend model says
+(:mod:`simcluster.fake.backends`).
+
+Not supported (each raises :class:`~simcluster.errors.UnsupportedError` naming it):
+``recv`` from any source, ``dist._coalescing_manager``, ``monitored_barrier``,
+``split_group``; CUDA tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from simcluster.fake import collectives
+from simcluster.engine.inline import Call
+from simcluster.errors import BackendError, UnsupportedError, UsageError
+from simcluster.fake.futures import DoneFlag, SimFuture
+
+if TYPE_CHECKING:
+    from simcluster.fake.backends import BackendModel
+    from simcluster.engine.inline import Engine
+
+__all__ = ["SimProcessGroup", "SimWork", "GroupSpec", "GLOO_SELF_P2P"]
+
+GLOO_SELF_P2P = ("[enforce fail at third_party/gloo/gloo/transport/tcp/pair.cc:801] state_ >= CONNECTED. 1 vs 4. "
+                 "Pair is not connected")
+"""What real gloo raises (a RuntimeError, at the call) for an isend/irecv whose peer is the
+calling rank itself — measured, see docs/gloo-facts.md."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A group's identity, shared by every member rank: its name and global ranks."""
+
+    name: str
+    ranks: tuple[int, ...]
+
+
+class Runtime:
+    """What a process group needs from its cluster: the current run's engine and the backend."""
+
+    engine: "Engine | None"
+    backend: "BackendModel"
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype(t: torch.Tensor) -> str:
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
+
+
+class SimWork(dist.Work):
+    """A collective's handle, as ``dist.*(…, async_op=True)`` returns it.
+
+    ``wait()`` blocks the calling rank (simulated: other ranks run) until the collective
+    completed *and its future's callbacks finished* (measured on gloo), then returns
+    ``True``; it raises the collective's error if it failed. ``get_future()`` returns the
+    :class:`SimFuture` — or raises ``Work::getFuture not implemented.`` for the ops
+    whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
+    """
+
+    def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
+        super().__init__()
+        self._future = future
+        self._finished = finished
+        self._op = op
+        self._get_future_error = get_future_error
+
+    def get_future(self) -> torch.futures.Future:
+        if self._get_future_error is not None:
+            raise RuntimeError(self._get_future_error)
+        return self._future
+
+    def wait(self, timeout: Any = None) -> bool:
+        # Measured on gloo: work.wait() returns only after the future's callbacks ran.
+        self._finished.wait()
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            raise RuntimeError(f"is_success() on the pending {self._future.label}")
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001 - failure is the answer
+            return False
+        return True
+
+    def exception(self) -> BaseException | None:
+        try:
+            self._future.value()
+        except Exception as exc:  # noqa: BLE001 - returned, not raised
+            return exc
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        if self._get_future_error is not None:
+            raise RuntimeError("result() not implemented.")
+        return self._future.wait()
+
+    def synchronize(self) -> None:
+        return None
+
+
+class SimProcessGroup(dist.ProcessGroup):
+    """One rank's handle on one simulated group (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime, spec: GroupSpec, global_rank: int) -> None:
+        super().__init__(spec.ranks.index(global_rank), len(spec.ranks))
+        self._runtime = runtime
+        self.spec = spec
+        self.global_rank = global_rank
+
+    # -- identity -------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return self._runtime.backend.name
+
+    def name(self) -> str:
+        return self._runtime.backend.name
+
+    def __repr__(self) -> str:
+        return f"SimProcessGroup({self.spec.name}, rank={self.rank()} of {self.size()}, global rank {self.global_rank})"
+
+    # -- plumbing -------------------------------------------------------------
+    def _engine(self, op: str) -> "Engine":
+        engine = self._runtime.engine
+        if engine is None or not engine.running:
+            raise UsageError(
+                f"{op} on {self.spec.name} (global rank {self.global_rank}) outside a simulated run: "
+                "simulated collectives only run inside SimCluster.run/run_hook"
+            )
+        return engine
+
+    def _check_tensors(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op}: expected a Tensor, got {type(t).__name__} on rank {self.global_rank}")
+            if t.device.type != "cpu":
+                raise UnsupportedError(f"SimProcessGroup does not support {t.device.type} tensors ({op})")
+            if t.is_sparse:
+                raise UnsupportedError(f"SimProcessGroup does not support sparse tensors ({op})")
+
+    def _post(
+        self,
+        op: str,
+        tensor: torch.Tensor | None,
+        signature: tuple[Any, ...],
+        compute: Callable[[dict[int, Call]], dict[int, Any]],
+        payload: Any,
+        *,
+        nbytes: int | None = None,
+        detail: str = "",
+        channel: str | None = None,
+        ranks: tuple[int, ...] | None = None,
+        error: str | None = None,
+    ) -> SimWork:
+        """Post this rank's part; ``compute`` maps every rank's call (in group order) to
+        each rank's ``(value, exception)`` for its future."""
+        engine = self._engine(op)
+        backend = self._runtime.backend
+        if error is not None:
+            if backend.errors_at_call:
+                raise BackendError(error)
+            compute = _rejected(error)  # the collective runs, and fails at wait() on every rank
+        future = SimFuture(engine, self.global_rank, "")
+        finished = DoneFlag(future)
+        shape = tuple(tensor.shape) if tensor is not None else ()
+
+        def deliver(outcome: tuple[Any, BaseException | None]) -> None:
+            value, exc = outcome
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+            finished.set()
+
+        call = Call(
+            rank=self.global_rank,
+            channel=channel or self.spec.name,
+            ranks=ranks or self.spec.ranks,
+            op=op,
+            signature=("p2p" if channel else op, *signature),
+            compute=compute,
+            deliver=deliver,
+            dtype=_dtype(tensor) if tensor is not None else "",
+            shape=shape,
+            nbytes=nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),
+            detail=detail,
+            uses_worker=channel is None,
+            payload=payload,
+        )
+        engine.post(call)
+        future.label = f"{op}#{call.seq} on {call.channel}"
+        return SimWork(future, finished, op, backend.get_future_error(op))
+
+    def _reduce_signature(self, op: str, tensor: torch.Tensor, reduce_op: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
+        name, factor = collectives.reduce_op_name(reduce_op)
+        error = collectives.unsupported_reason(op, name, tensor.dtype, self._runtime.backend.name)
+        return (_dtype(tensor), tuple(tensor.shape), name), name, factor, error
+
+    # -- reductions -----------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._one_tensor("all_reduce", tensors)
+        (t,) = tensors
+        sig, name, factor, error = self._reduce_signature("all_reduce", t, _reduce_op(opts))
+        backend = self._runtime.backend.name
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            result = collectives.reduce([calls[r].payload for r in ranks], name, backend, premul_factor=factor)
+            out = {}
+            for r in ranks:
+                mine = calls[r].payload
+                collectives.copy_bits_(mine, result)
+                out[r] = ([mine], None)
+            return out
+
+        return self._post("all_reduce", t, sig, compute, t, detail=name, error=error)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._check_tensors("all_reduce_coalesced", tensors)
+        if not tensors:
+            raise ValueError(f"all_reduce_coalesced on rank {self.global_rank}: no tensors")
+        first = tensors[0]
+        name, factor = collectives.reduce_op_name(_reduce_op(opts))
+        error = collectives.unsupported_reason("all_reduce_coalesced", name, first.dtype, self._runtime.backend.name)
+        backend = self._runtime.backend.name
+        shapes = tuple((_dtype(t), tuple(t.shape)) for t in tensors)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            parts = collectives.all_reduce_coalesced([calls[r].payload for r in ranks], name, backend,
+                                                     premul_factor=factor)
+            for r in ranks:
+                for mine, part in zip(calls[r].payload, parts):
+                    collectives.copy_bits_(mine, part)
+            return {r: (list(calls[r].payload), None) for r in ranks}
+
+        return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=name, error=error)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._one_tensor("reduce", tensors)
+        (t,) = tensors
+        root = opts.rootRank
+        sig, name, factor, error = self._reduce_signature("reduce", t, _reduce_op(opts))
+        backend = self._runtime.backend.name
+        root_global = self.spec.ranks[root]
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            buffers = collectives.reduce_to_root(
+                [calls[r].payload for r in ranks], name, backend, root, premul_factor=factor
+            )
+            for r, buffer in zip(ranks, buffers):
+                collectives.copy_bits_(calls[r].payload, buffer)
+            return {r: ([calls[r].payload], None) for r in ranks}
+
+        return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{name}, root {root}", error=error)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+        self._one_tensor("reduce_scatter", outputs)
+        out, ins = outputs[0], inputs[0]
+        self._check_tensors("reduce_scatter", ins)
+        self._list_len("reduce_scatter", "input_list", ins)
+        sig, name, factor, error = self._reduce_signature("reduce_scatter", out, _reduce_op(opts))
+        return self._reduce_scatter_post("reduce_scatter", out, list(ins), sig, name, factor, error)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        self._check_tensors("reduce_scatter_tensor", [output, input])
+        if input.numel() != output.numel() * self.size():
+            raise ValueError(
+                f"reduce_scatter_tensor on rank {self.global_rank}: input has {input.numel()} elements, expected "
+                f"output.numel() * world_size = {output.numel() * self.size()}"
+            )
+        sig, name, factor, error = self._reduce_signature("reduce_scatter_tensor", output, _reduce_op(opts))
+        chunks = list(input.reshape(self.size(), *output.shape).unbind(0))
+        return self._reduce_scatter_post("reduce_scatter_tensor", output, chunks, sig, name, factor, error, input)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter_post(
+        self, op: str, out: torch.Tensor, chunks: list[torch.Tensor], sig: tuple[Any, ...], name: str, factor: Any,
+        error: str | None, whole: torch.Tensor | None = None,
+    ) -> SimWork:
+        backend = self._runtime.backend.name
+        group = self.spec.ranks
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            inputs = [calls[s].payload[1] for s in ranks]
+            if op == "reduce_scatter_tensor":
+                whole = [calls[s].payload[2] for s in ranks]
+                parts = collectives.reduce_scatter_tensor(whole, name, backend, premul_factor=factor)
+            else:
+                parts = collectives.reduce_scatter(inputs, name, backend, premul_factor=factor)
+            results = {}
+            for r, part in zip(ranks, parts):
+                mine = calls[r].payload[0]
+                collectives.copy_bits_(mine, part.view(mine.shape))
+                results[r] = ([mine], None)
+            return results
+
+        return self._post(op, out, sig, compute, (out, chunks, whole), detail=name, error=error)
+
+    # -- gathers and scatters -------------------------------------------------
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._one_tensor("all_gather", inputs)
+        (t,) = inputs
+        outs = outputs[0]
+        self._check_tensors("all_gather", outs)
+        self._list_len("all_gather", "tensor_list", outs)
+        for o in outs:
+            if o.numel() != t.numel() or o.dtype != t.dtype:
+                raise ValueError(
+                    f"all_gather on rank {self.global_rank}: output {_dtype(o)}{list(o.shape)} does not match "
+                    f"input {_dtype(t)}{list(t.shape)}"
+                )
+        backend = self._runtime.backend
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            sources = [calls[r].payload[1].clone() for r in ranks]
+            results = {}
+            for r in ranks:
+                mine = calls[r].payload[0]
+                for o, s in zip(mine, sources):
+                    o.copy_(s.view(o.shape))
+                results[r] = (backend.all_gather_value(mine), None)
+            return results
+
+        return self._post("all_gather", t, (_dtype(t), tuple(t.shape)), compute, (list(outs), t),
+                          nbytes=t.numel() * t.element_size())
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
+        self._check_tensors("all_gather_into_tensor", [output, input])
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(
+                f"all_gather_into_tensor on rank {self.global_rank}: output has {output.numel()} elements, "
+                f"expected input.numel() * world_size = {input.numel() * self.size()}"
+            )
+        backend, size = self._runtime.backend, self.size()
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            flat = torch.cat([calls[r].payload[1].reshape(-1) for r in ranks])
+            results = {}
+            for r in ranks:
+                out, inp = calls[r].payload
+                out.copy_(flat.view(out.shape))
+                results[r] = (backend.all_gather_into_tensor_value(out, tuple(inp.shape), size), None)
+            return results
+
+        return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute, (output, input))
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
+        raise UnsupportedError("SimProcessGroup does not support all_gather_coalesced yet; use all_gather per tensor")
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._one_tensor("broadcast", tensors)
+        (t,) = tensors
+        root = opts.rootRank
+        root_global = self.spec.ranks[root]
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            source = calls[root_global].payload.clone()
+            results = {}
+            for r, call in calls.items():
+                call.payload.copy_(source)
+                results[r] = ([call.payload], None)
+            return results
+
+        return self._post("broadcast", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, t, detail=f"root {root}")
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._one_tensor("gather", inputs)
+        (t,) = inputs
+        root = opts.rootRank
+        root_global = self.spec.ranks[root]
+        gather_list = outputs[0] if outputs else []
+        if self.global_rank == root_global:
+            self._list_len("gather", "gather_list", gather_list)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            dest = calls[root_global].payload[0]
+            for o, r in zip(dest, ranks):
+                o.copy_(calls[r].payload[1])
+            return {r: (list(dest) if r == root_global else [], None) for r in ranks}
+
+        return self._post("gather", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, (list(gather_list), t),
+                          detail=f"root {root}")
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+        self._one_tensor("scatter", outputs)
+        (out,) = outputs
+        root = opts.rootRank
+        root_global = self.spec.ranks[root]
+        scatter_list = inputs[0] if inputs else []
+        if self.global_rank == root_global:
+            self._list_len("scatter", "scatter_list", scatter_list)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            sources = [s.clone() for s in calls[root_global].payload[1]]
+            results = {}
+            for r, s in zip(ranks, sources):
+                mine = calls[r].payload[0]
+                mine.copy_(s)
+                results[r] = ([mine], None)
+            return results
+
+        return self._post("scatter", out, (_dtype(out), tuple(out.shape), f"root={root}"), compute,
+                          (out, list(scatter_list)), detail=f"root {root}")
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        self._check_tensors("all_to_all", [*outputs, *inputs])
+        self._list_len("all_to_all", "output_tensor_list", outputs)
+        self._list_len("all_to_all", "input_tensor_list", inputs)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            sent = {r: [t.clone() for t in calls[r].payload[1]] for r in ranks}
+            results = {}
+            for j, r in enumerate(ranks):
+                outs = calls[r].payload[0]
+                for i, s in enumerate(ranks):
+                    outs[i].copy_(sent[s][j])
+                results[r] = (list(outs), None)
+            return results
+
+        first = inputs[0]
+        return self._post("all_to_all", first, (_dtype(first),), compute, (list(outputs), list(inputs)),
+                          nbytes=sum(t.numel() * t.element_size() for t in inputs))
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+        input_split_sizes: list[int], opts: Any = None,
+    ) -> SimWork:
+        self._check_tensors("all_to_all_single", [output, input])
+        size = self.size()
+        ins = _split(input, input_split_sizes, size, "input", self.global_rank)
+        outs = _split(output, output_split_sizes, size, "output", self.global_rank)
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            ranks = list(calls)
+            sent = {r: [t.clone() for t in calls[r].payload[1]] for r in ranks}
+            results = {}
+            for j, r in enumerate(ranks):
+                out_full, out_parts = calls[r].payload[0]
+                for i, s in enumerate(ranks):
+                    if out_parts[i].numel() != sent[s][j].numel():
+                        raise ValueError(
+                            f"all_to_all_single: rank {s} sends {sent[s][j].numel()} elements to rank {r}, "
+                            f"which expects {out_parts[i].numel()}"
+                        )
+                    out_parts[i].copy_(sent[s][j].view(out_parts[i].shape))
+                results[r] = ([out_full], None)
+            return results
+
+        return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins))
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> SimWork:
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            return {r: ([], None) for r in calls}
+
+        return self._post("barrier", None, (), compute, None)
+
+    # -- point to point -------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> SimWork:
+        self._one_tensor("send", tensors)
+        (t,) = tensors
+        return self._p2p("send", t, self.rank(), dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> SimWork:
+        self._one_tensor("recv", tensors)
+        (t,) = tensors
+        return self._p2p("recv", t, src, self.rank(), tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> SimWork:
+        raise UnsupportedError("SimProcessGroup does not support recv from any source (src=None): name the source rank")
+
+    def _p2p(self, op: str, t: torch.Tensor, src: int, dst: int, tag: int) -> SimWork:
+        for peer in (src, dst):
+            if not 0 <= peer < self.size():
+                raise ValueError(f"{op} on rank {self.global_rank}: peer {peer} is not a rank of {self.spec.name}")
+        if src == dst and self._runtime.backend.name == "gloo":
+            raise BackendError(GLOO_SELF_P2P.format(rank=self.global_rank) + f"\n  simcluster: rank "
+                               f"{self.global_rank}'s {op} {'to' if op == 'send' else 'from'} itself on {self.spec.name}: "
+                               "gloo has no connection from a rank to itself and raises at the call "
+                               "(docs/gloo-facts.md, 'Point to point')")
+        src_g, dst_g = self.spec.ranks[src], self.spec.ranks[dst]
+        channel = f"{self.spec.name} p2p {src}->{dst} tag {tag}"
+        if src == dst and any(o != op for o in self._engine(op).pending_ops(channel)):
+            raise UnsupportedError(
+                f"rank {self.global_rank} posted both a send to itself and a recv from itself on {self.spec.name}: "
+                "NCCL pairs them (docs/gloo-facts.md, 'Point to point'), the NCCL model does not"
+            )
+
+        def compute(calls: dict[int, Call]) -> dict[int, Any]:
+            calls[dst_g].payload.copy_(calls[src_g].payload)
+            return {r: ([calls[r].payload], None) for r in calls}
+
+        return self._post(op, t, (_dtype(t), tuple(t.shape), f"{src}->{dst}", f"tag={tag}"), compute, t,
+                          channel=channel, ranks=(src_g, dst_g), detail=f"{src}->{dst} tag {tag}")
+
+    # -- not modelled ---------------------------------------------------------
+    def _start_coalescing(self, *args: Any) -> None:
+        raise UnsupportedError("SimProcessGroup does not support dist._coalescing_manager")
+
+    def _end_coalescing(self, *args: Any) -> None:
+        raise UnsupportedError("SimProcessGroup does not support dist._coalescing_manager")
+
+    def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
+        raise UnsupportedError("SimProcessGroup does not support monitored_barrier")
+
+    # -- validation helpers ---------------------------------------------------
+    def _one_tensor(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
+        if len(tensors) != 1:
+            raise UnsupportedError(f"SimProcessGroup supports one tensor per rank in {op}, got {len(tensors)}")
+        self._check_tensors(op, tensors)
+
+    def _list_len(self, op: str, what: str, items: Sequence[Any]) -> None:
+        if len(items) != self.size():
+            raise ValueError(
+                f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
+                f"{self.spec.name} has {self.size()} ranks"
+            )
+
+
+def _rejected(error: str) -> Callable[[dict[int, Call]], dict[int, Any]]:
+    """A collective the backend rejects at ``wait()`` (gloo: ``PREMUL_SUM``, bitwise ops on
+    floats): it completes, leaves the data alone, and every rank's future holds the error."""
+
+    def compute(calls: dict[int, Call]) -> dict[int, Any]:
+        return {r: (None, RuntimeError(error)) for r in calls}
+
+    return compute
+
+
+def _reduce_op(opts: Any) -> Any:
+    return getattr(opts, "reduceOp", dist.ReduceOp.SUM) if opts is not None else dist.ReduceOp.SUM
+
+
+def _split(t: torch.Tensor, sizes: list[int], parts: int, what: str, rank: int) -> list[torch.Tensor]:
+    if not sizes:
+        if t.shape[0] % parts:
+            raise ValueError(f"all_to_all_single on rank {rank}: {what} dim 0 ({t.shape[0]}) not divisible by {parts}")
+        return list(t.split(t.shape[0] // parts))
+    if len(sizes) != parts or sum(sizes) != t.shape[0]:
+        raise ValueError(f"all_to_all_single on rank {rank}: {what}_split_sizes={sizes} do not split {t.shape[0]} rows "
+                         f"into {parts} parts")
+    return list(t.split(sizes))

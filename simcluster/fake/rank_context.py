@@ -1,0 +1,236 @@
+"""Each simulated rank's view of torch's process-wide state, swapped in and out.
+
+A real rank is a process: ``dist.group.WORLD``, ``dist.get_rank()``, the default
+CPU generator behind ``torch.rand``/``torch.manual_seed`` are its own. Simulated
+ranks share one process, and — because one OS thread runs code of many ranks in turn
+— "which rank am I" is the engine's current rank, not the thread. So whenever the
+code about to run belongs to another rank, :class:`RankContexts` swaps:
+
+* ``torch.distributed.distributed_c10d._world`` — torch's registry of groups — for
+  that rank's own :class:`RankWorld` (default group = the rank's simulated WORLD);
+* the default CPU generator's state (saved for the rank leaving, loaded for the rank
+  entering), so ``torch.manual_seed`` inside PowerSGD on rank 0 never moves rank 1's
+  random stream;
+* which rank :data:`simcluster.usercode.rank_state.CURRENT` names, so Python's ``random`` and
+  numpy's global generator draw from the entering rank's own generators and a
+  :class:`~simcluster.usercode.rank_local.RankLocal` hook calls that rank's copy of its module;
+* and, for the rank leaving, a check that it changed no process-wide setting
+  (:class:`~simcluster.usercode.rank_state.SettingsAudit`).
+
+:func:`patched_torch` installs, for the duration of a run only, simulated versions
+of the torch functions whose real versions would escape the simulation
+(``dist.new_group`` — real group creation needs a store and a barrier;
+``torch.futures.collect_all``/``wait_all`` — they return plain C++ futures whose
+``wait`` would block the run's only thread). Everything is restored on exit, so
+after a run torch's global distributed state is exactly as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from simcluster.fake import futures
+from simcluster.errors import UsageError
+from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
+from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, patched_generators
+
+__all__ = ["RankWorld", "RankContexts", "patched_torch"]
+
+
+class RankWorld(c10d._World):
+    """One rank's private ``_World``: torch's group registry, per instance.
+
+    torch's ``_World`` keeps its maps in module globals shared by every instance; this
+    subclass keeps them on the instance, so each simulated rank sees only its groups.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._maps: dict[str, dict[Any, Any]] = {
+            name: {} for name in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
+        }
+        self._count = 0
+
+    pg_map = property(lambda self: self._maps["pg_map"])  # type: ignore[assignment]
+    pg_names = property(lambda self: self._maps["pg_names"])  # type: ignore[assignment]
+    pg_group_ranks = property(lambda self: self._maps["pg_group_ranks"])  # type: ignore[assignment]
+    pg_backend_config = property(lambda self: self._maps["pg_backend_config"])  # type: ignore[assignment]
+    tags_to_pg = property(lambda self: self._maps["tags_to_pg"])  # type: ignore[assignment]
+    pg_to_tag = property(lambda self: self._maps["pg_to_tag"])  # type: ignore[assignment]
+
+    @property  # type: ignore[override]
+    def group_count(self) -> int:
+        return self._count
+
+    @group_count.setter
+    def group_count(self, value: int) -> None:
+        self._count = value
+
+    def register(self, pg: SimProcessGroup, *, default: bool = False) -> None:
+        """Make ``pg`` known to torch's front end on this rank (as ``init_process_group`` would)."""
+        spec = pg.spec
+        # dist.get_backend() reads this. "nccl" itself would send torch's error logger
+        # into torch.cuda.nccl.version(), which a CPU build lacks (an AttributeError
+        # would then replace the error the hook should see), so the NCCL model is
+        # registered as "nccl-sim"; pg.getBackendName() still says "nccl".
+        name = pg.getBackendName()
+        self.pg_map[pg] = (name if name != "nccl" else "nccl-sim", None)
+        self.pg_names[pg] = spec.name
+        self.pg_group_ranks[pg] = {g: i for i, g in enumerate(spec.ranks)}
+        self.pg_backend_config[pg] = pg.getBackendName()
+        tag = f"ptd:{spec.name}"
+        self.tags_to_pg.setdefault(tag, []).append(pg)
+        self.tags_to_pg.setdefault("", []).append(pg)
+        self.pg_to_tag[pg] = tag
+        if default:
+            self.default_pg = pg
+
+
+class RankContexts:
+    """Every rank's world, groups and RNG state for one cluster, plus the swap logic.
+
+    ``rng="per_rank"`` starts rank ``r`` from ``torch.manual_seed(seed + r)`` — like a
+    script seeding with its rank; ``rng="same"`` starts every rank from ``seed``; Python's
+    ``random`` and numpy's global generator likewise (:class:`RankGenerators`).
+    Groups and each rank's module copies (``modules[r]``) live here across runs (a group
+    made by ``new_group`` in one step is used in the next, as in a training loop).
+    """
+
+    def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str) -> None:
+        if rng not in ("per_rank", "same"):
+            raise UsageError(f"rng={rng!r} must be 'per_rank' or 'same'")
+        self.world_size = world_size
+        self.runtime = runtime
+        self.worlds = [RankWorld() for _ in range(world_size)]
+        world_spec = GroupSpec("WORLD", tuple(range(world_size)))
+        self.world_groups = [SimProcessGroup(runtime, world_spec, r) for r in range(world_size)]
+        for r in range(world_size):
+            self.worlds[r].register(self.world_groups[r], default=True)
+        generator = torch.Generator()
+        self.rng_states = [
+            generator.manual_seed(seed + (r if rng == "per_rank" else 0)).get_state() for r in range(world_size)
+        ]
+        self._groups: dict[tuple[tuple[int, ...], int], GroupSpec] = {}
+        self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._outside_rng: torch.Tensor | None = None
+        self._outside_world: Any = None
+        self.generators = RankGenerators(world_size, seed, rng)
+        self.modules: list[dict[str, Any]] = [{} for _ in range(world_size)]
+        self.audit = SettingsAudit()
+
+    # -- swapping ---------------------------------------------------------------
+    def switch(self, old: int | None, new: int | None) -> None:
+        """Leave rank ``old`` (None: outside the run) and enter rank ``new``."""
+        if old is None:
+            self._outside_rng = torch.get_rng_state()
+            self._outside_world = c10d._world
+            self.audit.start()
+            CURRENT.generators = self.generators
+        else:
+            self.rng_states[old] = torch.get_rng_state()
+            self.audit.check(old)
+        if new is None:
+            torch.set_rng_state(self._outside_rng)
+            c10d._world = self._outside_world
+            CURRENT.generators = CURRENT.modules = None
+        else:
+            torch.set_rng_state(self.rng_states[new])
+            c10d._world = self.worlds[new]
+            CURRENT.modules = self.modules[new]
+        CURRENT.rank = new
+
+    # -- groups -----------------------------------------------------------------
+    def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
+        """``dist.new_group(ranks)`` on ``rank``: the k-th call with the same members on
+        every rank yields the same simulated group; a non-member gets
+        ``GroupMember.NON_GROUP_MEMBER`` as in torch."""
+        members = tuple(sorted(range(self.world_size) if ranks is None else ranks))
+        if not members or any(not 0 <= m < self.world_size for m in members) or len(set(members)) != len(members):
+            raise ValueError(f"new_group(ranks={ranks!r}) on rank {rank}: ranks must be distinct ranks of 0..{self.world_size - 1}")
+        k = self._calls.get((rank, members), 0)
+        self._calls[(rank, members)] = k + 1
+        spec = self._groups.get((members, k))
+        if spec is None:
+            spec = GroupSpec(f"group{len(self._groups) + 1}{list(members)}", members)
+            self._groups[(members, k)] = spec
+        if rank not in members:
+            return dist.GroupMember.NON_GROUP_MEMBER
+        pg = SimProcessGroup(self.runtime, spec, rank)
+        self.worlds[rank].register(pg)
+        return pg
+
+
+def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:
+    """The class ``torch.futures.Future`` names during a run: a future made by hook code
+    (``torch.futures.Future()``) becomes a :class:`~simcluster.fake.futures.SimFuture` of the
+    running rank, so waiting on it while it is pending parks that rank instead of
+    blocking the run's only thread in C++ — a hang becomes a reported deadlock.
+    ``current_engine()`` is the run in progress (the class is made once per cluster:
+    making a subclass of torch's C++ future costs ~0.3 ms, a whole tiny step)."""
+
+    class Future(futures.SimFuture):
+        def __init__(self, devices: Any = None) -> None:
+            engine = current_engine()
+            rank = engine.current_rank
+            super().__init__(engine, -1 if rank is None else rank, f"a torch.futures.Future() made by rank {rank}")
+
+        def __class_getitem__(cls, item: Any) -> Any:  # Future[torch.Tensor] in annotations
+            return plain[item]
+
+    Future.__qualname__ = Future.__name__ = "Future"
+    Future.__module__ = "torch.futures"
+    return Future
+
+
+_future_classes: "weakref.WeakKeyDictionary[RankContexts, tuple[type, list[Any]]]" = weakref.WeakKeyDictionary()
+"""Per cluster: its ``Future`` class and the one-slot holder naming the run's engine."""
+
+
+def _future_class_for(contexts: RankContexts, engine: Any) -> type:
+    found = _future_classes.get(contexts)
+    if found is None:
+        holder: list[Any] = [None]
+        found = _future_classes[contexts] = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0]), holder)
+    found[1][0] = engine
+    return found[0]
+
+
+@contextlib.contextmanager
+def patched_torch(
+    contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
+) -> Iterator[None]:
+    """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
+    the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
+    ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.patched_generators`), for one run."""
+
+    def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
+        rank = current_rank()
+        if rank is None:
+            raise UsageError("dist.new_group was called outside a simulated rank while a run is in progress")
+        return contexts.new_group(rank, None if ranks is None else list(ranks))
+
+    saved = [
+        (c10d, "new_group", c10d.new_group),
+        (dist, "new_group", dist.new_group),
+        (torch.futures, "collect_all", torch.futures.collect_all),
+        (torch.futures, "wait_all", torch.futures.wait_all),
+    ]
+    replacements: list[Any] = [new_group, new_group, futures.collect_all, futures.wait_all]
+    if engine is not None:
+        saved.append((torch.futures, "Future", torch.futures.Future))
+        replacements.append(_future_class_for(contexts, engine))
+    try:
+        for (owner, name, _), replacement in zip(saved, replacements):
+            setattr(owner, name, replacement)
+        with patched_generators():
+            yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)

@@ -1,0 +1,284 @@
+"""``simcluster explain``: run a hook under simulated DDP for a few steps and say what it did.
+
+For learning what a communication hook does. By default a small model of three
+parameters (``2x2,3,3``, float32) with a 12-byte bucket cap: DDP's iteration 0 is one
+bucket in parameter order, then the rebuild puts each parameter in a bucket of its own,
+in gradient-ready order — so from step 1 three buckets are in flight. Every rank's
+gradients are small whole numbers (exact in every float type, so the mean is readable).
+For each step the explanation shows
+
+1. the layout: which parameters each bucket holds (and that the rebuild happened);
+2. each rank's input, per bucket;
+3. the trace — hook calls, every collective posted, when it completed, where each
+   callback ran (a gloo worker thread, inline, …), who blocked;
+4. the collectives across ranks with the bytes each rank sends under the backend's
+   algorithm (:mod:`simcluster.teaching.wire`), the ratio against plain ``allreduce_hook`` on the
+   same buckets, and an α-β estimate of the communication time;
+5. what each rank's future held, against the float64 mean, and whether replicas agree.
+
+A hook that fails gets the trace up to the failure, then the failure in full: the
+message, every note simcluster attached (ranks, blocked waits, replay) and the hook's
+own frames.
+
+>>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+>>> text, ok = explain(allreduce_hook, world_size=2, seed=0)
+>>> ok
+True
+>>> "all_reduce #0 on WORLD completes on ranks [0, 1]" in text
+True
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
+from simcluster.engine.trace import Trace
+from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
+
+__all__ = ["explain", "explain_story", "small_gradients", "format_failure"]
+
+
+def small_gradients(world_size: int, numel: int, seed: int) -> list[torch.Tensor]:
+    """Rank ``r``'s float32 gradient: ``numel`` whole numbers in [-8, 8], drawn from
+    ``seed`` with a private generator (the global RNG is not touched). Step 0 of
+    ``explain --numel N`` feeds exactly these."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(-8, 9, (numel,), generator=gen).to(torch.float32) for _ in range(world_size)]
+
+
+def _fmt(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        dtype = str(t.dtype).removeprefix("torch.")
+        return f"{t.detach().reshape(-1).tolist()}  ({dtype}{list(t.shape)})"
+    if isinstance(t, (list, tuple)):
+        return f"a {type(t).__name__} of {len(t)}: [{', '.join(_fmt(x) for x in t)}]"
+    return f"{type(t).__name__}: {t!r}"
+
+
+def _result_tensor(value: Any) -> torch.Tensor | None:
+    """The result tensor: the value itself, or the one tensor of a legacy ``[tensor]`` result."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return None
+
+
+def event_line(e: Any) -> str:
+    """One trace event in words (DDP's reducer taking a result is said as such)."""
+    if isinstance(e, HookCall):
+        verb = {"call": "calls the hook on", "return": "hook returns its future for", "raise": "hook RAISES on"}
+        return f"rank {e.rank}: {verb[e.phase]} bucket {e.bucket}"
+    line = Trace([e]).format()
+    head, sep, rest = line.partition(": callback collect.<locals>.store of ")
+    if sep:
+        future, _, where = rest.rpartition(" runs ")
+        line = f"{head}: DDP's reducer takes the result of {future} ({where})"
+    return line
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    return [title, *("   " + line for line in lines), ""]
+
+
+def _bucket_flat(step: StepStory, rank: int, k: int) -> torch.Tensor:
+    return torch.cat([step.inputs[rank][i].reshape(-1) for i in step.bucket_params[k]])
+
+
+def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> list[str]:
+    lines = [f"bucket {k}: params {ps}, float32[{n}] ({4 * n} B)"
+             for k, (ps, n) in enumerate(zip(step.bucket_params, step.bucket_numel))]
+    if previous is None:
+        lines.insert(0, "before the rebuild: one bucket, parameters in model.parameters() order")
+    elif previous.bucket_params != step.bucket_params:
+        lines.insert(0, f"REBUILT after iteration {previous.iteration}: parameters in gradient-ready order "
+                        "(reverse parameter order here), a bucket closes once it reaches the cap")
+    if len(step.bucket_params) > 1:
+        lines.append(f"every rank calls the hook for all {len(step.bucket_params)} buckets before any "
+                     "collective completes: they are in flight together")
+    return lines
+
+
+def _wire_lines(story: Story, step: StepStory, network: Network) -> list[str]:
+    rows = wire_rows(step.events, story.backend, network)
+    out = []
+    for row in rows:
+        sent = ", ".join(f"rank {r}: {b} B" for r, b in zip(row.ranks, row.sent))
+        out.append(f"{row.op} #{row.seq} on {row.group}: ranks {list(row.ranks)}, {row.dtype}{list(row.shape)} "
+                   f"({row.nbytes} B) per rank; sent on the wire — {sent}; α-β {row.seconds * 1e6:.1f} µs")
+    if not rows:
+        return ["none: this hook does not communicate"]
+    mine = sum(row.sent[row.ranks.index(0)] for row in rows if 0 in row.ranks)
+    base = allreduce_baseline(step.bucket_numel, story.world_size)
+    ratio = f"{base / mine:.2f}" if mine else "n/a (nothing to send)" if not base else "∞ (nothing sent)"
+    total = sum(row.seconds for row in rows)
+    out.append(f"rank 0 sends {mine} B this step; plain allreduce_hook on these buckets sends {base} B: "
+               f"compression ratio {ratio}; α-β total {total * 1e6:.1f} µs, one collective at a time "
+               f"({network.describe()})")
+    return out
+
+
+def _result_lines(story: Story, step: StepStory) -> list[str]:
+    assert step.result is not None
+    lines = []
+    for k in range(len(step.bucket_params)):
+        inputs = [_bucket_flat(step, r, k) for r in range(story.world_size)]
+        mean = torch.stack([g.to(torch.float64) for g in inputs]).mean(0)
+        lines.append(f"bucket {k}: the inputs' float64 mean: {mean.tolist()}")
+        tensors = []
+        for r in range(story.world_size):
+            value = step.result.outputs[r][k]
+            lines.append(f"  rank {r} future held {_fmt(value)}")
+            t = _result_tensor(value)
+            if t is not None:
+                tensors.append(t)
+                flat = t.detach().reshape(-1)[: mean.numel()].to(torch.float64)
+                err = (flat - mean).abs().max().item() if flat.numel() == mean.numel() else float("nan")
+                lines.append(f"  rank {r}: max |result - mean| = {err:g}")
+        if len(tensors) == story.world_size:
+            agree = all(torch.equal(tensors[0], t) and tensors[0].dtype == t.dtype for t in tensors)
+            lines.append("  replicas agree bitwise: " + ("yes" if agree else "NO — the model copies would drift apart"))
+    return lines + ["DDP copies these into .grad" + ("" if not step.result.warnings else ", with warnings:"),
+                    *("  " + w for w in step.result.warnings)]
+
+
+def format_failure(exc: BaseException) -> list[str]:
+    """The whole diagnostic: type and full message, every note, and the last frames of the
+    traceback outside simcluster (the hook's own lines)."""
+    lines = [f"{type(exc).__name__}: {line}" if i == 0 else line
+             for i, line in enumerate(str(exc).strip().splitlines() or [""])]
+    lines += [n for note in getattr(exc, "__notes__", []) for n in str(note).splitlines()]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/simcluster/" not in f.filename]
+    if frames:
+        lines.append("where (innermost last):")
+        lines += [f"  {f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames[-4:]]
+    return lines
+
+
+def _open_calls(events: Sequence[Any]) -> list[str]:
+    """Which hook calls raised, or had not returned when the step failed (from the trace)."""
+    state: dict[tuple[int, int], str] = {}
+    for e in events:
+        if isinstance(e, HookCall):
+            state[(e.rank, e.bucket)] = e.phase
+    words = {"call": "was still inside the hook (called, never returned)", "raise": "raised from inside the hook"}
+    return [f"rank {r}, bucket {b}: {words[phase]}" for (r, b), phase in state.items() if phase in words]
+
+
+def explain_story(story: Story, *, label: str, network: Network | None = None) -> tuple[str, bool]:
+    """Render a recorded :class:`Story`; returns ``(text, ran)`` (``ran`` False if a step failed)."""
+    network = network or PRESETS[DEFAULT_NETWORK]
+    shapes = ",".join("x".join(map(str, s)) for s in story.shapes)
+    cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
+    out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
+           f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", ""]
+    previous = None
+    for step in story.steps:
+        out.append(f"== step {step.step} (DDP iteration {step.iteration}) ==")
+        out += _section("1. The buckets:", _layout_lines(story, step, previous))
+        out += _section("2. What each rank's hook receives:", [
+            f"rank {r}, bucket {k}: {_bucket_flat(step, r, k).tolist()}"
+            for r in range(story.world_size) for k in range(len(step.bucket_params))])
+        title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")
+        out += _section(title, [event_line(e) for e in step.events] or ["(no events)"])
+        if step.error is not None:
+            out += _section(f"4. The hook failed at step {step.step}:",
+                            format_failure(step.error) + _open_calls(step.events))
+            return "\n".join(out).rstrip() + "\n", False
+        out += _section("4. The collectives and the bytes on the wire:", _wire_lines(story, step, network))
+        out += _section("5. What each future held (what DDP copies into .grad):", _result_lines(story, step))
+        previous = step
+    last = story.steps[-1].result
+    assert last is not None
+    out.append(f"replay: {last.replay}")
+    return "\n".join(out) + "\n", True
+
+
+def explain(
+    hook: Callable[[Any, Any], Any],
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    seed: int = 0,
+    state: Any = None,
+    shapes: Sequence[tuple[int, ...]] = DEFAULT_SHAPES,
+    bucket_cap_mb: float | None = DEFAULT_CAP_MB,
+    steps: int = 2,
+    api: str = "current",
+    network: Network | None = None,
+    name: str | None = None,
+) -> tuple[str, bool]:
+    """Run ``hook`` for ``steps`` DDP steps and explain it; returns ``(text, ran)``.
+
+    ``ran`` is False when a step failed: the text then ends with the trace up to the
+    failure and the full diagnostic. ``state``: ``None``, ``"group"`` or a per-rank factory.
+    """
+    story = record(hook, world_size=world_size, backend=backend, seed=seed, state=state, shapes=shapes,
+                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api)
+    return explain_story(story, label=name or getattr(hook, "__qualname__", repr(hook)), network=network)
+
+
+def _again(args: Any) -> str:
+    """The command line that prints this explanation again (options at their defaults left out)."""
+    parts = [f"simcluster explain {args.target} --world-size {args.world_size} --backend {args.backend} "
+             f"--seed {args.seed}"]
+    for flag, value, default in (("--state", args.state, "none"), ("--numel", args.numel, None),
+                                 ("--params", args.params, None), ("--bucket-cap-mb", args.bucket_cap_mb, None),
+                                 ("--steps", args.steps, 2), ("--api", args.api, "current"),
+                                 ("--network", args.network, DEFAULT_NETWORK)):
+        if value != default:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
+def explain_command(args: Any) -> int:
+    """``simcluster explain``: load the target (and state), print the explanation, write the
+    pictures asked for. Returns 0 when every step ran, 1 when the hook failed."""
+    import sys
+
+    from simcluster.errors import UsageError
+    from simcluster.usercode.targets import load_state, load_target, parse_shapes
+    from simcluster.teaching.wire import parse_network
+
+    if args.numel is not None and args.params is not None:
+        raise UsageError("--numel N is short for --params N: give one of them")
+    if args.numel is not None and args.numel < 1:
+        raise UsageError(f"--numel {args.numel}: must be at least 1")
+    if args.world_size < 1:
+        raise UsageError(f"--world-size {args.world_size}: must be at least 1")
+    network = parse_network(args.network)
+    shapes = ((args.numel,),) if args.numel is not None else (
+        parse_shapes(args.params) if args.params is not None else DEFAULT_SHAPES)
+    cap = args.bucket_cap_mb if args.bucket_cap_mb is not None else (
+        DEFAULT_CAP_MB if args.params is None and args.numel is None else None)
+    if cap is not None and not 0 < cap < 1e6:
+        raise UsageError(f"--bucket-cap-mb {cap}: must be a positive number of MiB")
+    if args.timeline and not args.timeline.endswith((".svg", ".html")):
+        raise UsageError(f"--timeline {args.timeline}: the file name must end in .svg or .html")
+    if args.chrome_trace and not args.chrome_trace.endswith(".json"):
+        raise UsageError(f"--chrome-trace {args.chrome_trace}: the file name must end in .json")
+    hook, state = load_target(args.target), load_state(args.state)
+    if args.range:
+        from simcluster.teaching.safe_range import range_command
+
+        return range_command(hook, args, state)
+    story = record(hook, world_size=args.world_size, backend=args.backend, seed=args.seed, state=state,
+                   shapes=shapes, bucket_cap_mb=cap, steps=args.steps, api=args.api)
+    text, ran = explain_story(story, label=args.target, network=network)
+    sys.stdout.write(text + f"again:  {_again(args)}\n")
+    if args.timeline:
+        from simcluster.teaching.timeline import write_timeline
+
+        write_timeline(story, args.timeline, network)
+        sys.stdout.write(f"wrote {args.timeline}\n")
+    if args.chrome_trace:
+        from simcluster.teaching.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(story, args.chrome_trace, network)
+        sys.stdout.write(f"wrote {args.chrome_trace} (open it in https://ui.perfetto.dev or chrome://tracing)\n")
+    return 0 if ran else 1

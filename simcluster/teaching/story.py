@@ -1,0 +1,168 @@
+"""A recorded DDP run for teaching: K steps of :class:`~simcluster.ddp.model.SimDDP`, every event kept.
+
+``simcluster explain`` and its pictures (:mod:`simcluster.teaching.timeline`,
+:mod:`simcluster.teaching.chrome_trace`) and the wire model (:mod:`simcluster.teaching.wire`) all read one
+:class:`Story`: per step, the bucket layout DDP used (iteration 0 one bucket in parameter
+order, then the rebuild in gradient-ready order), the small whole-number gradients each
+rank fed in, the trace of that step with the hook calls added (:class:`HookCall`), what
+each future held, and — when the step failed — the exception and the trace *up to the
+failure*.
+
+The hook calls are recorded by a thin wrapper around the hook that appends to the running
+step's trace (the hook itself sees the same state and bucket). Nothing here reads a
+clock: equal arguments give equal stories.
+
+>>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+>>> story = record(allreduce_hook, world_size=2, steps=2)
+>>> [s.bucket_params for s in story.steps]    # iteration 0, then the rebuild: three buckets
+[[[0, 1, 2]], [[2], [1], [0]]]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simcluster.fake.cluster import SimCluster
+from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
+from simcluster.errors import UsageError
+
+__all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
+
+DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((2, 2), (3,), (3,))
+"""``explain``'s default model: three small parameters (16, 12 and 12 bytes in float32)."""
+
+DEFAULT_CAP_MB = 12 / 2**20
+"""``explain``'s default bucket cap, 12 bytes: after the rebuild each parameter is a bucket of
+its own, so the default story has three buckets in flight."""
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """Rank ``rank`` entered (``phase="call"``) or left (``"return"``/``"raise"``) the hook for
+    bucket ``bucket``. Added to a step's events by :func:`record`; not a :mod:`simcluster.engine.trace` event."""
+
+    rank: int
+    bucket: int
+    phase: str
+
+
+@dataclass
+class StepStory:
+    """One DDP step. ``inputs[r][i]``: rank ``r``'s gradient of parameter ``i``;
+    ``events``: the trace with the :class:`HookCall` events; ``result``: the step's
+    :class:`StepResult`, None when it failed with ``error``."""
+
+    step: int
+    iteration: int
+    bucket_params: list[list[int]]
+    bucket_numel: list[int]
+    inputs: list[list[torch.Tensor]]
+    events: list[Any]
+    result: StepResult | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class Story:
+    """A recorded run: the setting and each step (the last one may have failed)."""
+
+    world_size: int
+    backend: str
+    seed: int
+    shapes: tuple[tuple[int, ...], ...]
+    bucket_cap_mb: float | None
+    steps: list[StepStory] = field(default_factory=list)
+    states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
+
+    @property
+    def failed(self) -> StepStory | None:
+        """The step that failed, if any."""
+        return next((s for s in self.steps if s.error is not None), None)
+
+
+def step_gradients(gen: torch.Generator, world_size: int, shapes: Sequence[tuple[int, ...]]) -> list[list[torch.Tensor]]:
+    """One step's gradients: per rank, whole numbers in [-8, 8] (exact in every float type, so
+    the mean is readable), drawn flat from ``gen`` and split into the parameters."""
+    sizes = [int(torch.Size(s).numel()) for s in shapes]
+    out = []
+    for _ in range(world_size):
+        flat = torch.randint(-8, 9, (sum(sizes),), generator=gen).to(torch.float32)
+        out.append([g.reshape(s).clone() for g, s in zip(flat.split(sizes), shapes)])
+    return out
+
+
+def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[Any]) -> Callable[[Any, Any], Any]:
+    """``hook`` with its calls appended to the running step's trace (``seen[0]`` keeps that trace)."""
+
+    @functools.wraps(hook)
+    def recorded(state: Any, bucket: Any) -> Any:
+        engine = cluster.engine
+        trace = engine.trace if engine is not None else None
+        if trace is not None:
+            seen[:] = [trace]
+        rank, index = dist.get_rank(), bucket.index()
+        if trace is not None:
+            trace.add(HookCall(rank, index, "call"))
+        try:
+            future = hook(state, bucket)
+        except BaseException:
+            if trace is not None:
+                trace.add(HookCall(rank, index, "raise"))
+            raise
+        if trace is not None:
+            trace.add(HookCall(rank, index, "return"))
+        return future
+
+    return recorded
+
+
+def record(
+    hook: Callable[[Any, Any], Any],
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    seed: int = 0,
+    state: Any = None,
+    shapes: Sequence[tuple[int, ...]] = DEFAULT_SHAPES,
+    bucket_cap_mb: float | None = DEFAULT_CAP_MB,
+    steps: int = 2,
+    api: str = "current",
+) -> Story:
+    """Run ``hook`` under :class:`SimDDP` for ``steps`` steps and keep everything.
+
+    Stops at the first failing step (its ``error`` set, its events up to the failure).
+    ``state``: ``None``, ``"group"`` or a factory ``factory(process_group)``.
+    """
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: must be at least 1")
+    if world_size < 1:
+        raise UsageError(f"--world-size {world_size}: must be at least 1")
+    shapes = tuple(tuple(s) for s in shapes)
+    cluster = SimCluster(world_size=world_size, seed=seed, backend=backend)
+    seen: list[Any] = []
+    ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=None if state == "none" else state,
+                 config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
+    story = Story(world_size, backend, seed, shapes, bucket_cap_mb)
+    gen = torch.Generator().manual_seed(seed)
+    for k in range(steps):
+        calls = ddp.layout()
+        grads = step_gradients(gen, world_size, shapes)
+        numel = [sum(int(torch.Size(shapes[i]).numel()) for i in c.params) for c in calls]
+        one = StepStory(k, ddp.iteration, [list(c.params) for c in calls], numel, grads, [])
+        story.steps.append(one)
+        seen.clear()
+        try:
+            one.result = ddp.step(grads)
+            one.events = list(one.result.trace.events)
+        except Exception as exc:  # noqa: BLE001 - the hook's failure is the lesson; explain prints it whole
+            one.error = exc
+            one.events = list(seen[0].events) if seen else []
+            break
+    story.states = list(ddp.states)
+    return story

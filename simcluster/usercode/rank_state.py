@@ -1,0 +1,225 @@
+"""What a simulated rank owns besides torch's world: its Python and numpy RNGs, and the
+process-wide settings it must not change behind the other ranks' backs.
+
+A real rank is a process; Python's ``random`` module and numpy's legacy global generator
+(``numpy.random.rand``, ``numpy.random.seed``, …) are its own, as is torch's default
+generator (swapped by :mod:`simcluster.fake.rank_context`). Here every rank gets its own
+``random.Random`` and ``numpy.random.RandomState``, seeded by the cluster's ``rng=`` policy
+exactly like torch's (``per_rank``: ``seed + rank``; ``same``: ``seed``) — the streams of
+``random.seed(seed + rank)`` / ``numpy.random.seed(seed + rank)`` in a real process.
+
+How: during a run (and only then) the module-level functions of ``random`` and
+``numpy.random`` — bound methods of one hidden global instance — are replaced by small
+dispatchers that call the *current rank's* generator (:data:`CURRENT`, set at every rank
+switch; outside a rank: the process's own global generator, untouched). A switch thus
+costs two attribute stores, not a state copy (``random.getstate``/``setstate`` cost
+~15 µs, numpy's ``get_state``/``set_state`` ~120 µs: measured, see ``docs/isolation.md``).
+Each rank's generators are created on its first draw.
+
+Limits (documented in ``docs/isolation.md``): a function captured *before* the run
+(``from random import choice`` in a module imported the ordinary way, i.e. not a per-rank
+copy) is the shared generator's bound method and bypasses the dispatch; unseeded
+generators made by user code (``random.Random()``, ``numpy.random.default_rng()``) draw
+from OS entropy on a real process and here alike.
+
+:class:`SettingsAudit` watches the process-wide settings a rank cannot own in one process
+(``torch.set_default_dtype``, ``torch.set_num_threads``, deterministic-algorithm and
+matmul-precision flags, ``torch.backends.cudnn`` flags, ``warnings`` filters,
+``os.environ``): a change made while a rank's code ran is undone before any other rank
+runs and reported after the run as a :class:`SharedSettingError` naming the setting, the
+rank and both values.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from simcluster.errors import UnsupportedError
+
+__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "SharedSettingError", "patched_generators"]
+
+try:  # numpy is optional for simcluster, but torch installs it almost always
+    import numpy.random as _np_random
+    import numpy.random.mtrand as _np_mtrand
+except ImportError:  # pragma: no cover - no numpy: nothing to swap
+    _np_random = None  # type: ignore[assignment]
+    _np_mtrand = None  # type: ignore[assignment]
+
+
+class _Current:
+    """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
+
+    __slots__ = ("generators", "rank", "modules")
+
+    def __init__(self) -> None:
+        self.generators: RankGenerators | None = None
+        self.rank: int | None = None
+        self.modules: dict[str, Any] | None = None  # the running rank's module copies (rank_local)
+
+
+CURRENT = _Current()
+"""The running rank (``None`` outside a run) and its per-rank registries."""
+
+
+class RankGenerators:
+    """Every rank's ``random.Random`` and ``numpy.random.RandomState`` for one cluster."""
+
+    def __init__(self, world_size: int, seed: int, rng: str) -> None:
+        self.seeds = [seed + (r if rng == "per_rank" else 0) for r in range(world_size)]
+        self._python: list[random.Random | None] = [None] * world_size
+        self._numpy: list[Any] = [None] * world_size
+
+    def python(self, rank: int) -> random.Random:
+        """Rank ``rank``'s ``random`` generator (seeded on first use)."""
+        gen = self._python[rank]
+        if gen is None:
+            gen = self._python[rank] = random.Random(self.seeds[rank])
+        return gen
+
+    def numpy(self, rank: int) -> Any:
+        """Rank ``rank``'s legacy ``numpy.random.RandomState`` (seeded on first use)."""
+        gen = self._numpy[rank]
+        if gen is None:
+            gen = self._numpy[rank] = _np_random.RandomState(self.seeds[rank] % 2**32)
+        return gen
+
+
+def _python_generator() -> Any:
+    gens, rank = CURRENT.generators, CURRENT.rank
+    return random._inst if gens is None or rank is None else gens.python(rank)  # type: ignore[attr-defined]
+
+
+def _numpy_generator() -> Any:
+    gens, rank = CURRENT.generators, CURRENT.rank
+    return _np_mtrand._rand if gens is None or rank is None else gens.numpy(rank)
+
+
+def _dispatcher(get: Callable[[], Any], method: str, name: str) -> Callable[..., Any]:
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        return getattr(get(), method)(*args, **kwargs)
+
+    dispatch.__name__ = dispatch.__qualname__ = name
+    dispatch.__doc__ = f"simcluster: the running simulated rank's own {method} (see simcluster.usercode.rank_state)"
+    return dispatch
+
+
+def _targets() -> list[tuple[Any, str, Callable[..., Any]]]:
+    """(module, attribute, dispatcher) for every module-level function of a hidden global generator."""
+    out = [(random, name, _dispatcher(_python_generator, name, name))
+           for name in sorted(vars(random))
+           if getattr(getattr(random, name), "__self__", None) is random._inst]  # type: ignore[attr-defined]
+    if _np_random is not None:
+        names = {name: name for name in sorted(vars(_np_random))
+                 if getattr(getattr(_np_random, name), "__self__", None) is _np_mtrand._rand}
+        names.update(seed="seed", ranf="random_sample", sample="random_sample")
+        out += [(_np_random, name, _dispatcher(_numpy_generator, method, name)) for name, method in names.items()]
+    return out
+
+
+_TARGETS = _targets()
+
+
+@contextmanager
+def patched_generators() -> Iterator[None]:
+    """Install the per-rank dispatchers of ``random`` and ``numpy.random`` for one run."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in _TARGETS]
+    try:
+        for owner, name, dispatch in _TARGETS:
+            setattr(owner, name, dispatch)
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+# --------------------------------------------------------------------------- settings
+class SharedSettingError(UnsupportedError):
+    """A rank changed a process-wide setting that every simulated rank shares."""
+
+
+def _cudnn() -> tuple[bool, bool]:
+    # what torch.backends.cudnn.deterministic / .benchmark read, without their property
+    # machinery (7x cheaper: this runs at every rank switch)
+    return torch._C._get_cudnn_deterministic(), torch._C._get_cudnn_benchmark()
+
+
+def _set_cudnn(value: tuple[bool, bool]) -> None:
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = value
+
+
+def _filters() -> tuple[int, Any]:
+    filters = warnings.filters
+    return len(filters), filters[0] if filters else None
+
+
+_SETTINGS: tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...] = (
+    ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
+    ("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
+    ("torch.are_deterministic_algorithms_enabled()", torch.are_deterministic_algorithms_enabled,
+     torch.use_deterministic_algorithms),
+    ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    ("torch.backends.cudnn (deterministic, benchmark)", _cudnn, _set_cudnn),
+)
+
+
+class SettingsAudit:
+    """Snapshots the shared settings when a run starts; checks them whenever a rank's code
+    stops running; undoes a change at once and remembers the first one for the report."""
+
+    def __init__(self) -> None:
+        self._values: list[Any] = []
+        self._filters: list[Any] = []
+        self._environ: dict[Any, Any] = {}
+        self.changes: list[tuple[str, int, str, str]] = []  # (setting, rank, before, after)
+
+    def start(self) -> None:
+        self._values = [get() for _, get, _ in _SETTINGS]
+        self._filters = list(warnings.filters)
+        self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
+        self.changes = []
+
+    def check(self, rank: int) -> None:
+        """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
+        for (name, get, put), before in zip(_SETTINGS, self._values):
+            now = get()
+            if now != before:
+                self.changes.append((name, rank, repr(before), repr(now)))
+                put(before)
+        if _filters() != (len(self._filters), self._filters[0] if self._filters else None):
+            self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
+                                 f"{len(warnings.filters)} filters, first {warnings.filters[:1]!r}"))
+            warnings.filters[:] = self._filters
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+        if os.environ._data != self._environ:  # type: ignore[attr-defined]
+            self.changes.append(("os.environ", rank, "", _environ_diff(self._environ)))
+            for key in [k for k in os.environ if os.environ.encodekey(k) not in self._environ]:  # type: ignore[attr-defined]
+                del os.environ[key]
+            for key, value in self._environ.items():
+                os.environ[os.environ.decodekey(key)] = os.environ.decodevalue(value)  # type: ignore[attr-defined]
+
+    def raise_if_changed(self, replay: Callable[[], str]) -> None:
+        """Raise :class:`SharedSettingError` for the first change seen in the run, if any."""
+        if not self.changes:
+            return
+        name, rank, before, after = self.changes[0]
+        what = f"changed {after}" if name == "os.environ" else f"changed {name} from {before} to {after}"
+        more = f" ({len(self.changes) - 1} more change(s) after it)" if len(self.changes) > 1 else ""
+        raise SharedSettingError(
+            f"rank {rank} {what} while its code ran{more}: simulated ranks share this process-wide setting, so "
+            "the other ranks would see it (on a real cluster each process has its own); simcluster undid it and "
+            f"cannot check this hook faithfully — set it before training starts, not in the hook. Replay: {replay()}")
+
+
+def _environ_diff(before: dict[Any, Any]) -> str:
+    now = os.environ._data  # type: ignore[attr-defined]
+    keys = sorted({*before, *now} - {k for k in before if now.get(k) == before[k]})
+    decode = os.environ.decodekey  # type: ignore[attr-defined]
+    return "os.environ: " + ", ".join(
+        f"{decode(k)} {'set' if k not in before else 'removed' if k not in now else 'modified'}" for k in keys[:5])
