@@ -5,7 +5,9 @@ diagnostic (every line of the exception and its notes, long lists summarised), t
 user-code frames it arose at, the DDP step of the counterexample — which parameters each
 bucket held at each step and where DDP rebuilt the layout, with a one-line hint when a
 property fails after the rebuild — the gradients, and a replay command that runs as
-printed from the current directory.
+printed from the current directory. :func:`failure` assembles all of it into the
+:class:`~simcluster.checking.report.PropertyFailure` a report lists; :func:`death_failure`
+does the same for an example whose process never answered.
 
 >>> from simcluster.checking.strategies import Example, Layout, StepSpec, RankSpec
 >>> ex = Example(1, Layout(((3,), (2,), (1,)), 8 / 2**20, (2, 1, 0)), StepSpec((RankSpec("const"),)), (1, 1))
@@ -24,16 +26,24 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from simcluster.engine.frames import Frame, short_path, user_frames
 from simcluster.ddp.layout import bucket_calls
+from simcluster.checking.replay import decode_example, encode_example
+from simcluster.checking.report import PropertyFailure
 from simcluster.checking.strategies import DTYPES, Example
+from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack, stuck_in
+from simcluster.usercode.rank_local import RankLocal
+
+if TYPE_CHECKING:  # options imports loadable_spec from here
+    from simcluster.checking.options import Options
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
-           "render_gradients", "describe_layout", "loadable_spec", "MAX_LINES"]
+           "render_gradients", "describe_layout", "loadable_spec", "replay_command", "failure", "death_failure",
+           "MAX_LINES"]
 
 MAX_LINES = 40
 """Lines of one diagnostic shown before the rest is summarised as a count."""
@@ -208,3 +218,75 @@ def loadable_spec(obj: Any) -> str | None:
 def _installed(file: str) -> bool:
     path = os.path.abspath(file)
     return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
+
+
+def replay_command(opts: Options, backend: str, world: int, token: str, steps: int) -> str:
+    """The ``simcluster check … --replay TOKEN`` line that reruns one counterexample as found."""
+    parts = ["simcluster check", opts.replay_target or opts.target]
+    if opts.state_name != "none":
+        parts.append(f"--state {opts.state_name}")
+    parts += [f"--tolerance {opts.tolerance}"]
+    if opts.params is not None:
+        parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
+    if opts.subgroups and opts.state != "group":
+        parts.append("--subgroups")
+    if opts.api != "current":
+        parts.append(f"--api {opts.api}")
+    if opts.rng != "per_rank":
+        parts.append(f"--rng {opts.rng}")
+    if isinstance(opts.hook, RankLocal) and opts.hook.isolate:
+        parts.append(f"--isolate {','.join(opts.hook.isolate)}")
+    parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]
+    if opts.deadline != DEFAULT_DEADLINE:
+        parts.append(f"--deadline {opts.deadline:g}")
+    parts.append(f"--replay {token}")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- the failure
+def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps: int) -> PropertyFailure:
+    """The report entry of a violated property: ``info`` holds the example, backend, step,
+    schedule and (when the hook raised) the error, its type and its user-code line."""
+    example: Example = info["example"]
+    backend: str = info["backend"]
+    at = info.get("step", 0)
+    token = encode_example(example, backend)
+    ddp_steps = bucket_steps(example, at)
+    hint = rebuild_hint(ddp_steps, at)
+    error = info.get("error")
+    frames = error_frames(error) if error is not None else []
+    return PropertyFailure(
+        property=prop, backend=backend, message=message, world_size=example.world_size,
+        layout=describe_layout(example, steps), gradients=render_gradients(example, at),
+        schedule=list(info.get("schedule", [])),
+        replay=replay_command(opts, backend, example.world_size, token, steps),
+        error_type=info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
+        hint=hint or "",
+        details={"step": at, "token": token, "line": info.get("line", ""), "ddp_steps": ddp_steps,
+                 "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source}
+                            for f in frames]},
+    )
+
+
+def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) -> PropertyFailure:
+    """The liveness failure of an example whose process never answered."""
+    stack, function = format_stack(death.stacks), stuck_in(death.stacks)
+    inside = f", in {function}" if function else ""
+    if death.kind == "deadline":
+        message = f"the example {death.detail} (hook code spinning or blocked); stuck at {death.where()}{inside}"
+    else:
+        message = f"the example's process ended: {death.detail}; it was at {death.where()}{inside}"
+    if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
+        message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
+    error_type = "Stuck" if death.kind == "deadline" else "ProcessDied"
+    token = (death.payload or {}).get("token")
+    if token is None:
+        return PropertyFailure("liveness", backend, message, 0, "-", "-", [],
+                               f"simcluster check {opts.replay_target or opts.target}",
+                               error_type=error_type, details={"stack": death.stacks})
+    example, _ = decode_example(token)
+    step = death.position[1] if death.position else 0
+    info = {"example": example, "backend": backend, "schedule": [], "step": step, "error_type": error_type}
+    result = failure(opts, "liveness", message, info, steps)
+    result.details["stack"] = death.stacks
+    return result

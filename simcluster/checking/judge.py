@@ -1,0 +1,257 @@
+"""Judging one example: run it on a simulated DDP, apply the oracles in order, raise the first violation.
+
+:func:`run_example` runs :class:`~simcluster.ddp.model.SimDDP` on an
+:class:`~simcluster.checking.strategies.Example` and applies the oracles of
+:mod:`simcluster.checking.properties` in a fixed order — liveness, contract,
+replicas_agree, averages, schedule_independence, error_feedback — raising the
+:class:`Violation` of the first that fails. Each *distinct bug* — property, exception
+type, the user-code line it arose at — raises its own exception class
+(:func:`violation_class`), so Hypothesis keeps searching after the first failure and
+shrinks each separately.
+
+What a hook's own exception counts as: the step cannot complete, so *liveness* — except
+when ``error_feedback`` is checked and the exception comes after step 0 (the memory kept
+across steps broke it), then *error_feedback*. ``error_feedback`` is checked when the
+hook's state :func:`keeps_residual`, or always when named in ``properties``. Errors of
+simcluster's contract model (``CopyBackError``, bucket misuse, a backend rejecting an op)
+count as *contract*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from simcluster.checking import properties as P
+from simcluster.checking.options import Options
+from simcluster.checking.render import error_text, user_line
+from simcluster.checking.replay import encode_example
+from simcluster.checking.report import PROPERTIES
+from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
+from simcluster.checking.supervisor import raise_site
+from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
+from simcluster.errors import BackendError, HookContractError, HookExited, UnsupportedError, UsageError
+from simcluster.fake.bucket import GradBucketMisuse
+from simcluster.fake.cluster import SimCluster
+
+__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "ORDER"]
+
+ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
+"""The order the oracles are applied in (and distinct bugs are reported in)."""
+
+Fail = Callable[..., None]
+"""``fail(prop, message, error=None, **extra)``: raise the violation of ``prop`` (never returns)."""
+
+
+class Violation(AssertionError):
+    """A property failed on one example; ``info`` holds the failure's fields."""
+
+    prop = ""
+
+    def __init__(self, message: str, info: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.info = info
+
+
+# One subclass per property, so Hypothesis tells the failures apart and shrinks each.
+VIOLATIONS: dict[str, type[Violation]] = {
+    name: type(f"{''.join(w.title() for w in name.split('_'))}Violation", (Violation,), {"prop": name})
+    for name in PROPERTIES
+}
+_KEYED: dict[tuple[str, str, str], type[Violation]] = {}
+
+
+def violation_class(prop: str, error_type: str, line: str) -> type[Violation]:
+    """The class raised for a distinct bug — (property, exception type, user-code line).
+
+    Hypothesis tells bugs apart by exception type and origin; every Violation is raised
+    from one place, so the key must be in the type: one subclass per key (cached, so a
+    key always gets the same class) lets Hypothesis shrink each distinct bug separately.
+    """
+    if not error_type:
+        return VIOLATIONS[prop]
+    key = (prop, error_type, line)
+    if key not in _KEYED:
+        base = VIOLATIONS[prop]
+        _KEYED[key] = type(f"{base.__name__}[{error_type} at {line or '?'}]", (base,), {"key": key})
+    return _KEYED[key]
+
+
+# --------------------------------------------------------------------------- running
+def groups_of(example: Example) -> list[list[int]]:
+    """The ranks of each DDP group: the whole world, or its equal subgroups."""
+    size = example.world_size // example.subgroups
+    return [list(range(i * size, (i + 1) * size)) for i in range(example.subgroups)]
+
+
+def simulate(opts: Options, example: Example, backend: str, schedule: Any,
+             grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
+    """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
+    seed = opts.seed if example.rng_seed is None else example.rng_seed
+    cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng)
+    lay = example.layout
+    config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
+                       find_unused_parameters=lay.find_unused_parameters,
+                       gradient_as_bucket_view=lay.gradient_as_bucket_view, ready_order=lay.ready_order, api=opts.api)
+    factory = subgroups(*groups_of(example)) if example.subgroups > 1 else None
+    ddp = SimDDP(cluster, opts.hook, list(lay.shapes), state=opts.state, config=config,
+                 dtype=DTYPES[example.dtype], process_group_factory=factory)
+    if opts.monitor.enabled:
+        ddp.on_hook_call = opts.monitor.at
+    results: list[Any] = []
+    for t, step_grads in enumerate(grads):
+        try:
+            results.append(ddp.step(step_grads))
+        except (UsageError, UnsupportedError):
+            raise
+        except (Exception, SystemExit, GeneratorExit) as exc:  # noqa: BLE001 - the hook's failure is the finding
+            return results, exc, t, ddp.states
+    return results, None, len(grads), ddp.states
+
+
+def keeps_residual(states: Sequence[Any]) -> bool:
+    """Whether a hook state looks like error-feedback memory: an attribute whose name
+    contains ``residual`` or ``error`` holding tensors (``TopKState.residuals``,
+    PowerSGD's ``error_dict``). A heuristic; name the property to force the check."""
+    for state in states:
+        names = list(getattr(state, "__dict__", {})) + list(getattr(type(state), "__slots__", ()))
+        for name in names:
+            if "residual" not in name.lower() and "error" not in name.lower():
+                continue
+            value = getattr(state, name, None)
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, torch.Tensor) for v in items):
+                return True
+    return False
+
+
+def run_example(opts: Options, example: Example, backend: str) -> None:
+    """Run ``example`` and apply the oracles; raise the :class:`Violation` of the first that fails.
+
+    Under a supervisor the example is announced first (its replay token), so an example
+    that never ends is reported as itself."""
+    if opts.monitor.enabled:
+        opts.monitor.begin({"backend": backend, "token": encode_example(example, backend)})
+    try:
+        _judge_example(opts, example, backend)
+    finally:
+        opts.monitor.end()
+
+
+# --------------------------------------------------------------------------- judging
+def _inputs(opts: Options, example: Example) -> tuple[list[Any], int]:
+    """The steps' gradients — with zero steps appended to drain a residual when
+    *error_feedback* is checked — and the index of the first such drain step."""
+    grads = example.grads()
+    drain_from = len(grads)
+    if "error_feedback" in opts.props:
+        zero = [[[torch.zeros_like(t) for t in rank] for rank in grads[0]]]
+        grads = grads + zero * opts.ef_drain
+    return grads, drain_from
+
+
+def _failer(info: dict[str, Any]) -> Fail:
+    """The ``fail`` of one example: raises the violation class of the distinct bug, with ``info``."""
+    def fail(prop: str, message: str, error: BaseException | None = None, **extra: Any) -> None:
+        etype = type(error).__name__ if error is not None else ""
+        line = user_line(error)
+        cls = violation_class(prop, etype, line)
+        raise cls(message, {**info, **extra, "error": error, "error_type": etype, "line": line})
+    return fail
+
+
+def _judge_example(opts: Options, example: Example, backend: str) -> None:
+    grads, drain_from = _inputs(opts, example)
+    chooser = ScheduleChoices(example.schedule)
+    results, error, at, states = simulate(opts, example, backend, chooser, grads)
+    check_ef = "error_feedback" in opts.props and (opts.ef_forced or keeps_residual(states))
+    taken = [pick for _, pick in chooser.taken]
+    while taken and taken[-1] == 0:
+        taken.pop()
+    info: dict[str, Any] = {"example": example, "backend": backend, "schedule": taken, "step": at}
+    fail = _failer(info)
+    if error is not None:
+        _judge_error(opts, error, at, check_ef, fail)
+        return
+    groups = groups_of(example)
+    _judge_steps(opts, example, results, grads, drain_from, groups, info, fail)
+    if "schedule_independence" in opts.props and taken:
+        info["step"] = 0
+        _judge_schedule(opts, example, backend, results, grads, taken, fail)
+    if check_ef:
+        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
+        if msg:
+            fail("error_feedback", msg)
+
+
+def _judge_steps(opts: Options, example: Example, results: list[Any], grads: list[Any], drain_from: int,
+                 groups: list[list[int]], info: dict[str, Any], fail: Fail) -> None:
+    """Step by step: every bucket's result (*contract*), then *replicas_agree* and *averages*."""
+    for t, res in enumerate(results):
+        info["step"] = t
+        sizes = [sum(int(torch.Size(example.layout.shapes[i]).numel()) for i in b) for b in res.bucket_params]
+        if "contract" in opts.props:
+            for r, outs in enumerate(res.outputs):
+                for k, value in enumerate(outs):
+                    problem = P.result_problem(value, sizes[k], opts.api)
+                    if problem:
+                        fail("contract", f"step {t}, rank {r}, bucket {k}: {problem}")
+        if "replicas_agree" in opts.props and (msg := P.replicas_agree(res.grads, groups)):
+            fail("replicas_agree", f"step {t}: {msg}")
+        if "averages" in opts.props and t < drain_from and (msg := P.averages(res.grads, grads[t], opts.tolerance,
+                                                                              groups, res.bucket_params)):
+            fail("averages", f"step {t}: {msg}")
+
+
+def _judge_schedule(opts: Options, example: Example, backend: str, results: list[Any], grads: list[Any],
+                    taken: list[int], fail: Fail) -> None:
+    """*schedule_independence*: the same example completed in order must give the same gradients."""
+    in_order, error_b, at_b, _ = simulate(opts, example, backend, "in_order", grads)
+    if error_b is not None:
+        fail("schedule_independence", f"in-order completion fails at step {at_b} where the drawn schedule "
+             f"completes:\n{error_text(error_b)}", error_b)
+    msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order], f"the schedule {taken}")
+    if msg:
+        fail("schedule_independence", msg)
+
+
+def exit_head(error: BaseException, at: int) -> str | None:
+    """How a hook that tried to end its process is described (None for other errors)."""
+    if isinstance(error, SystemExit):
+        return (f"step {at}: the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's "
+                "process ends here and its peers hang or crash")
+    if isinstance(error, HookExited):
+        return f"step {at}: HookExited: {str(error).splitlines()[0]}"
+    return None
+
+
+def _from_state_factory(error: BaseException) -> bool:
+    """Whether ``error`` escaped the hook's state factory (called in DDP's per-rank set-up)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is SimDDP._init_rank.__code__:
+            return tb.tb_next is not None
+        tb = tb.tb_next
+    return False
+
+
+def _judge_error(opts: Options, error: BaseException, at: int, check_ef: bool, fail: Fail) -> None:
+    """The property an exception that stopped the run breaks, and its full diagnostic."""
+    text = error_text(error)
+    head = f"step {at}: {text}"
+    if (exit_text := exit_head(error, at)) is not None:
+        fail("liveness", f"{exit_text}{raise_site(error)}", error)
+    if "liveness" in opts.props and P.liveness(error):
+        fail("liveness", head, error)
+    if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
+        if "contract" in opts.props:
+            fail("contract", head, error)
+    elif _from_state_factory(error) and "liveness" in opts.props:
+        fail("liveness", f"the state factory {opts.state_name} raised while DDP set up rank state at step {at} "
+             f"(before any hook call; called once per rank with its process group):\n{text}", error)
+    elif check_ef and at >= 1:
+        fail("error_feedback", f"{head}\n(the hook's memory from earlier steps broke step {at})", error)
+    # Whatever properties were chosen, a step that cannot complete was not checked: never a pass.
+    fail("liveness", f"{head}\n(the hook raised: the step cannot complete on every rank)", error)

@@ -1,0 +1,130 @@
+"""What one check runs with: :class:`Options`, validated once from ``check_hook``'s arguments.
+
+:func:`make_options` turns the keyword arguments of
+:func:`~simcluster.checking.check.check_hook` (or the CLI's spellings of them) into one
+:class:`Options`, raising :class:`~simcluster.errors.UsageError` — one line, naming the
+argument — for anything it cannot use. Which properties apply by default is decided here
+too (:func:`choose_properties`), from the tolerance and the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from simcluster.checking import properties as P
+from simcluster.checking.render import loadable_spec
+from simcluster.checking.report import PROPERTIES
+from simcluster.checking.strategies import fixed_shapes
+from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor
+from simcluster.errors import UsageError
+from simcluster.limits import EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
+from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode.targets import parse_shapes
+
+__all__ = ["Options", "BACKENDS", "DRAIN_STEPS", "make_options", "choose_properties", "name_of"]
+
+BACKENDS = ("gloo", "nccl")
+DRAIN_STEPS = 4
+"""Zero-gradient steps appended when *error_feedback* is checked, so a kept residual drains."""
+
+
+@dataclasses.dataclass
+class Options:
+    """Everything one example's run and report need besides the example itself."""
+
+    hook: Callable[..., Any]
+    target: str
+    state: Any  # None | "group" | factory
+    state_name: str
+    tolerance: str
+    api: str
+    seed: int
+    props: tuple[str, ...]
+    ef_drain: int
+    ef_forced: bool = False  # error_feedback named in properties=: check it even without a visible residual
+    monitor: Monitor = dataclasses.field(default_factory=Monitor)  # announces examples to a supervisor
+    deadline: float = DEFAULT_DEADLINE
+    replay_target: str = ""  # the TARGET spelling the replay command uses (loadable from the current directory)
+    params: tuple[tuple[int, ...], ...] | None = None  # fixed parameter shapes (--params)
+    subgroups: bool = False  # draw DDP on equal subgroups of the world (--subgroups; always with state "group")
+    rng: str = "per_rank"  # the ranks' RNG policy (SimCluster's rng=)
+
+
+def name_of(obj: Any) -> str | None:
+    """``module:qualname`` of a named function or class (None for lambdas and closures)."""
+    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{qual}" if module and qual and "<" not in qual else None
+
+
+def resolve_state(state: Any, isolate: tuple[str, ...]) -> tuple[Any, str]:
+    """``(state object, its name in reports)`` from ``check_hook``'s ``state=``."""
+    if state is None or state == "none":
+        return None, "none"
+    if state == "group":
+        return "group", "group"
+    if isinstance(state, str):
+        return RankLocal(state, isolate=isolate, what="--state factory"), state
+    if isinstance(state, RankLocal):
+        return state, state.spec
+    if callable(state):
+        return state, loadable_spec(state) or name_of(state) or "<factory>"
+    raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
+
+
+def choose_properties(properties: Sequence[str] | None, tolerance: str, state: Any) -> tuple[str, ...]:
+    """The properties checked, in :data:`~simcluster.checking.report.PROPERTIES` order.
+
+    By default every one that applies: *averages* unless the tolerance is ``none``, and
+    *error_feedback* for a stateful lossy hook (tolerance ``none`` and a state factory)."""
+    if properties is None:
+        chosen = ["contract", "liveness", "replicas_agree", "schedule_independence"]
+        if tolerance != "none":
+            chosen.insert(3, "averages")
+        if tolerance == "none" and callable(state):  # a stateful lossy hook: it should keep a residual
+            chosen.append("error_feedback")
+        return tuple(chosen)
+    unknown = [p for p in properties if p not in PROPERTIES]
+    if unknown or isinstance(properties, str):
+        raise UsageError(f"properties={properties!r}: each must be one of {', '.join(PROPERTIES)}")
+    return tuple(p for p in PROPERTIES if p in properties and not (p == "averages" and tolerance == "none"))
+
+
+def _check_search(backends: Sequence[str], world_sizes: Sequence[int], steps: int, examples: int,
+                  seed: int | None) -> None:
+    """The search's sizes: backends, world sizes, steps, examples and seed."""
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad or not backends or isinstance(backends, str):
+        raise UsageError(f"backends={backends!r}: use a list of 'gloo' and/or 'nccl'")
+    if not world_sizes or isinstance(world_sizes, (str, int)):
+        raise UsageError(f"world_sizes={world_sizes!r} must be a non-empty list of ints")
+    for w in world_sizes:
+        check_int("world size", w, *WORLD_SIZES)
+    check_int("steps", steps, *STEPS)
+    check_int("examples", examples, *EXAMPLES)
+    if seed is not None:
+        check_int("seed", seed, *SEEDS)
+
+
+def make_options(hook: Callable[..., Any], *, target: str, replay_target: str, state: Any,
+                 isolate: tuple[str, ...], tolerance: str, backends: Sequence[str], world_sizes: Sequence[int],
+                 steps: int, examples: int, seed: int | None, api: str, properties: Sequence[str] | None,
+                 params: Sequence[Sequence[int]] | str | None, subgroups: bool | None, deadline: float,
+                 rng: str) -> Options:
+    """Validate ``check_hook``'s arguments (in the order they are checked) into :class:`Options`."""
+    state_obj, state_name = resolve_state(state, isolate)
+    tol = P.parse_tolerance(tolerance).describe()
+    _check_search(backends, world_sizes, steps, examples, seed)
+    deadline = check_deadline(deadline, "deadline")
+    if api not in ("current", "legacy"):
+        raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
+    props = choose_properties(properties, tol, state_obj)
+    shapes = None if params is None else parse_shapes(params, what="params") if isinstance(params, str) \
+        else fixed_shapes(params)
+    if subgroups not in (None, True, False):
+        raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
+    return Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
+                   ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
+                   replay_target=replay_target, params=shapes,
+                   subgroups=state_obj == "group" if subgroups is None else subgroups, rng=rng)
