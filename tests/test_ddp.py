@@ -41,10 +41,10 @@ def assert_mean(step: StepResult, local: list[list[torch.Tensor]], rtol: float, 
 
 
 def test_module_examples_run() -> None:
-    import simcluster.ddp.copyback
     import simcluster.ddp.model
+    import simcluster.fake.reducer
 
-    for module in (simcluster.ddp.model, simcluster.ddp.copyback):
+    for module in (simcluster.ddp.model, simcluster.fake.reducer):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
 

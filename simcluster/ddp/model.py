@@ -33,7 +33,7 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    These raise :class:`CopyBackError` (a :class:`HookContractError` and a
    ``RuntimeError``, like real DDP's), whose message starts with real DDP's text and
    names the rank, bucket, iteration and replay line; the rules live in
-   :mod:`simcluster.ddp.copyback`. A hook that raises is re-raised as itself, with those
+   :mod:`simcluster.fake.reducer`. A hook that raises is re-raised as itself, with those
    as notes.
 
 Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
@@ -65,8 +65,8 @@ import torch
 import torch.distributed as dist
 
 from simcluster.fake.bucket import make_bucket
-from simcluster.fake.cluster import SimCluster, collect
-from simcluster.ddp.copyback import CopyBackError, copy_bucket, resolved
+from simcluster.fake.cluster import SimCluster
+from simcluster.fake.reducer import CopyBackError, check_future, collect, copy_bucket, resolved
 from simcluster.errors import SimClusterError, UsageError, add_context_note
 from simcluster.ddp.layout import BucketCall, bucket_calls
 from simcluster.fake.process_group import SimProcessGroup
@@ -217,46 +217,10 @@ class SimDDP:
         """
         local = self._check_grads(grads)
         it, calls = self.iteration, self.layout()
-        world = self.cluster.world_size
-        futures: list[list[Any]] = [[] for _ in range(world)]
-        bucket_api = "legacy" if self.config.api == "legacy" else "current"
+        futures: list[list[Any]] = [[] for _ in range(self.cluster.world_size)]
 
         def rank_fn(rank: int) -> None:
-            if self.groups[rank] is None:
-                self._init_rank(rank)
-            state, params = self.states[rank], self.params[rank]
-            for pos, call in enumerate(calls):
-                bucket = make_bucket(
-                    call.index, [params[i] for i in call.params], [local[rank][i] for i in call.params],
-                    is_last=call.is_last, gradient_as_bucket_view=self.config.gradient_as_bucket_view,
-                    api=bucket_api,
-                )
-                where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
-                if self.on_hook_call is not None:
-                    self.on_hook_call(rank, it, call.index)
-                try:
-                    future = self.hook(state, bucket)
-                except Exception as exc:
-                    add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
-                    raise
-                if future is None:
-                    raise CopyBackError(
-                        f"hook {_name(self.hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, "
-                        "gloo) crashes the process with SIGSEGV in backward() (measured); a DDP communication hook "
-                        "must return a torch.futures.Future"
-                    )
-                if not isinstance(future, torch._C.Future):
-                    raise CopyBackError(
-                        f"Unable to cast Python instance of type {type(future)} to C++ type '?' (#define "
-                        "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
-                        "communication hook's callback must return a torch.futures.Future object, but got "
-                        f"{_qualified(type(future))}\n  simcluster: hook {_name(self.hook)} on rank {rank}, "
-                        f"{where}: real DDP raises this from backward() and then fails the next iteration "
-                        "inside the reducer"
-                    )
-                futures[rank].append(future)
-            for call, future in zip(calls, futures[rank]):
-                collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
+            self._backward_on_rank(rank, it, calls, local[rank], futures[rank])
 
         try:
             result = self.cluster.run(rank_fn)
@@ -270,6 +234,35 @@ class SimDDP:
             iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
             trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
         )
+
+    def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
+                          futures: list[Any]) -> None:
+        """Rank ``rank``'s part of one backward pass: set up its state on first use, call the
+        hook for every bucket (``futures`` gets what each call returned), then wait on them
+        all as the reducer does."""
+        if self.groups[rank] is None:
+            self._init_rank(rank)
+        state, params = self.states[rank], self.params[rank]
+        bucket_api = "legacy" if self.config.api == "legacy" else "current"
+        for pos, call in enumerate(calls):
+            bucket = make_bucket(
+                call.index, [params[i] for i in call.params], [local[i] for i in call.params],
+                is_last=call.is_last, gradient_as_bucket_view=self.config.gradient_as_bucket_view,
+                api=bucket_api,
+            )
+            where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
+            if self.on_hook_call is not None:
+                self.on_hook_call(rank, it, call.index)
+            try:
+                future = self.hook(state, bucket)
+            except Exception as exc:
+                add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
+                raise
+            check_future(future, self.hook, rank, where)
+            futures.append(future)
+        world = self.cluster.world_size
+        for call, future in zip(calls, futures):
+            collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
 
     # -- per-rank set-up ----------------------------------------------------------
     def _init_rank(self, rank: int) -> None:
@@ -354,7 +347,3 @@ def _make_params(
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"

@@ -29,11 +29,11 @@ import torch
 from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, make_bucket
 from simcluster.engine.inline import Engine
-from simcluster.errors import HookContractError, UsageError, add_context_note
-from simcluster.fake.futures import SimFuture
+from simcluster.errors import UsageError, add_context_note
 from simcluster.limits import check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, patched_torch
+from simcluster.fake.reducer import check_future, collect, raise_stored
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
 from simcluster.fake.state import LayoutModel, make_state
@@ -236,7 +236,7 @@ class SimCluster(Runtime):
         def rank_fn(rank: int) -> Any:
             states[rank] = self.state_for(rank, state, buckets[rank].parameters())
             future = hook(states[rank], buckets[rank])
-            check_future(future, rank, bucket_index, hook)
+            check_future(future, hook, rank, f"bucket {bucket_index}")
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
 
         result = self.run(rank_fn)
@@ -283,67 +283,6 @@ class SimCluster(Runtime):
                 + ", ".join(f"rank {r}: {str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for r, g in enumerate(out))
             )
         return out
-
-
-def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -> None:
-    """Wait on a hook's future as DDP's reducer does: ``into[rank]`` gets its value, or
-    the exception it holds, once it completes; the run cannot end before that.
-
-    Nothing blocks (the reducer's wait has no side effect a hook could observe), so a
-    hook that never blocks runs without a single thread hand-over.
-    """
-    def store(fut: torch.futures.Future) -> None:
-        try:
-            into[rank] = fut.value()
-        except Exception as exc:  # noqa: BLE001 - DDP raises it from backward(); so do we, later
-            into[rank] = _Raised(exc)
-
-    if isinstance(future, SimFuture):
-        future._engine.expect(rank, future, context)
-        future.add_done_callback(store)
-    elif future.done():
-        store(future)
-    else:
-        raise HookContractError(
-            f"rank {rank}, {context}: the hook returned a pending plain torch Future that simcluster did not "
-            "create; it cannot complete inside the simulation (real DDP would hang in backward())"
-        )
-
-
-@dataclass
-class _Raised:
-    """A future's stored exception, kept until the run ends."""
-
-    exception: BaseException
-
-
-def check_future(future: Any, rank: int, bucket_index: int, hook: Callable[..., Any]) -> None:
-    """Real DDP requires the hook to return a ``torch.futures.Future`` (else a cast error,
-    and the *next* iteration fails inside the reducer)."""
-    # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
-    # the C++ class itself, which DDP accepts too.
-    if not isinstance(future, torch._C.Future):
-        name = getattr(hook, "__qualname__", repr(hook))
-        raise HookContractError(
-            f"hook {name} returned {type(future).__name__} on rank {rank}, bucket {bucket_index}: a DDP comm hook "
-            "must return a torch.futures.Future (e.g. dist.all_reduce(..., async_op=True).get_future()); real DDP "
-            "fails with a cast error and then breaks the next iteration inside the reducer"
-        )
-
-
-def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay: Callable[[], str]) -> None:
-    """Raise the exception a hook's future held (lowest rank first), as DDP's
-    ``backward()`` would, with the rank, bucket and replay line attached."""
-    raised = [(r, o.exception) for r, o in enumerate(outputs) if isinstance(o, _Raised)]
-    if not raised:
-        return
-    rank, exc = raised[0]
-    add_context_note(exc, f"simcluster: the future returned by the hook on rank {rank} of {world_size}, "
-                          f"bucket {bucket_index}, completed with this error")
-    if len(raised) > 1:
-        add_context_note(exc, f"simcluster: ranks {[r for r, _ in raised]} all failed this way or similarly")
-    add_context_note(exc, f"simcluster: replay with {replay()}")
-    raise exc
 
 
 def _split_like(grad: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,4 +1,17 @@
-"""DDP's copy-back: what the reducer makes of the value of a hook's future.
+"""DDP's reducer, as a comm hook meets it: what the hook must return, and what becomes of its future.
+
+The one home of the hook's result contract, shared by :meth:`SimCluster.run_hook
+<simcluster.fake.cluster.SimCluster.run_hook>` (one bucket) and :meth:`SimDDP.step
+<simcluster.ddp.model.SimDDP.step>` (every bucket of a backward pass), in the order the
+reducer applies it:
+
+1. :func:`check_future` — the hook must return a ``torch.futures.Future`` (real DDP's
+   pybind cast error otherwise; ``None`` crashes real DDP);
+2. :func:`collect` — wait on it as the reducer does, inside the simulation;
+3. :func:`resolved` — the tensor the reducer gets from the completed future, or the error
+   real DDP raises from ``backward()`` (:func:`raise_stored`: the future's own error,
+   where a bare hook run reports it as itself);
+4. :func:`copy_bucket` — the copy-back into ``p.grad``.
 
 Measured on torch 2.13 / gloo (``docs/ddp-facts.md``, "Copy-back (measured)"). For each
 bucket the reducer takes the future's value as a tensor and gives parameter ``k``
@@ -16,14 +29,17 @@ Anything else raises :class:`CopyBackError`, whose message starts with real DDP'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from simcluster.fake.bucket import packing
+from simcluster.fake.futures import SimFuture
 from simcluster.errors import HookContractError, SimClusterError, add_context_note
 
-__all__ = ["CopyBackError", "resolved", "copy_bucket"]
+__all__ = ["CopyBackError", "check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
 
 _CALLBACK_ERROR = "Got the following error when running the callback"
 
@@ -34,6 +50,82 @@ class CopyBackError(HookContractError, RuntimeError):
     The message begins with what real DDP raises from ``backward()`` (a
     ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay.
     """
+
+
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
+
+
+def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
+    """Real DDP requires the hook to return a ``torch.futures.Future``: anything else is
+    the reducer's pybind cast error from ``backward()`` (and the *next* iteration then
+    fails inside the reducer); ``None`` crashes the process (measured,
+    ``docs/ddp-facts.md``, "What the hook itself returns"). ``where`` names the bucket."""
+    # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
+    # the C++ class itself, which DDP accepts too.
+    if future is None:
+        raise CopyBackError(
+            f"hook {_hook_name(hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, gloo) crashes "
+            "the process with SIGSEGV in backward() (measured); a DDP communication hook must return a "
+            "torch.futures.Future"
+        )
+    if not isinstance(future, torch._C.Future):
+        cls = type(future)
+        raise CopyBackError(
+            f"Unable to cast Python instance of type {cls} to C++ type '?' (#define "
+            "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
+            "communication hook's callback must return a torch.futures.Future object, but got "
+            f"{cls.__module__}.{cls.__qualname__}\n  simcluster: hook {_hook_name(hook)} on rank {rank}, "
+            f"{where}: real DDP raises this from backward() and then fails the next iteration inside the reducer"
+        )
+
+
+def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -> None:
+    """Wait on a hook's future as DDP's reducer does: ``into[rank]`` gets its value, or
+    the exception it holds, once it completes; the run cannot end before that.
+
+    Nothing blocks (the reducer's wait has no side effect a hook could observe), so a
+    hook that never blocks runs without a single thread hand-over.
+    """
+    def store(fut: torch.futures.Future) -> None:
+        try:
+            into[rank] = fut.value()
+        except Exception as exc:  # noqa: BLE001 - DDP raises it from backward(); so do we, later
+            into[rank] = _Raised(exc)
+
+    if isinstance(future, SimFuture):
+        future._engine.expect(rank, future, context)
+        future.add_done_callback(store)
+    elif future.done():
+        store(future)
+    else:
+        raise HookContractError(
+            f"rank {rank}, {context}: the hook returned a pending plain torch Future that simcluster did not "
+            "create; it cannot complete inside the simulation (real DDP would hang in backward())"
+        )
+
+
+@dataclass
+class _Raised:
+    """A future's stored exception, kept until the run ends."""
+
+    exception: BaseException
+
+
+def raise_stored(outputs: list[Any], world_size: int, bucket_index: int, replay: Callable[[], str]) -> None:
+    """Raise the exception a hook's future held (lowest rank first), with the rank,
+    bucket and replay line attached: what a bare hook run (``run_hook``) reports.
+    :func:`resolved` is what DDP's reducer makes of the same future."""
+    raised = [(r, o.exception) for r, o in enumerate(outputs) if isinstance(o, _Raised)]
+    if not raised:
+        return
+    rank, exc = raised[0]
+    add_context_note(exc, f"simcluster: the future returned by the hook on rank {rank} of {world_size}, "
+                          f"bucket {bucket_index}, completed with this error")
+    if len(raised) > 1:
+        add_context_note(exc, f"simcluster: ranks {[r for r, _ in raised]} all failed this way or similarly")
+    add_context_note(exc, f"simcluster: replay with {replay()}")
+    raise exc
 
 
 def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: str) -> torch.Tensor:
