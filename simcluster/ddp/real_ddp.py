@@ -203,6 +203,39 @@ def run_real_ddp(
     naming what each rank thread was doing; never hangs, leaves no thread running
     (except one blocked on something simcluster cannot fail, named in the error).
     """
+    _check_arguments(world_size, iterations, inputs_per_rank)
+    model_backend = backend_model(backend)
+    # DDP's constructor imports torch._dynamo on first use (~1 s): do it here, not in a
+    # rank thread, so the watchdog does not mistake the import for a hang.
+    importlib.import_module("torch._dynamo.utils")
+    with torch.random.fork_rng():
+        models = [model_factory() for _ in range(world_size)]
+
+    trace = Trace()
+    engine = ThreadedEngine(world_size=world_size, trace=trace, worker_limit=model_backend.workers_per_group,
+                            worker_name=model_backend.worker_name, timeout=timeout)
+    groups, worlds = _world_groups(engine, model_backend, world_size)
+    run = _Training(models, groups, engine, inputs_per_rank, iterations, hook, state, setup,
+                    dict(bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
+                         find_unused_parameters=find_unused_parameters,
+                         gradient_as_bucket_view=gradient_as_bucket_view))
+    engine.on_abort(lambda: _fail_pending(run.returned))
+    if setup is not None and hook is not None:
+        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
+
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine)):
+        try:
+            engine.run([run.rank_fn(r) for r in range(world_size)])
+        except SimClusterError as error:
+            for rank, label, exc in engine.failures:
+                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {_brief(exc)}")
+            raise
+    if engine.failures:
+        _raise_failures(engine, world_size)
+    return RealDDPRun(hook_calls=run.hook_calls, grads=run.grads, trace=trace, initial=run.initial, params=run.after)
+
+
+def _check_arguments(world_size: int, iterations: int, inputs_per_rank: Sequence[Sequence[torch.Tensor]]) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise UsageError(f"world_size={world_size!r} must be a positive int")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
@@ -212,82 +245,84 @@ def run_real_ddp(
             f"inputs_per_rank must hold world_size={world_size} sequences of at least iterations={iterations} "
             f"inputs each (rank -> iteration -> input), got lengths {[len(xs) for xs in inputs_per_rank]}"
         )
-    model_backend = backend_model(backend)
-    # DDP's constructor imports torch._dynamo on first use (~1 s): do it here, not in a
-    # rank thread, so the watchdog does not mistake the import for a hang.
-    importlib.import_module("torch._dynamo.utils")
-    with torch.random.fork_rng():
-        models = [model_factory() for _ in range(world_size)]
-    params = [[p for p in m.parameters() if p.requires_grad] for m in models]
 
-    trace = Trace()
-    engine = ThreadedEngine(world_size=world_size, trace=trace, worker_limit=model_backend.workers_per_group,
-                            worker_name=model_backend.worker_name, timeout=timeout)
+
+def _world_groups(engine: ThreadedEngine, model_backend: BackendModel,
+                  world_size: int) -> tuple[list[_DDPGroup], list[RankWorld]]:
+    """Each rank's WORLD process group on ``engine``, and its torch world holding it as the default."""
     runtime = _Runtime(engine, model_backend)
     spec = GroupSpec("WORLD", tuple(range(world_size)))
     groups = [_DDPGroup(runtime, spec, r) for r in range(world_size)]
     worlds = [RankWorld() for _ in range(world_size)]
     for world, group in zip(worlds, groups):
         world.register(group, default=True)
+    return groups, worlds
 
-    hook_calls: list[list[HookCall]] = [[] for _ in range(world_size)]
-    returned: list[torch.futures.Future] = []
-    engine.on_abort(lambda: _fail_pending(returned))
-    grads: list[list[list[torch.Tensor | None]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
-    after: list[list[list[torch.Tensor]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
-    initial: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
-    if setup is not None and hook is not None:
-        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
 
-    def rank_fn(rank: int) -> Callable[[], None]:
+class _Training:
+    """One :func:`run_real_ddp` run: what each rank thread trains with, and what it records."""
+
+    def __init__(self, models: list[torch.nn.Module], groups: list[_DDPGroup], engine: ThreadedEngine,
+                 inputs_per_rank: Sequence[Sequence[torch.Tensor]], iterations: int,
+                 hook: Callable[[Any, Any], Any] | None, state: Any, setup: Setup | None,
+                 ddp_options: dict[str, Any]) -> None:
+        world_size = len(models)
+        self.models, self.groups, self.engine = models, groups, engine
+        self.inputs_per_rank, self.iterations = inputs_per_rank, iterations
+        self.hook, self.state, self.setup, self.ddp_options = hook, state, setup, ddp_options
+        self.params = [[p for p in m.parameters() if p.requires_grad] for m in models]
+        self.hook_calls: list[list[HookCall]] = [[] for _ in range(world_size)]
+        self.returned: list[torch.futures.Future] = []
+        self.grads: list[list[list[torch.Tensor | None]]] = [[[] for _ in range(world_size)]
+                                                              for _ in range(iterations)]
+        self.after: list[list[list[torch.Tensor]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
+        self.initial: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+
+    def rank_fn(self, rank: int) -> Callable[[], None]:
         def body() -> None:
             with torch.autograd.set_multithreading_enabled(False):
-                _train(rank)
+                self._train(rank)
 
         return body
 
-    def _train(rank: int) -> None:
+    def _train(self, rank: int) -> None:
         iteration = [0]
-        engine.set_status("constructing DistributedDataParallel (parameter check and broadcast)")
-        ddp = DistributedDataParallel(
-            models[rank], process_group=groups[rank], bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
-            find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=gradient_as_bucket_view,
-        )
+        self.engine.set_status("constructing DistributedDataParallel (parameter check and broadcast)")
+        ddp = DistributedDataParallel(self.models[rank], process_group=self.groups[rank], **self.ddp_options)
         try:
-            initial[rank] = [p.detach().clone() for p in params[rank]]
-            rank_hook, step = hook, None
-            if setup is not None:
-                rank_hook, rank_state, step = setup(ddp, groups[rank])
-            elif hook is not None:
-                rank_state = make_state(state, groups[rank], models[rank])
-            if rank_hook is not None:
-                ddp.register_comm_hook(rank_state, _recording(rank_hook, params[rank], hook_calls[rank], iteration,
-                                                              returned))
-            for k in range(iterations):
+            self.initial[rank] = [p.detach().clone() for p in self.params[rank]]
+            step = self._register(ddp, rank, iteration)
+            for k in range(self.iterations):
                 iteration[0] = k
-                engine.set_status(f"forward of iteration {k}")
-                loss = ddp(inputs_per_rank[rank][k]).sum()
-                engine.set_status(f"in backward() of iteration {k} (the C++ reducer waits on hook futures here)")
-                loss.backward()
-                grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params[rank]]
-                if step is not None:
-                    engine.set_status(f"optimizer step of iteration {k}")
-                    step()
-                after[k][rank] = [p.detach().clone() for p in params[rank]]
-                ddp.zero_grad(set_to_none=True)
+                self._iterate(ddp, rank, k, step)
         finally:
             del ddp
 
-    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine)):
-        try:
-            engine.run([rank_fn(r) for r in range(world_size)])
-        except SimClusterError as error:
-            for rank, label, exc in engine.failures:
-                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {_brief(exc)}")
-            raise
-    if engine.failures:
-        _raise_failures(engine, world_size)
-    return RealDDPRun(hook_calls=hook_calls, grads=grads, trace=trace, initial=initial, params=after)
+    def _register(self, ddp: DistributedDataParallel, rank: int, iteration: list[int]) -> Callable[[], Any] | None:
+        """Register the rank's hook (recording its calls); the optimizer step to call, if any."""
+        rank_hook, step = self.hook, None
+        if self.setup is not None:
+            rank_hook, rank_state, step = self.setup(ddp, self.groups[rank])
+        elif self.hook is not None:
+            rank_state = make_state(self.state, self.groups[rank], self.models[rank])
+        if rank_hook is not None:
+            ddp.register_comm_hook(rank_state, _recording(rank_hook, self.params[rank], self.hook_calls[rank],
+                                                          iteration, self.returned))
+        return step
+
+    def _iterate(self, ddp: DistributedDataParallel, rank: int, k: int, step: Callable[[], Any] | None) -> None:
+        """Iteration ``k`` on ``rank``: forward, backward, the gradients and parameters kept."""
+        params = self.params[rank]
+        self.engine.set_status(f"forward of iteration {k}")
+        loss = ddp(self.inputs_per_rank[rank][k]).sum()
+        self.engine.set_status(f"in backward() of iteration {k} (the C++ reducer waits on hook futures here)")
+        loss.backward()
+        self.grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        if step is not None:
+            self.engine.set_status(f"optimizer step of iteration {k}")
+            step()
+        self.after[k][rank] = [p.detach().clone() for p in params]
+        ddp.zero_grad(set_to_none=True)
 
 
 def _fail_pending(futures: list[torch.futures.Future]) -> None:
