@@ -150,13 +150,27 @@ def bucket_assignment(
     rebuild_at = rebuild_iteration(static_graph=static_graph, find_unused_parameters=find_unused_parameters)
 
     if rebuild_at is not None and iteration >= rebuild_at:
-        limits = [_wrap(c) for c in caps] if caps else [_wrap(first), _wrap(cap)]
-        if last_bucket_small:
-            order = order[::-1]
-        groups, _ = dist._compute_bucket_assignment_by_size([tensors[i] for i in order], limits, [], order)
-        groups = [list(g) for g in groups]
-        return groups[::-1] if last_bucket_small else groups
+        return _rebuilt_buckets(tensors, order, caps, first, cap, last_bucket_small)
+    return _constructor_buckets(tensors, caps, first, cap, static_graph=static_graph,
+                                find_unused_parameters=find_unused_parameters, bucket_cap_mb=bucket_cap_mb,
+                                bucket_cap_mb_list=bucket_cap_mb_list)
 
+
+def _rebuilt_buckets(tensors: list[torch.Tensor], order: list[int], caps: list[int], first: int, cap: int,
+                     last_bucket_small: bool) -> list[list[int]]:
+    """The layout DDP rebuilds in gradient-ready order (the C++ reducer's caps: negative wraps)."""
+    limits = [_wrap(c) for c in caps] if caps else [_wrap(first), _wrap(cap)]
+    if last_bucket_small:
+        order = order[::-1]
+    groups, _ = dist._compute_bucket_assignment_by_size([tensors[i] for i in order], limits, [], order)
+    groups = [list(g) for g in groups]
+    return groups[::-1] if last_bucket_small else groups
+
+
+def _constructor_buckets(tensors: list[torch.Tensor], caps: list[int], first: int, cap: int, *, static_graph: bool,
+                         find_unused_parameters: bool, bucket_cap_mb: float | None,
+                         bucket_cap_mb_list: Sequence[float] | None) -> list[list[int]]:
+    """The layout DDP's constructor builds in reverse parameter order (one bucket unless a cap applies)."""
     if caps:
         limits = caps
     elif static_graph or not find_unused_parameters:
