@@ -376,25 +376,40 @@ def compare_with_gloo(
         else:
             per_rank = cluster.run(_gloo_job, payloads, timeout=timeout)
     except GlooRunError as err:
-        first = str(err).splitlines()[0]
-        hung = bool(err.unfinished) and not err.failures
-        if (hung and isinstance(sim_error, DeadlockError)) or isinstance(sim_error, CollectiveMismatchError):
-            notes.append(f"both fail: sim raised {type(sim_error).__name__} at step {len(sim_outputs) - 1}; "
-                         f"gloo: {first}; no values compared (the gloo job returns all steps at once)")
-        else:
-            differences.append(Difference(_first_failed_rank(err), -1, 0, f"the gloo job failed as a whole: {first}"))
-            kwargs = {"hook": name, "grads_per_step": steps, "state": spec, "world_size": world_size,
-                      "parameters_shapes": parameters_shapes, "seed": seed, "timeout": timeout}
-            text = "\n".join(line for line in str(err).splitlines() if not line.startswith("reproduce: "))
-            notes.append(f"gloo: {text}")
-            notes.append(f"reproduce: {reproduce_command(kwargs)}")
+        kwargs = {"hook": name, "grads_per_step": steps, "state": spec, "world_size": world_size,
+                  "parameters_shapes": parameters_shapes, "seed": seed, "timeout": timeout}
+        differences += _gloo_failed(err, sim_outputs, sim_error, kwargs, notes)
         return DifferentialReport(name, world_size, len(steps), not differences, differences,
                                   sim_outputs, gloo_outputs, notes)
 
     gloo_outputs = [[[per_rank[r][s]] for r in range(world_size)] for s in range(len(steps))]
     if sim_error is not None:
         notes.append(f"sim stopped at step {len(sim_outputs) - 1}: {Raised.of(sim_error)}")
-    for s in range(len(steps)):
+    differences += _differences(sim_outputs, gloo_outputs, len(steps), world_size)
+    return DifferentialReport(name, world_size, len(steps), not differences, differences,
+                              sim_outputs, gloo_outputs, notes)
+
+
+def _gloo_failed(err: GlooRunError, sim_outputs: list[Any], sim_error: BaseException | None,
+                 kwargs: dict[str, Any], notes: list[str]) -> list[Difference]:
+    """A gloo job that failed as a whole: agreement if the sim failed the same way (a note),
+    else one difference, with gloo's error and the command reproducing it in ``notes``."""
+    first = str(err).splitlines()[0]
+    hung = bool(err.unfinished) and not err.failures
+    if (hung and isinstance(sim_error, DeadlockError)) or isinstance(sim_error, CollectiveMismatchError):
+        notes.append(f"both fail: sim raised {type(sim_error).__name__} at step {len(sim_outputs) - 1}; "
+                     f"gloo: {first}; no values compared (the gloo job returns all steps at once)")
+        return []
+    text = "\n".join(line for line in str(err).splitlines() if not line.startswith("reproduce: "))
+    notes.append(f"gloo: {text}")
+    notes.append(f"reproduce: {reproduce_command(kwargs)}")
+    return [Difference(_first_failed_rank(err), -1, 0, f"the gloo job failed as a whole: {first}")]
+
+
+def _differences(sim_outputs: list[Any], gloo_outputs: list[Any], steps: int, world_size: int) -> list[Difference]:
+    """Every (rank, step) whose sim outcome differs from gloo's, in step then rank order."""
+    differences: list[Difference] = []
+    for s in range(steps):
         for r in range(world_size):
             if s >= len(sim_outputs):
                 differences.append(Difference(r, s, 0, "no sim outcome: the simulation stopped at an earlier step"))
@@ -402,8 +417,7 @@ def compare_with_gloo(
             detail = compare_outcomes(sim_outputs[s][r][0], gloo_outputs[s][r][0])
             if detail is not None:
                 differences.append(Difference(r, s, 0, detail))
-    return DifferentialReport(name, world_size, len(steps), not differences, differences,
-                              sim_outputs, gloo_outputs, notes)
+    return differences
 
 
 def _first_failed_rank(err: GlooRunError) -> int:
