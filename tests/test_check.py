@@ -113,3 +113,12 @@ def test_usage_errors(options: dict) -> None:
 def test_unloadable_target() -> None:
     with pytest.raises(TargetLoadError):
         check_hook("simcluster.hooks.reference:no_such_hook")
+
+
+def test_replay_module_example_runs() -> None:
+    import doctest
+
+    import simcluster.checking.replay
+
+    result = doctest.testmod(simcluster.checking.replay)
+    assert result.attempted > 0 and result.failed == 0

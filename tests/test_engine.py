@@ -226,6 +226,11 @@ def test_hook_returning_a_tensor_is_a_contract_error() -> None:
         SimCluster(2).run_hook(hook, [torch.ones(3), torch.ones(3)])
 
 
+def test_hook_returning_none_gets_the_same_wording_as_in_a_ddp_step() -> None:
+    with pytest.raises(HookContractError, match=r"^hook .* returned None on rank 0, bucket 0: real DDP .* SIGSEGV"):
+        SimCluster(2).run_hook(lambda state, bucket: None, [torch.ones(3), torch.ones(3)])
+
+
 def test_future_that_never_completes_is_a_deadlock_not_a_hang() -> None:
     def hook(state: object, bucket) -> torch.futures.Future:
         cluster_future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
