@@ -256,7 +256,7 @@ class SimCluster(Runtime):
                 return self.contexts.world_groups[rank]
             raise UsageError(f"state={state!r} is not a state spec: use None, 'group', a process group or a factory")
         if isinstance(state, SimProcessGroup):
-            if state.global_rank not in state.spec.ranks or state._runtime is not self:
+            if state.global_rank not in state.spec.ranks or state.runtime is not self:
                 raise UsageError(f"state={state!r} is not a process group of this cluster")
             if state.spec.name == "WORLD":
                 return self.contexts.world_groups[rank]
@@ -299,7 +299,7 @@ def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -
             into[rank] = _Raised(exc)
 
     if isinstance(future, SimFuture):
-        future._engine.expect(rank, future, context)
+        future.engine.expect(rank, future, context)
         future.add_done_callback(store)
     elif future.done():
         store(future)
