@@ -50,15 +50,18 @@ class ThreadGuard:
     def __init__(self) -> None:
         self.owned: set[int] = set()
         self.started: list[tuple[int, str]] = []
+        self._real_start = threading.Thread.start
 
     def own(self, thread: threading.Thread) -> None:
         """``thread`` (started) runs rank code from now on."""
         assert thread.ident is not None
         self.owned.add(thread.ident)
 
-    def owns_caller(self) -> bool:
-        """Whether the calling thread is one of the owned threads."""
-        return threading.get_ident() in self.owned
+    def start_owned(self, thread: threading.Thread) -> None:
+        """Start ``thread`` (one of the engine's own) and own it. Not noted in :attr:`started`:
+        the engine's pool threads are ranks' threads, not threads rank code started."""
+        self._real_start(thread)
+        self.own(thread)
 
     def check(self, what: str) -> None:
         """Reject ``what`` (a collective, a wait, completing a future) unless the calling
@@ -76,7 +79,7 @@ class ThreadGuard:
     def watching_starts(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> Iterator[None]:
         """Within the block, ``threading.Thread.start`` from an owned thread (while ``active()``)
         is noted in :attr:`started` with ``current_rank()``; the real ``start`` is restored after."""
-        real_start = threading.Thread.start
+        real_start = self._real_start = threading.Thread.start
         guard = self
 
         def start(thread: threading.Thread) -> None:

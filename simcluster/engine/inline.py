@@ -484,8 +484,7 @@ class Engine:
             return self._idle.pop()
         slot = _Slot(len(self._slots), target=self._pool_main)
         self._slots.append(slot)
-        slot.thread.start()
-        self._guard.own(slot.thread)
+        self._guard.start_owned(slot.thread)
         return slot
 
     def _stop_pool(self) -> None:
