@@ -58,6 +58,7 @@ from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure
 from simcluster.engine.scheduler import Scheduler
+from simcluster.engine.slots import Slot, SlotPool
 from simcluster.engine.trace import Blocked, Resumed, Trace
 
 __all__ = ["Engine", "is_stop_request"]  # is_stop_request lives in simcluster.engine.guard
@@ -72,30 +73,9 @@ class _Task:
     on_done: Callable[[], None] | None = None
 
 
-class _Slot:
-    """An OS thread the engine can park and wake (a binary semaphore per thread)."""
-
-    def __init__(self, index: int, thread: threading.Thread | None = None,
-                 target: Callable[["_Slot"], None] | None = None) -> None:
-        self.index = index
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.command = "idle"
-        self.abort = False
-        if thread is None:
-            thread = threading.Thread(target=target, args=(self,), name=f"simcluster-{index}", daemon=True)
-        self.thread = thread
-
-    def park(self) -> None:
-        self.lock.acquire()
-
-    def wake(self) -> None:
-        self.lock.release()
-
-
 @dataclass
 class _Resume:
-    slot: _Slot
+    slot: Slot
     rank: int
     where: str
     label: str
@@ -147,13 +127,10 @@ class Engine:
         self._fifo = fifo_per_channel
         self._per_rank_delivery = per_rank_delivery
         self._workers: dict[tuple[int, str], _Workers] = {}
-        self._parked: dict[int, tuple[_Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
+        self._parked: dict[int, tuple[Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
         self._expected: dict[int, tuple[int, str, str]] = {}  # -> (rank, label, context)
         self._expected_count = 0
-        self._slots: list[_Slot] = []
-        self._home: _Slot | None = None
-        self._idle: list[_Slot] = []
-        self._current: _Slot | None = None
+        self._current: Slot | None = None
         self._rank: int | None = None
         self._where = ""
         self._steps = 0
@@ -166,6 +143,7 @@ class Engine:
         self._stop: BaseException | None = None
         self._dead = False
         self._guard = ThreadGuard()
+        self._pool = SlotPool(self._guard, self._pool_main)
         self.started_threads = self._guard.started  # (rank, description) of threads rank code started
 
     # ----------------------------------------------------------------- public
@@ -199,8 +177,7 @@ class Engine:
         every parked simulator thread is unwound and ended.
         """
         self.running = True
-        home = self._home = _Slot(-1, thread=threading.current_thread())
-        self._guard.own(threading.current_thread())
+        home = self._pool.take_home()
         collecting = gc.isenabled()
         gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
@@ -219,7 +196,7 @@ class Engine:
                 self._rank = None
             if collecting:
                 gc.enable()
-        self._stop_pool()
+        self._pool.stop()
         if self._stop is not None:
             raise self._stop
         if self._fatal is not None:
@@ -245,9 +222,9 @@ class Engine:
             slot.wake()
             slot.thread.join(timeout=5.0)
         self._parked.clear()
-        self._stop_pool()
+        self._pool.stop()
 
-    def _park_watching(self, home: "_Slot") -> None:
+    def _park_watching(self, home: "Slot") -> None:
         """Park the calling thread until it is handed the baton. If the code holding the
         baton makes no progress for ``stuck_timeout`` seconds (blocked outside the
         simulator, or spinning), or a signal raises here (Ctrl-C, pytest-timeout), the
@@ -327,11 +304,11 @@ class Engine:
         self.trace.add(Blocked(rank, waitable.label, context or where))
         self._parked[slot.index] = (slot, rank, waitable.label, context or where)
         waitable.on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
-        driver = self._take_idle()
+        driver = self._pool.take_idle()
         driver.command = "drive"
         self._current = None
         driver.wake()
-        if slot is self._home:
+        if slot is self._pool.home:
             self._park_watching(slot)
         else:
             slot.park()
@@ -414,7 +391,7 @@ class Engine:
         return release
 
     # -------------------------------------------------------------- driving
-    def _pool_main(self, slot: _Slot) -> None:
+    def _pool_main(self, slot: Slot) -> None:
         while True:
             slot.park()
             if slot.command == "stop" or self._dead:
@@ -423,7 +400,7 @@ class Engine:
             if self._dead:
                 return
 
-    def _drive(self, slot: _Slot) -> None:
+    def _drive(self, slot: Slot) -> None:
         self._current = slot
         while True:
             if self._dead:
@@ -437,8 +414,7 @@ class Engine:
                     self._run_task(item)
                     continue
                 # Hand the baton to the parked thread; this one returns to the pool.
-                slot.command = "idle"
-                self._idle.append(slot)
+                self._pool.give_back(slot)
                 self._current = None
                 item.slot.wake()
                 return
@@ -450,10 +426,11 @@ class Engine:
             self._done = True
             self._current = None
             if slot.index >= 0:  # a pool thread finished: hand the baton home
-                slot.command = "idle"
-                self._idle.append(slot)
-                self._home.command = "finished"
-                self._home.wake()
+                self._pool.give_back(slot)
+                home = self._pool.home
+                assert home is not None
+                home.command = "finished"
+                home.wake()
             return
 
     def _run_task(self, task: _Task) -> None:
@@ -478,23 +455,6 @@ class Engine:
             self._switch(self._rank, rank)
             self._rank = rank
         self._where = where
-
-    def _take_idle(self) -> _Slot:
-        if self._idle:
-            return self._idle.pop()
-        slot = _Slot(len(self._slots), target=self._pool_main)
-        self._slots.append(slot)
-        self._guard.start_owned(slot.thread)
-        return slot
-
-    def _stop_pool(self) -> None:
-        idle = [slot for slot in self._idle if slot.index >= 0]
-        for slot in idle:
-            slot.command = "stop"
-            slot.wake()
-        for slot in idle:
-            slot.thread.join()
-        self._idle.clear()
 
     # ---------------------------------------------------------------- failure
     def _check_alive(self) -> None:
