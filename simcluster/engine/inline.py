@@ -40,6 +40,13 @@ How features interact: a mismatched collective is fatal at once (the run is
 unwound and the mismatch raised); an exception escaping a rank's task is recorded,
 the other ranks go on until nothing can move, and the task's exception wins over a
 deadlock it caused (the deadlock is attached as a note).
+
+Where the parts live: this module schedules, drives and aborts; matching posted calls
+and the mismatch messages are :mod:`simcluster.engine.matching` (shared with the
+free-running engine, behind :class:`~simcluster.engine.contract.EngineContract`); the
+parked and woken OS threads are :mod:`simcluster.engine.slots`; which threads are ranks
+(rule 5) and which exceptions mean stop (rule 6) is :mod:`simcluster.engine.guard`; the
+deadlock report (rule 4) is :mod:`simcluster.engine.blockage`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,12 @@ process group does:
   collective (PowerSGD does), which would stall the poster's own rank.
 
 What is kept from the deterministic engine: the interface the process group and the
-futures use (:meth:`post`, :meth:`block_until`, :meth:`expect`, :attr:`current_rank`,
-:attr:`where`, :attr:`running`, :attr:`trace`), call matching across ranks and the
-mismatch check, the gloo reduction bits. What is lost: the order in which ranks
+futures use (:class:`~simcluster.engine.contract.EngineContract`: :meth:`post`,
+:meth:`block_until`, :meth:`expect`, :meth:`check_thread`, :meth:`pending_ops`,
+:attr:`current_rank`, :attr:`where`, :attr:`running`, :attr:`trace`), call matching
+across ranks with the same sequence numbers, trace events and mismatch and
+compute-failure messages (one :class:`~simcluster.engine.matching.Matcher`, used under
+this engine's lock), the gloo reduction bits. What is lost: the order in which ranks
 interleave, and so the trace's event order, depends on thread timing; there is no
 scheduler and no replay. Results that do not depend on that order (the values every
 rank gets from a collective) are still exact and repeatable.
