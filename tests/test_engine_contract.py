@@ -226,3 +226,21 @@ def test_a_deadlock_report_does_not_count_the_engines_own_threads_as_started_by_
         SimCluster(2).run(rank_fn)
     assert "rank 0: blocked in wait() on work of all_reduce#0 on WORLD" in str(info.value)
     assert "started a thread" not in str(info.value)
+
+
+def test_no_module_reaches_into_the_engine_or_runtime_of_another_object() -> None:
+    """Issue 9: ``future._engine.expect``, ``state._runtime``, ``engine._local`` were private
+    members used from outside their class; each now has a public name. Only ``self.`` may
+    touch these private attributes."""
+    import re
+    from pathlib import Path
+
+    import simcluster
+
+    pattern = re.compile(r"\b(?!self\b)[A-Za-z_]\w*\._(engine|runtime|local|on_done)\b")
+    found = []
+    for path in Path(simcluster.__file__).parent.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []
