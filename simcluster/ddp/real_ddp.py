@@ -100,10 +100,13 @@ register (it may need the DDP object, e.g. ZeRO's wrappers), its state, and what
 each ``backward()`` (an optimizer's ``step``; ``None`` when the hook steps itself)."""
 
 
+@dataclass
 class _Runtime(Runtime):
-    def __init__(self, engine: ThreadedEngine, backend: BackendModel) -> None:
-        self.engine = engine  # type: ignore[assignment] - same interface as Engine
-        self.backend = backend
+    """The process groups' runtime in this mode: the free-running engine (it implements
+    :class:`~simcluster.engine.contract.EngineContract`, as the baton engine does)."""
+
+    engine: ThreadedEngine
+    backend: BackendModel
 
 
 class _WorldProxy:

@@ -40,6 +40,13 @@ How features interact: a mismatched collective is fatal at once (the run is
 unwound and the mismatch raised); an exception escaping a rank's task is recorded,
 the other ranks go on until nothing can move, and the task's exception wins over a
 deadlock it caused (the deadlock is attached as a note).
+
+Where the parts live: this module schedules, drives and aborts; matching posted calls
+and the mismatch messages are :mod:`simcluster.engine.matching` (shared with the
+free-running engine, behind :class:`~simcluster.engine.contract.EngineContract`); the
+parked and woken OS threads are :mod:`simcluster.engine.slots`; which threads are ranks
+(rule 5) and which exceptions mean stop (rule 6) is :mod:`simcluster.engine.guard`; the
+deadlock report (rule 4) is :mod:`simcluster.engine.blockage`.
 """
 
 from __future__ import annotations
@@ -50,95 +57,18 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from simcluster.errors import (
-    CollectiveMismatchError, DeadlockError, ForeignThreadError, SimClusterError, StuckError, UsageError,
-)
+from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
+from simcluster.engine.blockage import Parked, describe_blockage
+from simcluster.engine.contract import Call, RunAborted, Waitable
 from simcluster.engine.frames import stack_user_frames
+from simcluster.engine.guard import ThreadGuard, is_stop_request
+from simcluster.engine.matching import Instance, Matcher, compute_failure
 from simcluster.engine.scheduler import Scheduler
-from simcluster.engine.trace import Blocked, Completed, Posted, Resumed, Trace
+from simcluster.engine.slots import Slot, SlotPool
+from simcluster.engine.trace import Blocked, Resumed, Trace
 
-__all__ = ["Engine", "Call", "RunAborted", "Waitable", "is_stop_request", "thread_description"]
-
-
-def is_stop_request(exc: BaseException) -> bool:
-    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``
-    or one of pytest's outcome exceptions (``Failed``, ``Skipped``, ``Exit``…, which
-    pytest-timeout's signal method raises too). Such an exception is never a finding."""
-    if isinstance(exc, KeyboardInterrupt):
-        return True
-    return any(getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
-
-
-def thread_description(thread: threading.Thread) -> str:
-    """A thread named by what it runs (its target's qualified name), not by its
-    process-wide counter (``Thread-7``), so messages are the same run after run."""
-    target = getattr(thread, "_target", None)
-    name = getattr(target, "__qualname__", None) or type(thread).__qualname__
-    return f"a thread running {name}" if target is not None else f"a {name} thread"
-
-
-class RunAborted(BaseException):
-    """Raised inside parked user code to unwind it when the run is aborted.
-
-    A ``BaseException`` so that a hook's ``except Exception`` does not swallow it.
-    """
-
-
-class Waitable(Protocol):
-    """Something a rank can wait on (a simulated future)."""
-
-    label: str
-
-    def done(self) -> bool: ...
-
-    def _on_done(self, resume: Callable[[], None]) -> None: ...
-
-
-@dataclass
-class Call:
-    """One rank's part of a collective (or point-to-point transfer).
-
-    ``channel`` and the per-rank sequence number match calls across ranks: the k-th
-    call of every rank on a channel belongs to the same collective. ``signature`` must
-    be equal on every rank (its first item names the kind of call, the rest — dtypes,
-    shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
-    :class:`CollectiveMismatchError`. ``compute`` (called once, with every rank's
-    call, in the order of ``ranks``) returns each rank's result; ``deliver`` hands a rank
-    its result.
-    """
-
-    rank: int
-    channel: str
-    ranks: tuple[int, ...]
-    op: str
-    signature: tuple[Any, ...]
-    compute: Callable[[dict[int, "Call"]], dict[int, Any]]
-    deliver: Callable[[Any], None]
-    dtype: str = ""
-    shape: tuple[int, ...] = ()
-    nbytes: int = 0
-    detail: str = ""
-    uses_worker: bool = True
-    payload: Any = None
-    seq: int = -1
-    worker: int = -1
-
-    @property
-    def describe(self) -> str:
-        """``op(arg, …)`` for error messages, from the signature (built only when an error needs it)."""
-        return f"{self.op}({', '.join(str(s) for s in self.signature[1:])})"
-
-
-@dataclass
-class _Instance:
-    channel: str
-    seq: int
-    ranks: tuple[int, ...]
-    calls: dict[int, Call] = field(default_factory=dict)
-    executing: set[int] = field(default_factory=set)
-    first: Call | None = None
+__all__ = ["Engine", "is_stop_request"]  # is_stop_request lives in simcluster.engine.guard
 
 
 @dataclass
@@ -150,29 +80,9 @@ class _Task:
     on_done: Callable[[], None] | None = None
 
 
-class _Slot:
-    """An OS thread the engine can park and wake (a binary semaphore per thread)."""
-
-    def __init__(self, engine: "Engine", index: int, thread: threading.Thread | None = None) -> None:
-        self.index = index
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.command = "idle"
-        self.abort = False
-        if thread is None:
-            thread = threading.Thread(target=engine._pool_main, args=(self,), name=f"simcluster-{index}", daemon=True)
-        self.thread = thread
-
-    def park(self) -> None:
-        self.lock.acquire()
-
-    def wake(self) -> None:
-        self.lock.release()
-
-
 @dataclass
 class _Resume:
-    slot: _Slot
+    slot: Slot
     rank: int
     where: str
     label: str
@@ -184,7 +94,7 @@ class _Workers:
 
     size: int
     busy: list[bool]
-    queue: deque[tuple[_Instance, Call]] = field(default_factory=deque)
+    queue: deque[tuple[Instance, Call]] = field(default_factory=deque)
 
 
 class Engine:
@@ -217,25 +127,19 @@ class Engine:
         self._worker_name = worker_name
         self._stuck_timeout = stuck_timeout
         self._runnable: deque[_Task | _Resume] = deque()
-        self._instances: dict[tuple[str, int], _Instance] = {}
-        self._ready: list[_Instance] = []
+        self._matcher = Matcher(trace)
+        self._ready: list[Instance] = []
         self._deliveries: list[_Task] = []
         self._finished_seq: dict[str, int] = {}
         self._fifo = fifo_per_channel
         self._per_rank_delivery = per_rank_delivery
-        self._seq: dict[tuple[int, str], int] = {}
-        self._issued: dict[int, int] = {}
         self._workers: dict[tuple[int, str], _Workers] = {}
-        self._parked: dict[int, tuple[_Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
+        self._parked: dict[int, tuple[Slot, int, str, str]] = {}  # slot index -> (slot, rank, label, where)
         self._expected: dict[int, tuple[int, str, str]] = {}  # -> (rank, label, context)
         self._expected_count = 0
-        self._slots: list[_Slot] = []
-        self._home: _Slot | None = None
-        self._idle: list[_Slot] = []
-        self._current: _Slot | None = None
+        self._current: Slot | None = None
         self._rank: int | None = None
         self._where = ""
-        self._completions = 0
         self._steps = 0
         self._fatal: SimClusterError | None = None
         self._aborting = False
@@ -245,8 +149,9 @@ class Engine:
         self.running = False
         self._stop: BaseException | None = None
         self._dead = False
-        self._owned: set[int] = set()
-        self.started_threads: list[tuple[int, str]] = []  # (rank, description) of threads rank code started
+        self._guard = ThreadGuard()
+        self._pool = SlotPool(self._guard, self._pool_main)
+        self.started_threads = self._guard.started  # (rank, description) of threads rank code started
 
     # ----------------------------------------------------------------- public
     def replay(self) -> str:
@@ -279,37 +184,26 @@ class Engine:
         every parked simulator thread is unwound and ended.
         """
         self.running = True
-        home = self._home = _Slot(self, -1, thread=threading.current_thread())
-        self._owned.add(threading.get_ident())
-        real_start = threading.Thread.start
-        engine = self
-
-        def start(thread: threading.Thread) -> None:
-            if threading.get_ident() in engine._owned and engine.running:
-                engine.started_threads.append((engine._rank if engine._rank is not None else -1,
-                                               thread_description(thread)))
-            real_start(thread)
-
-        threading.Thread.start = start  # type: ignore[method-assign]
+        home = self._pool.take_home()
         collecting = gc.isenabled()
         gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
-            home.command = "drive"
-            while True:
-                if home.command == "drive":
-                    self._drive(home)
-                if self._done or self._dead:
-                    break
-                self._park_watching(home)
+            with self._guard.watching_starts(lambda: self._rank, lambda: self.running):
+                home.command = "drive"
+                while True:
+                    if home.command == "drive":
+                        self._drive(home)
+                    if self._done or self._dead:
+                        break
+                    self._park_watching(home)
         finally:
-            threading.Thread.start = real_start  # type: ignore[method-assign]
             self.running = False
             if self._rank is not None:
                 self._switch(self._rank, None)
                 self._rank = None
             if collecting:
                 gc.enable()
-        self._stop_pool()
+        self._pool.stop()
         if self._stop is not None:
             raise self._stop
         if self._fatal is not None:
@@ -318,14 +212,7 @@ class Engine:
     def check_thread(self, what: str) -> None:
         """Reject ``what`` (a collective, a wait, completing a future) unless the calling
         thread is one this engine runs rank code on (rule 5)."""
-        if threading.get_ident() in self._owned:
-            return
-        raise ForeignThreadError(
-            f"{what} from {thread_description(threading.current_thread())}, which is not a simulated rank: "
-            "a thread a hook starts is not a rank, and simcluster rejects its collectives, waits and future "
-            "completions (on a real cluster it would use its own process's group; run that work on the "
-            "rank's own code path instead)"
-        )
+        self._guard.check(what)
 
     def _abandon(self) -> None:
         """The calling thread is leaving a run that did not finish (interrupted, stuck):
@@ -342,9 +229,9 @@ class Engine:
             slot.wake()
             slot.thread.join(timeout=5.0)
         self._parked.clear()
-        self._stop_pool()
+        self._pool.stop()
 
-    def _park_watching(self, home: "_Slot") -> None:
+    def _park_watching(self, home: "Slot") -> None:
         """Park the calling thread until it is handed the baton. If the code holding the
         baton makes no progress for ``stuck_timeout`` seconds (blocked outside the
         simulator, or spinning), or a signal raises here (Ctrl-C, pytest-timeout), the
@@ -380,22 +267,11 @@ class Engine:
                 "share one Python process, so state built once is shared by every rank; give each rank its own "
                 "(pass a factory called once per rank with that rank's process group)."
             )
+        inst, mismatch = self._matcher.post(call)
+        if mismatch is not None:
+            self._fail(mismatch)
+            raise RunAborted()
         key = (call.rank, call.channel)
-        seq = self._seq.get(key, 0)
-        self._seq[key] = seq + 1
-        call.seq = seq
-        issue = self._issued.get(call.rank, 0)
-        self._issued[call.rank] = issue + 1
-        self.trace.record(
-            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
-        )
-        inst = self._instances.get((call.channel, seq))
-        if inst is None:
-            inst = _Instance(call.channel, seq, call.ranks, first=call)
-            self._instances[(call.channel, seq)] = inst
-        else:
-            self._check_match(inst, call)
-        inst.calls[call.rank] = call
         if call.uses_worker and self._workers_per_channel is not None:
             pool = self._workers.get(key)
             if pool is None:
@@ -407,7 +283,7 @@ class Engine:
 
     def pending_ops(self, channel: str) -> list[str]:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
-        return [inst.first.op for inst in self._instances.values() if inst.channel == channel and inst.first]
+        return self._matcher.pending_ops(channel)
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Record that ``waitable`` must complete before the run may end, without
@@ -418,7 +294,7 @@ class Engine:
         key = self._expected_count
         self._expected_count += 1
         self._expected[key] = (rank, waitable.label, context)
-        waitable._on_done(lambda: self._expected.pop(key, None) and None)
+        waitable.on_done(lambda: self._expected.pop(key, None) and None)
 
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
@@ -434,12 +310,12 @@ class Engine:
         assert rank is not None
         self.trace.add(Blocked(rank, waitable.label, context or where))
         self._parked[slot.index] = (slot, rank, waitable.label, context or where)
-        waitable._on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
-        driver = self._take_idle()
+        waitable.on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
+        driver = self._pool.take_idle()
         driver.command = "drive"
         self._current = None
         driver.wake()
-        if slot is self._home:
+        if slot is self._pool.home:
             self._park_watching(slot)
         else:
             slot.park()
@@ -451,30 +327,6 @@ class Engine:
         self.trace.add(Resumed(rank, waitable.label))
 
     # ------------------------------------------------------------- matching
-    def _check_match(self, inst: _Instance, call: Call) -> None:
-        first = inst.first
-        assert first is not None
-        if call.rank in inst.calls:
-            problem = f"rank {call.rank} posted twice at position {inst.seq} of {inst.channel}"
-        elif call.ranks != first.ranks:
-            problem = f"ranks disagree on the group's members: {list(first.ranks)} vs {list(call.ranks)}"
-        elif call.signature != first.signature:
-            problem = "ranks issued different collectives at the same position of the group's sequence"
-        else:
-            return
-        frames = stack_user_frames(sys._getframe(1))
-        at = f" at {frames[-1]}" if frames else ""
-        others = sorted(r for r in inst.calls if r != first.rank)
-        agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
-        error = CollectiveMismatchError(
-            f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
-            f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
-            "On a real cluster this hangs or silently mixes up data."
-        )
-        error.simcluster_frames = frames  # type: ignore[attr-defined]
-        self._fail(error)
-        raise RunAborted()
-
     def _start_queued(self, pool: _Workers) -> None:
         while pool.queue and not all(pool.busy):
             inst, call = pool.queue.popleft()
@@ -482,12 +334,12 @@ class Engine:
             pool.busy[call.worker] = True
             self._mark_executing(inst, call.rank)
 
-    def _mark_executing(self, inst: _Instance, rank: int) -> None:
+    def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)
         if len(inst.executing) == len(inst.ranks):
             self._ready.append(inst)
 
-    def _eligible(self) -> list[_Instance]:
+    def _eligible(self) -> list[Instance]:
         """Ready collectives that may complete now. With ``fifo_per_channel`` (NCCL: one
         stream per communicator) only the oldest unfinished collective of each group."""
         if not self._fifo:
@@ -512,18 +364,13 @@ class Engine:
             return True
         inst = eligible[choice - len(self._deliveries)]
         self._ready.remove(inst)
-        del self._instances[(inst.channel, inst.seq)]
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
-        self.trace.record(Completed, inst.first.op, inst.channel, inst.seq, inst.ranks, self._completions, choice, options)
-        self._completions += 1
+        self._matcher.close(inst, inst.first.op, choice, options)
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
         except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
-            calls = _calls_by_description(inst.calls)
-            self._fail(CollectiveMismatchError(
-                f"{inst.first.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n{calls}"
-            ))
+            self._fail(compute_failure(inst, inst.first, exc))
             return True
         tasks = []
         for rank in inst.ranks:
@@ -551,7 +398,7 @@ class Engine:
         return release
 
     # -------------------------------------------------------------- driving
-    def _pool_main(self, slot: _Slot) -> None:
+    def _pool_main(self, slot: Slot) -> None:
         while True:
             slot.park()
             if slot.command == "stop" or self._dead:
@@ -560,7 +407,7 @@ class Engine:
             if self._dead:
                 return
 
-    def _drive(self, slot: _Slot) -> None:
+    def _drive(self, slot: Slot) -> None:
         self._current = slot
         while True:
             if self._dead:
@@ -574,23 +421,23 @@ class Engine:
                     self._run_task(item)
                     continue
                 # Hand the baton to the parked thread; this one returns to the pool.
-                slot.command = "idle"
-                self._idle.append(slot)
+                self._pool.give_back(slot)
                 self._current = None
                 item.slot.wake()
                 return
             if not self._aborting and self._complete_one():
                 continue
-            if not self._aborting and (self._parked or self._instances or self._expected or self._deliveries):
+            if not self._aborting and (self._parked or self._matcher.open or self._expected or self._deliveries):
                 self._on_deadlock()
                 continue
             self._done = True
             self._current = None
             if slot.index >= 0:  # a pool thread finished: hand the baton home
-                slot.command = "idle"
-                self._idle.append(slot)
-                self._home.command = "finished"
-                self._home.wake()
+                self._pool.give_back(slot)
+                home = self._pool.home
+                assert home is not None
+                home.command = "finished"
+                home.wake()
             return
 
     def _run_task(self, task: _Task) -> None:
@@ -615,25 +462,6 @@ class Engine:
             self._switch(self._rank, rank)
             self._rank = rank
         self._where = where
-
-    def _take_idle(self) -> _Slot:
-        if self._idle:
-            return self._idle.pop()
-        slot = _Slot(self, len(self._slots))
-        self._slots.append(slot)
-        slot.thread.start()
-        assert slot.thread.ident is not None
-        self._owned.add(slot.thread.ident)
-        return slot
-
-    def _stop_pool(self) -> None:
-        idle = [slot for slot in self._idle if slot.index >= 0]
-        for slot in idle:
-            slot.command = "stop"
-            slot.wake()
-        for slot in idle:
-            slot.thread.join()
-        self._idle.clear()
 
     # ---------------------------------------------------------------- failure
     def _check_alive(self) -> None:
@@ -672,79 +500,8 @@ class Engine:
 
     def describe_blockage(self) -> str:
         """What every rank is stuck on: parked waits (with the user's line), unmatched
-        calls (for point-to-point: the missing send or recv and its peer), starved workers.
-        Each kind lists at most :data:`MAX_LISTED` entries, then how many more."""
-        current = sys._current_frames()
-        parked = []
-        for slot, rank, label, where in sorted(self._parked.values(), key=lambda p: (p[1], p[2])):
-            frames = stack_user_frames(current.get(slot.thread.ident or -1))
-            at = f" at {frames[-1]}" if frames else ""
-            parked.append(f"  rank {rank}: blocked in wait() on {label} ({where}){at}")
-        expected = [f"  rank {rank}: {context} waits on {label}, which never completes"
-                    for rank, label, context in sorted(self._expected.values())]
-        unmatched: list[str] = []
-        starved: list[str] = []
-        for inst in sorted(self._instances.values(), key=lambda i: (i.channel, i.seq)):
-            missing = [r for r in inst.ranks if r not in inst.calls]
-            waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing]
-            first = inst.first
-            desc = first.describe if first else "?"
-            if len(set(inst.ranks)) < len(inst.ranks) and first is not None:  # a rank's send/recv to itself
-                unmatched.append(_p2p_unmatched(first, inst, [first.rank]))
-            elif missing and first is not None and first.op in ("send", "recv"):
-                unmatched.append(_p2p_unmatched(first, inst, missing))
-            elif missing:
-                unmatched.append(
-                    f"  {desc} (call #{inst.seq} on {inst.channel}): posted by ranks "
-                    f"{rank_list(sorted(inst.calls))}, never posted by ranks {rank_list(missing)}"
-                )
-            if waiting:
-                starved.append(
-                    f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {rank_list(waiting)} behind "
-                    f"{self._workers_per_channel} busy backend worker threads of that group"
-                )
-        lines = ["deadlock: no rank can make progress and work is still pending"]
-        for group, what in ((parked, "blocked ranks"), (expected, "pending results"),
-                            (unmatched, "unmatched calls"), (starved, "starved calls")):
-            lines += group[:MAX_LISTED]
-            if len(group) > MAX_LISTED:
-                lines.append(f"  … and {len(group) - MAX_LISTED} more {what}")
-        for rank, thread in self.started_threads[:MAX_LISTED]:
-            lines.append(f"  rank {rank} started {thread}: it is not a simulated rank: any collective, wait or "
-                         "future completion it makes is rejected (ForeignThreadError, raised in that thread)")
-        return "\n".join(lines)
-
-
-MAX_LISTED = 8
-"""Entries of one kind a deadlock message lists before summarising the rest."""
-
-
-def rank_list(ranks: list[int], limit: int = 8) -> str:
-    """``[0, 1, 2]``; a long run of ranks as ``[0..999] (1000 ranks)``; else the first few and a count."""
-    if len(ranks) <= limit:
-        return str(list(ranks))
-    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
-        return f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)} ranks)"
-    return f"[{', '.join(map(str, ranks[:limit]))}, …] ({len(ranks)} ranks)"
-
-
-def _calls_by_description(calls: dict[int, Call]) -> str:
-    """Each distinct call once, with the ranks that posted it (``  ranks [0..6]: all_reduce(…)``)."""
-    groups: dict[str, list[int]] = {}
-    for rank, call in sorted(calls.items()):
-        groups.setdefault(call.describe, []).append(rank)
-    lines = [f"  {'rank ' + str(rs[0]) if len(rs) == 1 else 'ranks ' + rank_list(rs)}: {d}" for d, rs in groups.items()]
-    more = len(lines) - MAX_LISTED
-    return "\n".join(lines[:MAX_LISTED] + ([f"  … and {more} more distinct calls"] if more > 0 else []))
-
-
-def _p2p_unmatched(first: Call, inst: _Instance, missing: list[int]) -> str:
-    """A point-to-point call whose counterpart never came: who posted what, who owes which call."""
-    peer = missing[0]
-    other = "recv" if first.op == "send" else "send"
-    name = "itself" if peer == first.rank else f"rank {peer}"
-    direction = f"to {name}" if first.op == "send" else f"from {name}"
-    back = "itself" if peer == first.rank else f"rank {first.rank}"
-    back = f"from {back}" if other == "recv" else f"to {back}"
-    return (f"  rank {first.rank}: {first.describe} {direction} (call #{inst.seq} on {inst.channel}) is unmatched: "
-            f"rank {peer} never posted the matching {other} {back}")
+        calls (for point-to-point: the missing send or recv and its peer), starved workers
+        (see :func:`simcluster.engine.blockage.describe_blockage`)."""
+        parked = [Parked(slot.thread.ident, rank, label, where) for slot, rank, label, where in self._parked.values()]
+        return describe_blockage(parked, self._expected.values(), self._matcher.open.values(),
+                                 self._workers_per_channel, self.started_threads)

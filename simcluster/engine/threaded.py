@@ -21,9 +21,12 @@ process group does:
   collective (PowerSGD does), which would stall the poster's own rank.
 
 What is kept from the deterministic engine: the interface the process group and the
-futures use (:meth:`post`, :meth:`block_until`, :meth:`expect`, :attr:`current_rank`,
-:attr:`where`, :attr:`running`, :attr:`trace`), call matching across ranks and the
-mismatch check, the gloo reduction bits. What is lost: the order in which ranks
+futures use (:class:`~simcluster.engine.contract.EngineContract`: :meth:`post`,
+:meth:`block_until`, :meth:`expect`, :meth:`check_thread`, :meth:`pending_ops`,
+:attr:`current_rank`, :attr:`where`, :attr:`running`, :attr:`trace`), call matching
+across ranks with the same sequence numbers, trace events and mismatch and
+compute-failure messages (one :class:`~simcluster.engine.matching.Matcher`, used under
+this engine's lock), the gloo reduction bits. What is lost: the order in which ranks
 interleave, and so the trace's event order, depends on thread timing; there is no
 scheduler and no replay. Results that do not depend on that order (the values every
 rank gets from a collective) are still exact and repeatable.
@@ -48,27 +51,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from simcluster.engine.inline import Call, RunAborted, Waitable
-from simcluster.errors import CollectiveMismatchError, DeadlockError, SimClusterError, StuckError, UsageError
-from simcluster.engine.trace import Blocked, Completed, Posted, Resumed, Trace
+from simcluster.engine.contract import Call, RunAborted, Waitable
+from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_line
+from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
+from simcluster.engine.trace import Blocked, Resumed, Trace
 
 __all__ = ["ThreadedEngine"]
 
 _POLL = 0.01  # seconds between watchdog looks and between abort checks in waits
 _GRACE = 2.0  # seconds an aborted run waits for threads to unwind before abandoning them
-
-
-@dataclass
-class _Pending:
-    """A collective some ranks have posted and others not yet."""
-
-    channel: str
-    seq: int
-    ranks: tuple[int, ...]
-    calls: dict[int, Call] = field(default_factory=dict)
 
 
 class _Workers:
@@ -102,8 +95,7 @@ class _Workers:
 
     def _main(self, name: str) -> None:
         engine = self.engine
-        engine._local.rank, engine._local.where = self.rank, name
-        key = (self.rank, name)
+        engine.bind_thread(self.rank, name)
         while True:
             with self.cond:
                 self.idle += 1
@@ -114,14 +106,14 @@ class _Workers:
                     return
                 task = self.queue.popleft()
                 # marked running before the queue is seen empty: never "idle" with work in hand
-                engine._set_status(key, "running a completion")
+                engine.set_status("running a completion")
             try:
                 task()
             except RunAborted:
                 pass
             except BaseException as exc:  # noqa: BLE001 - reported by run()
-                engine._record_failure(self.rank, f"completion on {name}", exc)
-            engine._set_status(key, "idle")
+                engine.record_failure(self.rank, f"completion on {name}", exc)
+            engine.set_status("idle")
 
 
 class ThreadedEngine:
@@ -149,13 +141,10 @@ class ThreadedEngine:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._seq: dict[tuple[int, str], int] = {}
-        self._issued: dict[int, int] = {}
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._matcher = Matcher(trace)
         self._workers: dict[tuple[int, str], _Workers] = {}
         self._status: dict[tuple[int, str], str] = {}  # (rank, where) -> what that thread does
         self._finished: set[int] = set()
-        self._completions = 0
         self._steps = 0
         self._fatal: SimClusterError | None = None
         self._aborting = False
@@ -171,6 +160,21 @@ class ThreadedEngine:
     def where(self) -> str:
         """``"rank <r>"`` on a rank's thread, the worker's name on a backend worker."""
         return getattr(self._local, "where", "")
+
+    def bind_thread(self, rank: int, where: str) -> None:
+        """The calling thread runs rank ``rank``'s code from now on, as ``where``
+        (``"rank <r>"``, or a backend worker's name): sets :attr:`current_rank` and :attr:`where`."""
+        self._local.rank, self._local.where = rank, where
+
+    def check_thread(self, what: str) -> None:
+        """Accept ``what`` from any thread: here every rank runs on threads of its own and
+        no result depends on one baton, so a thread a hook starts is not policed (the
+        baton engine rejects it; see :mod:`simcluster.engine.guard`)."""
+
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        with self._lock:
+            return self._matcher.pending_ops(channel)
 
     def set_status(self, status: str) -> None:
         """Say what the calling rank thread is doing (shown if the run hangs)."""
@@ -220,29 +224,16 @@ class ThreadedEngine:
                 "rank's collectives must be issued by that rank's own code (give each rank its own state)"
             )
         with self._lock:
-            key = (call.rank, call.channel)
-            call.seq = seq = self._seq.get(key, 0)
-            self._seq[key] = seq + 1
-            issue = self._issued.get(call.rank, 0)
-            self._issued[call.rank] = issue + 1
-            self.trace.add(Posted(call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes,
-                                  call.detail))
-            pending = self._pending.setdefault((call.channel, seq), _Pending(call.channel, seq, call.ranks))
-            problem = self._mismatch(pending, call)
-            if problem is None:
-                pending.calls[call.rank] = call
-                complete = len(pending.calls) == len(pending.ranks)
-                if complete:
-                    del self._pending[(call.channel, seq)]
-                    order = self._completions
-                    self._completions += 1
-                    self.trace.add(Completed(call.op, call.channel, seq, call.ranks, order, 0, 1))
+            inst, mismatch = self._matcher.post(call)
+            complete = mismatch is None and inst.complete
+            if complete:
+                self._matcher.close(inst, call.op)
             self._steps += 1
-        if problem is not None:
-            self._fail(CollectiveMismatchError(problem))
+        if mismatch is not None:
+            self._fail(mismatch)
             raise RunAborted()
         if complete:
-            self._complete(pending)
+            self._complete(inst)
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""
@@ -268,7 +259,7 @@ class ThreadedEngine:
                 self._steps += 1
             event.set()
 
-        waitable._on_done(wake)
+        waitable.on_done(wake)
         try:
             while not event.wait(_POLL):
                 if self._aborting:
@@ -281,46 +272,29 @@ class ThreadedEngine:
 
     # ------------------------------------------------------------- internals
     def _rank_main(self, rank: int, fn: Callable[[], Any], values: list[Any]) -> None:
-        self._local.rank, self._local.where = rank, f"rank {rank}"
+        self.bind_thread(rank, f"rank {rank}")
         self._set_status((rank, f"rank {rank}"), "running")
         try:
             values[rank] = fn()
         except RunAborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            self._record_failure(rank, f"rank {rank}'s code", exc)
+            self.record_failure(rank, f"rank {rank}'s code", exc)
         finally:
             with self._lock:
                 self._finished.add(rank)
                 self._status[(rank, f"rank {rank}")] = "finished"
                 self._steps += 1
 
-    def _mismatch(self, pending: _Pending, call: Call) -> str | None:
-        first = next(iter(pending.calls.values()), None)
-        if first is None:
-            return None
-        if call.ranks != first.ranks:
-            problem = f"ranks disagree on the group's members: {list(first.ranks)} vs {list(call.ranks)}"
-        elif call.signature != first.signature:
-            problem = "ranks issued different collectives at the same position of the group's sequence"
-        else:
-            return None
-        return (f"mismatched collectives on {pending.channel} (call #{pending.seq} of that group): {problem}\n"
-                f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}\n"
-                "On a real cluster this hangs or silently mixes up data.")
-
-    def _complete(self, pending: _Pending) -> None:
-        first = pending.calls[pending.ranks[0]]
+    def _complete(self, inst: Instance) -> None:
+        first = inst.calls[inst.ranks[0]]
         try:
-            results = first.compute({rank: pending.calls[rank] for rank in pending.ranks})
+            results = first.compute({rank: inst.calls[rank] for rank in inst.ranks})
         except Exception as exc:  # noqa: BLE001 - the ranks' calls cannot be combined
-            calls = "\n".join(f"  rank {r}: {c.describe}" for r, c in sorted(pending.calls.items()))
-            self._fail(CollectiveMismatchError(
-                f"{first.op} #{pending.seq} on {pending.channel}: ranks' calls do not fit together: {exc}\n{calls}"))
+            self._fail(compute_failure(inst, first, exc))
             raise RunAborted() from None
-        for rank in pending.ranks:
-            call = pending.calls[rank]
-            self._deliver(call, results[rank])
+        for rank in inst.ranks:
+            self._deliver(inst.calls[rank], results[rank])
 
     def _deliver(self, call: Call, outcome: Any) -> None:
         key = (call.rank, call.channel)
@@ -335,7 +309,8 @@ class ThreadedEngine:
             self._status[key] = status
             self._steps += 1
 
-    def _record_failure(self, rank: int, label: str, exc: BaseException) -> None:
+    def record_failure(self, rank: int, label: str, exc: BaseException) -> None:
+        """Record an exception that escaped rank code (or a completion) on ``rank``."""
         with self._lock:
             self.failures.append((rank, label, exc))
 
@@ -351,7 +326,7 @@ class ThreadedEngine:
             alive = [t for t in threads if t.is_alive()]
             workers_busy = any(pool.busy() for pool in list(self._workers.values()))
             if not alive and not workers_busy:
-                if self._pending and self._fatal is None and not self.failures:
+                if self._matcher.open and self._fatal is None and not self.failures:
                     self._fail(DeadlockError(self.describe("every rank's code ended with collectives unmatched")))
                 return
             now = time.monotonic()
@@ -386,7 +361,7 @@ class ThreadedEngine:
             # once its thread has finished and its workers hold no work, it never will.
             # read without the pool's condition: workers take it before this lock (lock order)
             active = {pool.rank for pool in self._workers.values() if pool.queue or pool.idle < len(pool.threads)}
-            for p in self._pending.values():
+            for p in self._matcher.open.values():
                 missing = [r for r in p.ranks if r not in p.calls]
                 if missing and all(r in self._finished and r not in active for r in missing):
                     return f"ranks {missing} ended without posting call #{p.seq} on {p.channel}"
@@ -397,7 +372,7 @@ class ThreadedEngine:
         with self._lock:
             first = not self._aborting
             self._aborting = True
-            pending, self._pending = list(self._pending.values()), {}
+            pending = self._matcher.take_open()
         for p in pending:
             error = RuntimeError(f"simcluster aborted the run: call #{p.seq} on {p.channel} was never matched")
             for call in p.calls.values():
@@ -430,11 +405,10 @@ class ThreadedEngine:
                     lines.append(f"  rank {rank}: {status}")
                 elif status != "idle":
                     lines.append(f"  rank {rank}, {where}: {status}")
-            for p in sorted(self._pending.values(), key=lambda p: (p.channel, p.seq)):
-                first = next(iter(p.calls.values()))
-                missing = [r for r in p.ranks if r not in p.calls]
-                lines.append(f"  {first.describe} (call #{p.seq} on {p.channel}): posted by ranks "
-                             f"{sorted(p.calls)}, never posted by ranks {missing}")
+            for inst in sorted(self._matcher.open.values(), key=lambda i: (i.channel, i.seq)):
+                line = unmatched_line(inst)
+                if line is not None:
+                    lines.append(line)
         return "\n".join(lines)
 
 

@@ -256,7 +256,7 @@ class SimCluster(Runtime):
                 return self.contexts.world_groups[rank]
             raise UsageError(f"state={state!r} is not a state spec: use None, 'group', a process group or a factory")
         if isinstance(state, SimProcessGroup):
-            if state.global_rank not in state.spec.ranks or state._runtime is not self:
+            if state.global_rank not in state.spec.ranks or state.runtime is not self:
                 raise UsageError(f"state={state!r} is not a process group of this cluster")
             if state.spec.name == "WORLD":
                 return self.contexts.world_groups[rank]

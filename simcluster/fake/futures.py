@@ -44,7 +44,7 @@ import torch
 from simcluster.engine.trace import CallbackRan
 
 if TYPE_CHECKING:
-    from simcluster.engine.inline import Engine
+    from simcluster.engine.contract import EngineContract
 
 __all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error"]
 
@@ -73,7 +73,7 @@ class SimFuture(torch.futures.Future):
     ``"then(decompress) of all_reduce#3 on WORLD"``).
     """
 
-    def __init__(self, engine: "Engine", rank: int, label: str) -> None:
+    def __init__(self, engine: "EngineContract", rank: int, label: str) -> None:
         super().__init__()
         self._engine = engine
         self._rank = rank
@@ -86,6 +86,16 @@ class SimFuture(torch.futures.Future):
         # append" atomic with "mark complete, then take the lists" there.
         self._guard = threading.Lock()
 
+    @property
+    def engine(self) -> "EngineContract":
+        """The engine of the run this future belongs to (it completes it, and waits go through it)."""
+        return self._engine
+
+    @property
+    def rank(self) -> int:
+        """The simulated rank that owns this future (-1: made outside any rank's code)."""
+        return self._rank
+
     # -- completion -----------------------------------------------------------
     def done(self) -> bool:
         return self._complete
@@ -93,9 +103,8 @@ class SimFuture(torch.futures.Future):
     def _check_completer(self) -> None:
         """A future may be completed only by code the engine runs (not by a thread a hook
         started): otherwise the run's outcome would depend on that thread's timing."""
-        check = getattr(self._engine, "check_thread", None)
-        if check is not None and self._engine.running:
-            check(f"completing {self.label}")
+        if self._engine.running:
+            self._engine.check_thread(f"completing {self.label}")
 
     def set_result(self, result: Any) -> None:
         self._check_completer()
@@ -130,8 +139,9 @@ class SimFuture(torch.futures.Future):
         for callback, name in callbacks:
             self._run_callback(callback, name, "completion")
 
-    def _on_done(self, resume: Callable[[], None]) -> None:
-        """Engine hook: call ``resume`` once this future completes (at once if it has)."""
+    def on_done(self, resume: Callable[[], None]) -> None:
+        """Call ``resume`` once this future completes (at once if it has): how the engine
+        learns that a waiter may resume (:class:`~simcluster.engine.contract.Waitable`)."""
         with self._guard:
             if not self._complete:
                 self._resumers.append(resume)
@@ -199,7 +209,8 @@ class DoneFlag:
 
     Set once by the engine right after the work's future completed and ran its
     callbacks. Not a :class:`SimFuture` — one C++ future fewer per collective call on
-    the hot path; the engine only needs ``label``, ``done()`` and ``_on_done``.
+    the hot path; the engine only needs ``label``, ``done()`` and ``on_done``
+    (:class:`~simcluster.engine.contract.Waitable`).
     """
 
     __slots__ = ("_future", "_complete", "_resumers", "_guard")
@@ -224,7 +235,8 @@ class DoneFlag:
         for resume in resumers:
             resume()
 
-    def _on_done(self, resume: Callable[[], None]) -> None:
+    def on_done(self, resume: Callable[[], None]) -> None:
+        """Call ``resume`` once the work's callbacks have run (at once if they have)."""
         with self._guard:
             if not self._complete:
                 self._resumers.append(resume)
@@ -233,7 +245,7 @@ class DoneFlag:
 
     def wait(self) -> None:
         if not self._complete:
-            self._future._engine.block_until(self)
+            self._future.engine.block_until(self)
 
 
 def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future:
@@ -246,7 +258,7 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
     if not sims:
         return _plain_collect_all(futures)
     first = sims[0]
-    out = SimFuture(first._engine, first._rank, f"collect_all of {len(futures)} futures")
+    out = SimFuture(first.engine, first.rank, f"collect_all of {len(futures)} futures")
     remaining = [len(futures)]
     items = list(futures)
 

@@ -25,19 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
 from simcluster.fake import collectives
-from simcluster.engine.inline import Call
+from simcluster.engine.contract import Call, EngineContract
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
 
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
-    from simcluster.engine.inline import Engine
 
 __all__ = ["SimProcessGroup", "SimWork", "GroupSpec", "GLOO_SELF_P2P"]
 
@@ -55,10 +54,15 @@ class GroupSpec:
     ranks: tuple[int, ...]
 
 
-class Runtime:
-    """What a process group needs from its cluster: the current run's engine and the backend."""
+@runtime_checkable
+class Runtime(Protocol):
+    """What a process group needs from its cluster: the current run's engine (``None``
+    between runs) and the backend model. :class:`~simcluster.fake.cluster.SimCluster` is
+    one (its engine: :class:`~simcluster.engine.inline.Engine`); so is the real-reducer
+    mode's runtime (:class:`~simcluster.engine.threaded.ThreadedEngine`,
+    :mod:`simcluster.ddp.real_ddp`). Either engine serves, through :class:`EngineContract`."""
 
-    engine: "Engine | None"
+    engine: EngineContract | None
     backend: "BackendModel"
 
 
@@ -137,6 +141,11 @@ class SimProcessGroup(dist.ProcessGroup):
         self.spec = spec
         self.global_rank = global_rank
 
+    @property
+    def runtime(self) -> Runtime:
+        """The cluster (or real-reducer run) this group belongs to."""
+        return self._runtime
+
     # -- identity -------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return self._runtime.backend.name
@@ -148,7 +157,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return f"SimProcessGroup({self.spec.name}, rank={self.rank()} of {self.size()}, global rank {self.global_rank})"
 
     # -- plumbing -------------------------------------------------------------
-    def _engine(self, op: str) -> "Engine":
+    def _engine(self, op: str) -> EngineContract:
         engine = self._runtime.engine
         if engine is None or not engine.running:
             raise UsageError(

@@ -94,7 +94,7 @@ def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -
             into[rank] = _Raised(exc)
 
     if isinstance(future, SimFuture):
-        future._engine.expect(rank, future, context)
+        future.engine.expect(rank, future, context)
         future.add_done_callback(store)
     elif future.done():
         store(future)

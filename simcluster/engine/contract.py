@@ -1,0 +1,133 @@
+"""The engine contract: what the fake torch parts may ask of an engine, and what they hand it.
+
+Two engines run simulated ranks: the deterministic baton engine
+(:class:`simcluster.engine.inline.Engine`, every hook check) and the free-running one
+(:class:`simcluster.engine.threaded.ThreadedEngine`, torch's real C++ reducer). The
+process group and the futures (:mod:`simcluster.fake`) work with either, through
+:class:`EngineContract` only:
+
+* a process group builds a :class:`Call` for the rank's part of a collective and
+  :meth:`~EngineContract.post`\\ s it;
+* a future that code waits on is a :class:`Waitable`; ``wait()`` on a pending one calls
+  :meth:`~EngineContract.block_until`, and the DDP model "waits" the reducer's way with
+  :meth:`~EngineContract.expect` (no thread hand-over);
+* completing a future first asks :meth:`~EngineContract.check_thread`;
+* callbacks are traced with :attr:`~EngineContract.current_rank` and
+  :attr:`~EngineContract.where`.
+
+Both protocols are ``runtime_checkable``, so ``isinstance(engine, EngineContract)`` checks
+that every member is present (not their signatures; ``tests/test_engine_contract.py``
+checks those). This module knows no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from simcluster.engine.trace import Trace
+
+__all__ = ["Call", "EngineContract", "RunAborted", "Waitable"]
+
+
+class RunAborted(BaseException):
+    """Raised inside rank code to unwind it when the run is aborted.
+
+    A ``BaseException`` so that a hook's ``except Exception`` does not swallow it.
+    """
+
+
+@runtime_checkable
+class Waitable(Protocol):
+    """Something a rank can wait on (a simulated future, a work's "callbacks ran" flag).
+
+    ``on_done(resume)`` calls ``resume`` once the waitable completes — at once if it
+    already has; the engine uses it to resume a parked waiter or to retire an expectation.
+    """
+
+    label: str
+
+    def done(self) -> bool: ...
+
+    def on_done(self, resume: Callable[[], None]) -> None: ...
+
+
+@dataclass
+class Call:
+    """One rank's part of a collective (or point-to-point transfer).
+
+    ``channel`` and the per-rank sequence number match calls across ranks: the k-th
+    call of every rank on a channel belongs to the same collective. ``signature`` must
+    be equal on every rank (its first item names the kind of call, the rest — dtypes,
+    shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
+    :class:`~simcluster.errors.CollectiveMismatchError`. ``compute`` (called once, with
+    every rank's call, in the order of ``ranks``) returns each rank's result; ``deliver``
+    hands a rank its result.
+    """
+
+    rank: int
+    channel: str
+    ranks: tuple[int, ...]
+    op: str
+    signature: tuple[Any, ...]
+    compute: Callable[[dict[int, "Call"]], dict[int, Any]]
+    deliver: Callable[[Any], None]
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    nbytes: int = 0
+    detail: str = ""
+    uses_worker: bool = True
+    payload: Any = None
+    seq: int = -1
+    worker: int = -1
+
+    @property
+    def describe(self) -> str:
+        """``op(arg, …)`` for error messages, from the signature (built only when an error needs it)."""
+        return f"{self.op}({', '.join(str(s) for s in self.signature[1:])})"
+
+
+@runtime_checkable
+class EngineContract(Protocol):
+    """What both engines offer the process group, the futures and the DDP model.
+
+    ``running`` is true while :meth:`run` is in progress; ``failures`` collects
+    ``(rank, label, exception)`` for exceptions that escaped rank code; ``trace`` is the
+    run's event log. Each engine's own ``run`` differs (tasks spawned beforehand vs one
+    function per rank) and is not part of the contract.
+    """
+
+    trace: Trace
+    running: bool
+    failures: list[tuple[int, str, BaseException]]
+
+    @property
+    def current_rank(self) -> int | None:
+        """The rank whose code runs now, on the calling thread (None outside the run)."""
+        ...
+
+    @property
+    def where(self) -> str:
+        """Where that code runs: ``"rank <r>"`` or a backend worker's name."""
+        ...
+
+    def post(self, call: Call) -> None:
+        """Post the running rank's part of a collective; it completes later."""
+        ...
+
+    def block_until(self, waitable: Waitable, context: str = "") -> None:
+        """Return once ``waitable`` is done; other ranks run meanwhile."""
+        ...
+
+    def expect(self, rank: int, waitable: Waitable, context: str) -> None:
+        """Note that ``waitable`` must complete before the run may end, blocking no one."""
+        ...
+
+    def check_thread(self, what: str) -> None:
+        """Raise if the calling thread may not do ``what`` (a collective, a wait, a completion)."""
+        ...
+
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        ...

@@ -1,0 +1,95 @@
+"""Which threads are ranks, and which exceptions mean "stop everything".
+
+The baton engine (:mod:`simcluster.engine.inline`) runs rank code only on threads it owns:
+the caller's and its pool's. A thread a hook starts is not a rank; its collectives,
+waits and future completions are rejected at once with
+:class:`~simcluster.errors.ForeignThreadError` (:meth:`ThreadGuard.check`), so no
+result ever depends on that thread's timing. While a run is in progress,
+:meth:`ThreadGuard.watching_starts` notes every thread rank code starts, so a deadlock
+report can say that a thread the hook started is not a simulated rank.
+
+:func:`is_stop_request` tells a request to stop the whole program (Ctrl-C, pytest's
+outcomes) from a hook's own failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from simcluster.errors import ForeignThreadError
+
+__all__ = ["ThreadGuard", "is_stop_request", "thread_description"]
+
+
+def is_stop_request(exc: BaseException) -> bool:
+    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``
+    or one of pytest's outcome exceptions (``Failed``, ``Skipped``, ``Exit``…, which
+    pytest-timeout's signal method raises too). Such an exception is never a finding."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return any(getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
+
+
+def thread_description(thread: threading.Thread) -> str:
+    """A thread named by what it runs (its target's qualified name), not by its
+    process-wide counter (``Thread-7``), so messages are the same run after run."""
+    target = getattr(thread, "_target", None)
+    name = getattr(target, "__qualname__", None) or type(thread).__qualname__
+    return f"a thread running {name}" if target is not None else f"a {name} thread"
+
+
+class ThreadGuard:
+    """The set of threads that may run rank code, and the threads rank code started.
+
+    ``started`` holds ``(rank, description)`` for each thread started by an owned thread
+    while :meth:`watching_starts` is active (rank ``-1``: started outside any rank's code).
+    """
+
+    def __init__(self) -> None:
+        self.owned: set[int] = set()
+        self.started: list[tuple[int, str]] = []
+        self._real_start = threading.Thread.start
+
+    def own(self, thread: threading.Thread) -> None:
+        """``thread`` (started) runs rank code from now on."""
+        assert thread.ident is not None
+        self.owned.add(thread.ident)
+
+    def start_owned(self, thread: threading.Thread) -> None:
+        """Start ``thread`` (one of the engine's own) and own it. Not noted in :attr:`started`:
+        the engine's pool threads are ranks' threads, not threads rank code started."""
+        self._real_start(thread)
+        self.own(thread)
+
+    def check(self, what: str) -> None:
+        """Reject ``what`` (a collective, a wait, completing a future) unless the calling
+        thread is owned: raise :class:`ForeignThreadError` in it, naming the thread."""
+        if threading.get_ident() in self.owned:
+            return
+        raise ForeignThreadError(
+            f"{what} from {thread_description(threading.current_thread())}, which is not a simulated rank: "
+            "a thread a hook starts is not a rank, and simcluster rejects its collectives, waits and future "
+            "completions (on a real cluster it would use its own process's group; run that work on the "
+            "rank's own code path instead)"
+        )
+
+    @contextmanager
+    def watching_starts(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> Iterator[None]:
+        """Within the block, ``threading.Thread.start`` from an owned thread (while ``active()``)
+        is noted in :attr:`started` with ``current_rank()``; the real ``start`` is restored after."""
+        real_start = self._real_start = threading.Thread.start
+        guard = self
+
+        def start(thread: threading.Thread) -> None:
+            if threading.get_ident() in guard.owned and active():
+                rank = current_rank()
+                guard.started.append((rank if rank is not None else -1, thread_description(thread)))
+            real_start(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            threading.Thread.start = real_start  # type: ignore[method-assign]

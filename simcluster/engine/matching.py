@@ -1,0 +1,205 @@
+"""Matching posted calls into collectives: one home for both engines.
+
+The k-th call a rank posts on a channel (a group, or one point-to-point direction and
+tag) belongs to the k-th collective of that channel. :class:`Matcher` numbers each
+posted call, records it in the trace (:class:`~simcluster.engine.trace.Posted`), files
+it under its collective (an :class:`Instance`), checks that it agrees with the calls
+already there, and closes a collective when it completes
+(:class:`~simcluster.engine.trace.Completed`, numbered in completion order). Both
+engines use it — the baton engine (:mod:`simcluster.engine.inline`) and the free-running
+one (:mod:`simcluster.engine.threaded`) — so sequence numbers, trace events and the
+wording of every matching error are the same in both.
+
+The messages built here:
+
+* :func:`mismatch_error` — ranks posted different calls at the same position;
+* :func:`compute_failure` — the calls agree in signature but cannot be combined
+  (e.g. ``all_to_all`` split sizes that do not fit);
+* :func:`unmatched_line` — a collective some ranks never posted (deadlock reports).
+
+Example (a two-rank group where rank 1 posts a different reduce op)::
+
+    matcher = Matcher(trace)
+    inst, error = matcher.post(call_of_rank_0)   # opens call #0 on WORLD: error is None
+    inst, error = matcher.post(call_of_rank_1)   # error: "mismatched collectives on WORLD …"
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from simcluster.engine.contract import Call
+from simcluster.engine.frames import stack_user_frames
+from simcluster.engine.trace import Completed, Posted, Trace
+from simcluster.errors import CollectiveMismatchError
+
+__all__ = [
+    "Instance", "Matcher", "MAX_LISTED", "compute_failure", "mismatch_error", "rank_list", "unmatched_line",
+]
+
+MAX_LISTED = 8
+"""Entries of one kind a deadlock message lists before summarising the rest."""
+
+
+@dataclass
+class Instance:
+    """One collective of one channel: the calls posted for it so far.
+
+    ``first`` is the call that opened it; ``executing`` the ranks whose part holds a
+    backend worker (the baton engine's bookkeeping; the free-running one leaves it empty).
+    """
+
+    channel: str
+    seq: int
+    ranks: tuple[int, ...]
+    calls: dict[int, Call] = field(default_factory=dict)
+    executing: set[int] = field(default_factory=set)
+    first: Call | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether every participant has posted its call."""
+        return len(self.calls) == len(self.ranks)
+
+
+class Matcher:
+    """Numbers posted calls and files them under their collective (see the module docstring).
+
+    Not thread-safe: the free-running engine calls it under its lock.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.open: dict[tuple[str, int], Instance] = {}
+        self.completions = 0
+        self._seq: dict[tuple[int, str], int] = {}
+        self._issued: dict[int, int] = {}
+
+    def post(self, call: Call) -> tuple[Instance, CollectiveMismatchError | None]:
+        """Number ``call`` (its ``seq`` on its channel), trace it, and file it.
+
+        Returns its collective and ``None``, or — if it disagrees with the calls already
+        posted there — the mismatch error (the call is then not filed).
+        """
+        key = (call.rank, call.channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        call.seq = seq
+        issue = self._issued.get(call.rank, 0)
+        self._issued[call.rank] = issue + 1
+        self.trace.record(
+            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
+        )
+        inst = self.open.get((call.channel, seq))
+        if inst is None:
+            inst = self.open[(call.channel, seq)] = Instance(call.channel, seq, call.ranks, first=call)
+        else:
+            problem = _mismatch_problem(inst, call)
+            if problem is not None:
+                return inst, mismatch_error(inst, call, problem)
+        inst.calls[call.rank] = call
+        return inst, None
+
+    def close(self, inst: Instance, op: str, choice: int = 0, options: int = 1) -> None:
+        """``inst`` completes now: forget it and trace the completion (``choice`` of ``options``
+        is the scheduler's pick that completed it; the free-running engine has no choice)."""
+        del self.open[(inst.channel, inst.seq)]
+        self.trace.record(Completed, op, inst.channel, inst.seq, inst.ranks, self.completions, choice, options)
+        self.completions += 1
+
+    def pending_ops(self, channel: str) -> list[str]:
+        """The ops of the calls posted on ``channel`` that have not completed yet."""
+        return [inst.first.op for inst in self.open.values() if inst.channel == channel and inst.first]
+
+    def take_open(self) -> list[Instance]:
+        """Every open collective, forgotten (the run is being aborted)."""
+        pending, self.open = list(self.open.values()), {}
+        return pending
+
+
+def _mismatch_problem(inst: Instance, call: Call) -> str | None:
+    first = inst.first
+    assert first is not None
+    if call.rank in inst.calls:
+        return f"rank {call.rank} posted twice at position {inst.seq} of {inst.channel}"
+    if call.ranks != first.ranks:
+        return f"ranks disagree on the group's members: {list(first.ranks)} vs {list(call.ranks)}"
+    if call.signature != first.signature:
+        return "ranks issued different collectives at the same position of the group's sequence"
+    return None
+
+
+def mismatch_error(inst: Instance, call: Call, problem: str) -> CollectiveMismatchError:
+    """The error for ``call`` disagreeing with ``inst``'s first call: both calls, the user
+    line that posted ``call`` (from the calling stack), and which ranks agree with the first."""
+    first = inst.first
+    assert first is not None
+    frames = stack_user_frames(sys._getframe(1))
+    at = f" at {frames[-1]}" if frames else ""
+    others = sorted(r for r in inst.calls if r != first.rank)
+    agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
+    error = CollectiveMismatchError(
+        f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
+        f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
+        "On a real cluster this hangs or silently mixes up data."
+    )
+    error.simcluster_frames = frames  # type: ignore[attr-defined]
+    return error
+
+
+def compute_failure(inst: Instance, computed: Call, exc: Exception) -> CollectiveMismatchError:
+    """The error for a collective whose calls agree in signature but whose ``compute``
+    (``computed``'s) raised ``exc``: they do not fit together. Lists each distinct call once."""
+    return CollectiveMismatchError(
+        f"{computed.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n"
+        f"{_calls_by_description(inst.calls)}"
+    )
+
+
+def unmatched_line(inst: Instance) -> str | None:
+    """One line of a deadlock report for ``inst`` if some participant never posted its call
+    (for point-to-point: the missing send or recv and its peer), else ``None``."""
+    first = inst.first
+    missing = [r for r in inst.ranks if r not in inst.calls]
+    if first is None:
+        return None
+    if len(set(inst.ranks)) < len(inst.ranks):  # a rank's send/recv to itself
+        return _p2p_unmatched(first, inst, [first.rank])
+    if missing and first.op in ("send", "recv"):
+        return _p2p_unmatched(first, inst, missing)
+    if missing:
+        return (f"  {first.describe} (call #{inst.seq} on {inst.channel}): posted by ranks "
+                f"{rank_list(sorted(inst.calls))}, never posted by ranks {rank_list(missing)}")
+    return None
+
+
+def rank_list(ranks: list[int], limit: int = 8) -> str:
+    """``[0, 1, 2]``; a long run of ranks as ``[0..999] (1000 ranks)``; else the first few and a count."""
+    if len(ranks) <= limit:
+        return str(list(ranks))
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)} ranks)"
+    return f"[{', '.join(map(str, ranks[:limit]))}, …] ({len(ranks)} ranks)"
+
+
+def _calls_by_description(calls: dict[int, Call]) -> str:
+    """Each distinct call once, with the ranks that posted it (``  ranks [0..6]: all_reduce(…)``)."""
+    groups: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        groups.setdefault(call.describe, []).append(rank)
+    lines = [f"  {'rank ' + str(rs[0]) if len(rs) == 1 else 'ranks ' + rank_list(rs)}: {d}" for d, rs in groups.items()]
+    more = len(lines) - MAX_LISTED
+    return "\n".join(lines[:MAX_LISTED] + ([f"  … and {more} more distinct calls"] if more > 0 else []))
+
+
+def _p2p_unmatched(first: Call, inst: Instance, missing: list[int]) -> str:
+    """A point-to-point call whose counterpart never came: who posted what, who owes which call."""
+    peer = missing[0]
+    other = "recv" if first.op == "send" else "send"
+    name = "itself" if peer == first.rank else f"rank {peer}"
+    direction = f"to {name}" if first.op == "send" else f"from {name}"
+    back = "itself" if peer == first.rank else f"rank {first.rank}"
+    back = f"from {back}" if other == "recv" else f"to {back}"
+    return (f"  rank {first.rank}: {first.describe} {direction} (call #{inst.seq} on {inst.channel}) is unmatched: "
+            f"rank {peer} never posted the matching {other} {back}")
