@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any
 
-from simcluster.real.gloo_runner import GlooCluster, GlooRunError, run_gloo
+from simcluster.errors import GlooRunError
+from simcluster.real.gloo_runner import GlooCluster, run_gloo
 
 
 def _describe(value: Any, known: dict[str, Any]) -> str:

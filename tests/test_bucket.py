@@ -14,15 +14,10 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-from simcluster.fake.bucket import (
-    GradBucketAttributeError,
-    GradBucketRuntimeError,
-    GradBucketTypeError,
-    SimGradBucket,
-    make_bucket,
-    packing,
+from simcluster.fake.bucket import SimGradBucket, make_bucket, packing
+from simcluster.errors import (
+    GradBucketAttributeError, GradBucketRuntimeError, GradBucketTypeError, HookFailure, UsageError,
 )
-from simcluster.errors import HookFailure, UsageError
 from simcluster.real.gloo_runner import GlooCluster
 
 

@@ -50,44 +50,37 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from simcluster.checking import properties as P
-from simcluster.fake.bucket import GradBucketMisuse
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
 from simcluster.engine.inline import is_stop_request
-from simcluster.errors import BackendError, HookContractError, HookExited, UnsupportedError, UsageError
-from simcluster.limits import EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
+from simcluster.errors import (
+    BackendError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError, UsageError, Violation, first_line,
+)
+from simcluster.fake.state import StateSpec
+from simcluster.names import loadable_spec, target_spec
+from simcluster.limits import BACKEND_NAMES, EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
 from simcluster.checking.render import (
-    bucket_steps, describe_layout, describe_steps, error_frames, error_text, loadable_spec, rebuild_hint,
+    bucket_steps, describe_layout, describe_steps, error_frames, error_text, rebuild_hint,
     render_gradients, user_line,
 )
 from simcluster.checking.report import PROPERTIES, CheckReport, PropertyFailure
+from simcluster.checking.tolerances import parse_tolerance
 from simcluster.checking.strategies import (
     DTYPES, Example, Layout, RankSpec, ScheduleChoices, StepSpec, examples as example_strategy, fixed_shapes,
 )
 from simcluster.checking.supervisor import (
     DEFAULT_DEADLINE, ChildDeath, Monitor, format_stack, raise_site, run_supervised, stuck_in,
 )
-from simcluster.usercode.targets import load_state, load_target, parse_shapes
-from simcluster.usercode.rank_local import RankLocal, parse_isolate
+from simcluster.usercode.targets import parse_shapes
+from simcluster.usercode.rank_local import RankLocal, parse_isolate, rank_local_state
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
 
 TOKEN_PREFIX = "sc1."
-BACKENDS = ("gloo", "nccl")
 _ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
 DRAIN_STEPS = 4
 MAX_BUGS = 5  # distinct failures reported per backend
 SHRINK_BUDGET = 3  # × examples: simulated examples allowed for shrinking after the first failure
-
-
-class Violation(AssertionError):
-    """A property failed on one example; ``info`` holds the failure's fields."""
-
-    prop = ""
-
-    def __init__(self, message: str, info: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.info = info
 
 
 # One subclass per property, so Hypothesis tells the failures apart and shrinks each.
@@ -150,7 +143,7 @@ def decode_example(token: str) -> tuple[Example, str]:
 class _Options:
     hook: Callable[..., Any]
     target: str
-    state: Any  # None | "group" | factory
+    state: StateSpec
     state_name: str
     tolerance: str
     api: str
@@ -231,7 +224,7 @@ def _exit_head(error: BaseException, at: int) -> str | None:
         return (f"step {at}: the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's "
                 "process ends here and its peers hang or crash")
     if isinstance(error, HookExited):
-        return f"step {at}: HookExited: {str(error).splitlines()[0]}"
+        return f"step {at}: HookExited: {first_line(error)}"
     return None
 
 
@@ -321,11 +314,6 @@ def _judge_error(opts: _Options, error: BaseException, at: int, check_ef: bool,
 
 
 # --------------------------------------------------------------------------- rendering
-def _name_of(obj: Any) -> str | None:
-    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    return f"{module}:{qual}" if module and qual and "<" not in qual else None
-
-
 def _replay_command(opts: _Options, backend: str, world: int, token: str, steps: int) -> str:
     parts = ["simcluster check", opts.replay_target or opts.target]
     if opts.state_name != "none":
@@ -333,7 +321,7 @@ def _replay_command(opts: _Options, backend: str, world: int, token: str, steps:
     parts += [f"--tolerance {opts.tolerance}"]
     if opts.params is not None:
         parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
-    if opts.subgroups and opts.state != "group":
+    if opts.subgroups and opts.state.kind != "group":
         parts.append("--subgroups")
     if opts.api != "current":
         parts.append(f"--api {opts.api}")
@@ -379,26 +367,12 @@ def _violations(exc: BaseException) -> list[Violation]:
 
 
 # --------------------------------------------------------------------------- the API
-def _resolve_state(state: Any, isolate: tuple[str, ...]) -> tuple[Any, str]:
-    if state is None or state == "none":
-        return None, "none"
-    if state == "group":
-        return "group", "group"
-    if isinstance(state, str):
-        return RankLocal(state, isolate=isolate, what="--state factory"), state
-    if isinstance(state, RankLocal):
-        return state, state.spec
-    if callable(state):
-        return state, loadable_spec(state) or _name_of(state) or "<factory>"
-    raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
-
-
-def _choose_properties(properties: Sequence[str] | None, tolerance: str, state: Any) -> tuple[str, ...]:
+def _choose_properties(properties: Sequence[str] | None, tolerance: str, state: StateSpec) -> tuple[str, ...]:
     if properties is None:
         chosen = ["contract", "liveness", "replicas_agree", "schedule_independence"]
         if tolerance != "none":
             chosen.insert(3, "averages")
-        if tolerance == "none" and callable(state):  # a stateful lossy hook: it should keep a residual
+        if tolerance == "none" and state.kind == "factory":  # a stateful lossy hook: it should keep a residual
             chosen.append("error_feedback")
         return tuple(chosen)
     unknown = [p for p in properties if p not in PROPERTIES]
@@ -408,7 +382,7 @@ def _choose_properties(properties: Sequence[str] | None, tolerance: str, state: 
 
 
 def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, state: Any = "none",
-               tolerance: str = "fp32", backends: Sequence[str] = BACKENDS,
+               tolerance: str = "fp32", backends: Sequence[str] = BACKEND_NAMES,
                world_sizes: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3, examples: int = 50,
                seed: int | None = 0, api: str = "current",
                database: str | os.PathLike[str] | ExampleDatabase | None = None,
@@ -466,7 +440,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     from simcluster.checking.training import TRAININGS, training_for
 
     if (training := training_for(hook)) is not None:
-        return check_training(training, target=target or _name_of(hook) or training.name, backends=backends,
+        return check_training(training, target=target or target_spec(hook) or training.name, backends=backends,
                               world_sizes=world_sizes, steps=steps, examples=examples, seed=seed, replay=replay)
     if properties is not None and "trains_like_reference" in properties and not isinstance(properties, str):
         raise UsageError("properties: trains_like_reference applies to hooks that step an optimizer "
@@ -474,10 +448,10 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
     replay_target = replay_target or loadable_spec(hook) or ""
-    target = target or _name_of(hook) or repr(hook)
-    state_obj, state_name = _resolve_state(state, isolated)
-    tol = P.parse_tolerance(tolerance).describe()
-    bad = [b for b in backends if b not in BACKENDS]
+    target = target or target_spec(hook) or repr(hook)
+    state_spec = rank_local_state(state, isolate=isolated)
+    tol = parse_tolerance(tolerance).describe()
+    bad = [b for b in backends if b not in BACKEND_NAMES]
     if bad or not backends or isinstance(backends, str):
         raise UsageError(f"backends={backends!r}: use a list of 'gloo' and/or 'nccl'")
     if not world_sizes or isinstance(world_sizes, (str, int)):
@@ -491,15 +465,15 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     deadline = check_deadline(deadline, "deadline")
     if api not in ("current", "legacy"):
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
-    props = _choose_properties(properties, tol, state_obj)
+    props = _choose_properties(properties, tol, state_spec)
     shapes = None if params is None else parse_shapes(params, what="params") if isinstance(params, str) \
         else fixed_shapes(params)
     if subgroups not in (None, True, False):
         raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
-    opts = _Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
+    opts = _Options(hook, target, state_spec, state_spec.name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                     ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
                     replay_target=replay_target, params=shapes,
-                    subgroups=state_obj == "group" if subgroups is None else subgroups, rng=rng)
+                    subgroups=state_spec.kind == "group" if subgroups is None else subgroups, rng=rng)
     report = CheckReport(target=target, passed=True, properties=list(props), backends=list(backends))
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
@@ -620,7 +594,7 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     """
     if tolerance == "exact":
         return {"exact": True}
-    if (tolerance == "none" and "error_feedback" in props) or P.parse_tolerance(tolerance).lossy:
+    if (tolerance == "none" and "error_feedback" in props) or parse_tolerance(tolerance).lossy:
         return {"values": torch.float16}
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
 
@@ -672,7 +646,7 @@ def _run_hypothesis(opts: _Options, backend: str, report: CheckReport, world_siz
     test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
         f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
         + ("" if opts.params is None else f"|params={opts.params}")
-        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")
+        + ("|subgroups" if opts.subgroups and opts.state.kind != "group" else "")
         + ("" if opts.rng == "per_rank" else f"|rng={opts.rng}")
         + (f"|isolate={','.join(opts.hook.isolate)}" if isinstance(opts.hook, RankLocal) and opts.hook.isolate else "")
     ).encode()
@@ -746,6 +720,4 @@ def _bug_key(v: Violation) -> tuple[int, str, str, str]:
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
     """:func:`check_hook`, raising ``AssertionError(report.format())`` unless every property held."""
-    report = check_hook(hook, **options)
-    if not report.passed:
-        raise AssertionError(report.format())
+    check_hook(hook, **options).assert_passed()

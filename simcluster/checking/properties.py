@@ -41,7 +41,6 @@ from simcluster.checking.tolerances import Tolerance, lossy_averages, parse_tole
 
 __all__ = [
     "Tolerance",
-    "parse_tolerance",
     "error_bound",
     "group_mean",
     "averages",

@@ -20,9 +20,7 @@ step 0: bucket 0 = params [0, 1, 2] (6 elements)
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +31,7 @@ from simcluster.ddp.layout import bucket_calls
 from simcluster.checking.strategies import DTYPES, Example
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
-           "render_gradients", "describe_layout", "loadable_spec", "MAX_LINES"]
+           "render_gradients", "describe_layout", "MAX_LINES"]
 
 MAX_LINES = 40
 """Lines of one diagnostic shown before the rest is summarised as a count."""
@@ -183,28 +181,3 @@ def describe_layout(example: Example, steps: int) -> str:
     if example.subgroups > 1:
         text += f", DDP on {example.subgroups} subgroups of {example.world_size // example.subgroups} ranks"
     return text
-
-
-# --------------------------------------------------------------------------- replay
-def loadable_spec(obj: Any) -> str | None:
-    """A TARGET spelling ``simcluster check`` can load from the current directory.
-
-    A function defined in a file under the current directory (a test module, a script)
-    is named by that file's relative path, ``tests/test_x.py:hook`` — its module name
-    (``test_x``) means nothing to a fresh ``simcluster`` process. Anything else
-    (an installed package) by ``module:qualname``. ``None`` for lambdas and closures.
-    """
-    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not module or not qual or "<" in qual:
-        return None
-    file = getattr(sys.modules.get(module), "__file__", None)
-    if file:
-        rel = os.path.relpath(os.path.abspath(file))
-        if not rel.startswith("..") and not os.path.isabs(rel) and not _installed(file):
-            return f"{rel}:{qual}"
-    return f"{module}:{qual}"
-
-
-def _installed(file: str) -> bool:
-    path = os.path.abspath(file)
-    return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path

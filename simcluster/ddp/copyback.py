@@ -21,19 +21,11 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import packing
-from simcluster.errors import HookContractError, SimClusterError, add_context_note
+from simcluster.errors import CopyBackError, SimClusterError, add_context_note
 
-__all__ = ["CopyBackError", "resolved", "copy_bucket"]
+__all__ = ["resolved", "copy_bucket"]
 
 _CALLBACK_ERROR = "Got the following error when running the callback"
-
-
-class CopyBackError(HookContractError, RuntimeError):
-    """DDP's reducer cannot copy the hook's result back into ``p.grad``. The hook's to fix.
-
-    The message begins with what real DDP raises from ``backward()`` (a
-    ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay.
-    """
 
 
 def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: str) -> torch.Tensor:

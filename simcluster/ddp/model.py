@@ -66,11 +66,12 @@ import torch.distributed as dist
 
 from simcluster.fake.bucket import make_bucket
 from simcluster.fake.cluster import SimCluster, collect
-from simcluster.ddp.copyback import CopyBackError, copy_bucket, resolved
-from simcluster.errors import SimClusterError, UsageError, add_context_note
+from simcluster.ddp.copyback import copy_bucket, resolved
+from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
+from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls
 from simcluster.fake.process_group import SimProcessGroup
-from simcluster.fake.state import LayoutModel, make_state
+from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.trace import Trace
 
@@ -179,9 +180,8 @@ class SimDDP:
             raise UsageError(f"hook={hook!r} is not callable")
         if not isinstance(config, DDPConfig):
             raise UsageError(f"config={config!r} must be a DDPConfig")
-        if isinstance(state, str) and state != "group":
-            raise UsageError(f"state={state!r}: use None, 'group' or a factory(process_group)")
-        self.cluster, self.hook, self.config, self.state_spec = cluster, hook, config, state
+        self.cluster, self.hook, self.config = cluster, hook, config
+        self.state_spec = StateSpec.parse(state)
         self.process_group_factory = process_group_factory
         self.on_hook_call: Callable[[int, int, int], None] | None = None
         """Called as ``(rank, iteration, bucket index)`` before every hook call (the
@@ -237,11 +237,11 @@ class SimDDP:
                 try:
                     future = self.hook(state, bucket)
                 except Exception as exc:
-                    add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
+                    add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
                     raise
                 if future is None:
                     raise CopyBackError(
-                        f"hook {_name(self.hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, "
+                        f"hook {callable_name(self.hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, "
                         "gloo) crashes the process with SIGSEGV in backward() (measured); a DDP communication hook "
                         "must return a torch.futures.Future"
                     )
@@ -250,7 +250,7 @@ class SimDDP:
                         f"Unable to cast Python instance of type {type(future)} to C++ type '?' (#define "
                         "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
                         "communication hook's callback must return a torch.futures.Future object, but got "
-                        f"{_qualified(type(future))}\n  simcluster: hook {_name(self.hook)} on rank {rank}, "
+                        f"{_qualified(type(future))}\n  simcluster: hook {callable_name(self.hook)} on rank {rank}, "
                         f"{where}: real DDP raises this from backward() and then fails the next iteration "
                         "inside the reducer"
                     )
@@ -283,7 +283,7 @@ class SimDDP:
                     "group this rank belongs to (create it with dist.new_group inside the factory)"
                 )
         self.groups[rank] = group
-        self.states[rank] = make_state(self.state_spec, group, lambda: LayoutModel(self.params[rank]))
+        self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
     def _copy_back(
@@ -350,10 +350,6 @@ def _make_params(
         if len({id(p) for p in ps} & {id(p) for q in out[:rank] for p in q}):
             raise UsageError(f"parameters[{rank}] shares Parameter objects with a lower rank; give each rank its own")
     return out
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
 def _qualified(cls: type) -> str:

@@ -60,11 +60,11 @@ from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from simcluster.fake.backends import BackendModel, backend_model
-from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note
+from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
 from simcluster.fake.futures import SimFuture
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankWorld
-from simcluster.fake.state import make_state
+from simcluster.fake.state import StateSpec
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
 
@@ -238,6 +238,7 @@ def run_real_ddp(
     initial: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
     if setup is not None and hook is not None:
         raise UsageError("run_real_ddp: pass hook= or setup=, not both")
+    state_spec = StateSpec.parse(state)
 
     def rank_fn(rank: int) -> Callable[[], None]:
         def body() -> None:
@@ -259,7 +260,7 @@ def run_real_ddp(
             if setup is not None:
                 rank_hook, rank_state, step = setup(ddp, groups[rank])
             elif hook is not None:
-                rank_state = make_state(state, groups[rank], models[rank])
+                rank_state = state_spec.resolve(groups[rank], models[rank])
             if rank_hook is not None:
                 ddp.register_comm_hook(rank_state, _recording(rank_hook, params[rank], hook_calls[rank], iteration,
                                                               returned))
@@ -306,10 +307,5 @@ def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:
     rank, label, exc = failures[0]
     add_context_note(exc, f"simcluster: raised on rank {rank} of {world_size} ({label}, real DDP on threads)")
     for other_rank, other_label, other in failures[1:]:
-        add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {_brief(other)}")
+        add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {first_line(other, typed=True)}")
     raise exc
-
-
-def _brief(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

@@ -30,18 +30,17 @@ from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, make_bucket
 from simcluster.engine.inline import Engine
 from simcluster.errors import HookContractError, UsageError, add_context_note
+from simcluster.names import callable_name
 from simcluster.fake.futures import SimFuture
 from simcluster.limits import check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, patched_torch
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
-from simcluster.fake.state import LayoutModel, make_state
+from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.engine.trace import Trace
 
 __all__ = ["SimCluster", "RunResult", "HookRun"]
-
-StateSpec = Any  # None | "group" | SimProcessGroup | Callable[[SimProcessGroup], Any]
 
 
 @dataclass
@@ -202,7 +201,7 @@ class SimCluster(Runtime):
         self,
         hook: Callable[[Any, Any], Any],
         grads: Sequence[torch.Tensor],
-        state: StateSpec = None,
+        state: Any = None,  # a StateSpec, or what StateSpec.parse takes, or this cluster's WORLD group
         *,
         parameters: Sequence[torch.Tensor] | None = None,
         bucket_index: int = 0,
@@ -226,6 +225,8 @@ class SimCluster(Runtime):
         """
         hook = as_rank_local(hook)
         grads = self._check_grads(grads)
+        if not isinstance(state, SimProcessGroup):
+            state = StateSpec.parse(state)  # once: each rank then resolves it
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size
         outputs: list[Any] = [None] * self.world_size
@@ -246,15 +247,9 @@ class SimCluster(Runtime):
             outputs=outputs, buckets=buckets, states=states,
         )
 
-    def state_for(self, rank: int, state: StateSpec, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
+    def state_for(self, rank: int, state: Any, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
         """Rank ``rank``'s hook state from a state spec (see :meth:`run_hook`); ``parameters``
         make the model of a ``factory(process_group, model)`` (:mod:`simcluster.fake.state`)."""
-        if state is None:
-            return None
-        if isinstance(state, str):
-            if state == "group":
-                return self.contexts.world_groups[rank]
-            raise UsageError(f"state={state!r} is not a state spec: use None, 'group', a process group or a factory")
         if isinstance(state, SimProcessGroup):
             if state.global_rank not in state.spec.ranks or state._runtime is not self:
                 raise UsageError(f"state={state!r} is not a process group of this cluster")
@@ -264,9 +259,7 @@ class SimCluster(Runtime):
                 f"state={state!r}: pass a factory for subgroups, e.g. lambda pg: dist.new_group([...]), "
                 "so every rank creates its own handle"
             )
-        if callable(state):
-            return make_state(state, self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
-        raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
+        return StateSpec.parse(state).resolve(self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
 
     def _check_grads(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(grads) != self.world_size:
@@ -323,7 +316,7 @@ def check_future(future: Any, rank: int, bucket_index: int, hook: Callable[..., 
     # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
     # the C++ class itself, which DDP accepts too.
     if not isinstance(future, torch._C.Future):
-        name = getattr(hook, "__qualname__", repr(hook))
+        name = callable_name(hook)
         raise HookContractError(
             f"hook {name} returned {type(future).__name__} on rank {rank}, bucket {bucket_index}: a DDP comm hook "
             "must return a torch.futures.Future (e.g. dist.all_reduce(..., async_op=True).get_future()); real DDP "
