@@ -318,7 +318,7 @@ def _observe_real_ddp(view: bool, observe: Any) -> dict[str, Any]:
     for _ in range(2):
         ddp(x).sum().backward()
     shapes = [list(p.shape) for p in params]
-    del ddp  # DESIGN.md §7: no DDP object outlives the job (the runner then collects)
+    del ddp  # docs/gloo-facts.md §10: no DDP object outlives the job (the runner then collects)
     return {"shapes": shapes, "seen": seen}
 
 

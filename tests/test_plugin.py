@@ -204,7 +204,7 @@ def test_under_xdist_with_CI_set_workers_use_our_ci_profile(
     pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch
 ) -> None:
     """Each xdist worker configures itself: fixtures work, and CI=true loads *our* ci profile
-    (25 examples), not Hypothesis' built-in one that its import loads (DESIGN.md §7)."""
+    (25 examples), not Hypothesis' built-in one that its import loads (docs/cli.md, *Profiles*)."""
     clean_env.setenv("CI", "true")
     clean_env.setenv("EXPECT", "ci,25,ro")
     pytester.makepyfile(test_fixtures=FIXTURE_TESTS, test_probe=PROFILE_PROBE)

@@ -25,9 +25,9 @@ Two front doors:
   module globals, ``torch.set_*`` settings) carries over. After a failed job the world
   is torn down and the next :meth:`GlooCluster.run` starts a new one.
 
-Guarantees (DESIGN.md §7): the parent never hangs — it has its own watchdog, and on
-timeout it kills every child, reaps it and raises :class:`GlooRunError` naming the ranks
-that did not finish and what each was doing. A rank that raises exits at once, so its
+Guarantees (the hazards they answer are in docs/gloo-facts.md §10): the parent never
+hangs — it has its own watchdog, and on timeout it kills every child, reaps it and
+raises :class:`GlooRunError` naming the ranks that did not finish and what each was doing. A rank that raises exits at once, so its
 peers fail fast with gloo's ``Connection closed by peer``; the error puts the failing
 rank's own traceback first and the peers' consequential errors last. A rank killed by a
 signal (gloo aborts the process on some mismatches) is reported with the tail of its
