@@ -284,7 +284,7 @@ def run_real_ddp(
             engine.run([rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:
             for rank, label, exc in engine.failures:
-                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {_brief(exc)}")
+                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {first_line(exc, typed=True)}")
             raise
     if engine.failures:
         _raise_failures(engine, world_size)
