@@ -26,7 +26,7 @@ def gloo_world() -> Iterator[Callable[[int], GlooCluster]]:
     Started lazily through multiprocessing's fork server (torch and ``torch._dynamo``
     are imported once per pytest worker, not once per rank: a fresh world then starts in
     ~0.2 s and each job costs milliseconds, DDP construction included). Jobs must not
-    keep a ``DistributedDataParallel`` alive past their return (DESIGN.md §7): the
+    keep a ``DistributedDataParallel`` alive past their return (docs/gloo-facts.md §10): the
     runner collects garbage and barriers after each job, and its children leave with
     ``os._exit``. A failed job tears its world down; the next one starts afresh.
     """

@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any
 
-from simcluster.real.gloo_runner import GlooCluster, GlooRunError, run_gloo
+from simcluster.errors import GlooRunError
+from simcluster.real.gloo_runner import GlooCluster, run_gloo
 
 
 def _describe(value: Any, known: dict[str, Any]) -> str:
@@ -163,7 +164,7 @@ def _median(fn: Any, n: int) -> float:
 
 
 def timings() -> None:
-    baseline = 1.05  # DESIGN.md §6: 2-rank spawn + init + destroy
+    baseline = 1.05  # docs/gloo-facts.md §9: 2-rank spawn + init + destroy
     rows: list[tuple[str, float]] = []
     for method in ("subprocess", "spawn", "forkserver"):
         run_gloo(noop, 2, start_method=method)  # warm-up (starts the fork server)

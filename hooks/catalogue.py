@@ -17,6 +17,7 @@ True
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from simcluster.limits import BACKEND_NAMES
 from simcluster.hooks import buggy, legacy, reference
 
 __all__ = [
@@ -89,7 +90,7 @@ class CatalogueEntry:
     tolerance: str
     api: str = "current"
     expected_failure: str | None = None
-    backends: tuple[str, ...] = ("gloo", "nccl")
+    backends: tuple[str, ...] = BACKEND_NAMES
     note: str = ""
     needs: tuple[str, ...] = ()
     min_world_size: int = 1

@@ -50,7 +50,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from simcluster.errors import SimClusterError, UsageError
+from simcluster.errors import SimClusterError, UsageError, first_line
+from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
 
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(factory(process_group) or factory(process_group, model))")
     check.add_argument("--tolerance", default=None, metavar="T",
                        help="none | exact | fp32 (default) | fp16 | bf16 | rtol=R,atol=A | scale=R | norm=R")
-    check.add_argument("--backend", default="all", choices=("gloo", "nccl", "all"))
+    check.add_argument("--backend", default="all", choices=(*BACKEND_NAMES, "all"))
     check.add_argument("--world-sizes", default="1,2,3,4,8", metavar="LIST")
     check.add_argument("--params", default=None, metavar="SHAPES",
                        help="fix the parameters' shapes, e.g. 4x5,5,1000 (values, caps, orders still drawn)")
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="run a hook once on small gradients and show what it does")
     explain.add_argument("target", metavar="TARGET")
     explain.add_argument("--world-size", type=int, default=2, metavar="N")
-    explain.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    explain.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     explain.add_argument("--seed", type=int, default=0, metavar="S")
     explain.add_argument("--state", default="none", metavar="SPEC")
     explain.add_argument("--numel", type=int, default=None, metavar="N", help="one parameter of N elements (one bucket)")
@@ -150,8 +151,7 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             return _explain_command(args)
         return _check_command(args, check)
     except SimClusterError as exc:  # usage and load errors: one line, no traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"simcluster: error: {first}", file=sys.stderr)
+        print(f"simcluster: error: {first_line(exc) or type(exc).__name__}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         print("simcluster: interrupted", file=sys.stderr)
@@ -223,7 +223,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.subgroups:
         extra["subgroups"] = True
     return extra | {
-        "backends": ("gloo", "nccl") if args.backend == "all" else (args.backend,),
+        "backends": BACKEND_NAMES if args.backend == "all" else (args.backend,),
         "world_sizes": parse_world_sizes(args.world_sizes),
         "steps": check_int("--steps", args.steps, *STEPS),
         "examples": check_int("--examples", args.examples, *EXAMPLES),
@@ -239,7 +239,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One dict per hook to check: display name, target spec, state, tolerance, api, properties, skipped."""
-    from simcluster.usercode.targets import parse_tolerance
+    from simcluster.checking.tolerances import parse_tolerance
 
     if not args.targets:
         from simcluster.checking.defaults import default_entries

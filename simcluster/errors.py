@@ -17,6 +17,8 @@ re-raised as itself with notes attached (see :func:`add_context_note`).
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "SimClusterError",
     "UsageError",
@@ -30,7 +32,16 @@ __all__ = [
     "StuckError",
     "ForeignThreadError",
     "HookExited",
+    "GradBucketMisuse",
+    "GradBucketAttributeError",
+    "GradBucketTypeError",
+    "GradBucketRuntimeError",
+    "CopyBackError",
+    "SharedSettingError",
+    "GlooRunError",
+    "Violation",
     "add_context_note",
+    "first_line",
 ]
 
 
@@ -114,6 +125,88 @@ class HookExited(HookFailure):
     On a real cluster that rank's process dies and its peers hang or crash; here the
     check reports it as a *liveness* failure of the hook, never as the program's exit.
     """
+
+
+class GradBucketMisuse(HookFailure):
+    """The hook used the bucket in a way torch's GradBucket rejects. The hook's to fix.
+
+    Each subclass also derives from the builtin exception the real bucket raises, so
+    ``except TypeError`` / ``hasattr`` behave as they would on a real cluster
+    (raised by :mod:`simcluster.fake.bucket`).
+    """
+
+
+class GradBucketAttributeError(GradBucketMisuse, AttributeError):
+    """A method this API generation lacks, or an attribute set on the bucket."""
+
+
+class GradBucketTypeError(GradBucketMisuse, TypeError):
+    """A non-tensor passed to ``set_buffer``, or an attempt to pickle or copy the bucket."""
+
+
+class GradBucketRuntimeError(GradBucketMisuse, RuntimeError):
+    """``gradients()`` on a buffer (from ``set_buffer``) that cannot hold the parameters."""
+
+
+class CopyBackError(HookContractError, RuntimeError):
+    """DDP's reducer cannot copy the hook's result back into ``p.grad``. The hook's to fix.
+
+    The message begins with what real DDP raises from ``backward()`` (a
+    ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay
+    (raised by :mod:`simcluster.fake.reducer`).
+    """
+
+
+class SharedSettingError(UnsupportedError):
+    """A rank changed a process-wide setting that every simulated rank shares
+    (:mod:`simcluster.usercode.rank_state`)."""
+
+
+class GlooRunError(SimClusterError):
+    """A real-gloo job failed: a rank raised, died, or did not finish in time.
+
+    Whose problem: usually the job's (the function raised, or its ranks issued mismatched
+    collectives); the message says which rank failed first and shows its traceback.
+    Attributes: ``failures`` maps rank → traceback or exit description, ``unfinished``
+    lists ranks that were killed by the watchdog, ``reproduce`` is a command line
+    (raised by :mod:`simcluster.real.gloo_runner`).
+    """
+
+    def __init__(self, message: str, *, failures: dict[int, str], unfinished: list[int],
+                 reproduce: str) -> None:
+        super().__init__(message)
+        self.failures = failures
+        self.unfinished = unfinished
+        self.reproduce = reproduce
+
+
+class Violation(SimClusterError, AssertionError):
+    """A property failed on one example (a finding of ``simcluster check``); ``prop`` names
+    the property, ``info`` holds the failure's fields.
+
+    An ``AssertionError`` too, as Hypothesis expects of a failing test. The checker makes
+    one subclass per property (and per distinct bug), so Hypothesis tells failures apart.
+    """
+
+    prop = ""
+
+    def __init__(self, message: str, info: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.info = {} if info is None else info
+
+
+def first_line(exc: BaseException, *, typed: bool = False) -> str:
+    """The first line of ``exc``'s message (``""`` if it has none); ``typed``: prefixed by its
+    type, ``"ValueError: bad value"`` (just ``"ValueError"`` when the message is empty).
+
+    >>> first_line(ValueError("\\n bad value\\nmore")), first_line(KeyError(), typed=True)
+    ('bad value', 'KeyError')
+    """
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip() if lines else ""
+    if not typed:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def add_context_note(exc: BaseException, note: str) -> BaseException:

@@ -36,10 +36,15 @@ from typing import Any
 from simcluster.errors import UsageError
 
 __all__ = [
+    "BACKEND_NAMES",
     "WORLD_SIZES", "SEEDS", "STEPS", "EXAMPLES", "DEADLINE_MAX", "RANK_OVERHEAD_BYTES",
     "check_int", "check_deadline", "check_memory", "available_memory",
 ]
 
+BACKEND_NAMES: tuple[str, ...] = ("gloo", "nccl")
+"""The modelled backends (:mod:`simcluster.fake.backends` holds their models): the one list every
+``--backend`` option, default and check draws from. Here, not beside the models, so the CLI can
+build its options without importing torch."""
 WORLD_SIZES = (1, 1024)
 SEEDS = (0, 2**32 - 1)
 STEPS = (1, 100)

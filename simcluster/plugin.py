@@ -253,18 +253,19 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
     """CLI strings → objects: a TARGET string (a :class:`~simcluster.usercode.rank_local.RankLocal`:
     every simulated rank gets its own copy of its module, and of the ``isolate=`` modules),
-    a state spec, a tolerance (UsageError if bad)."""
-    from simcluster.usercode.rank_local import RankLocal, parse_isolate
-    from simcluster.usercode.targets import parse_shapes, parse_tolerance
+    a state spec (a :class:`~simcluster.fake.state.StateSpec`), shapes, a tolerance — each
+    a one-line UsageError if bad, raised here, before the check starts."""
+    from simcluster.checking.tolerances import parse_tolerance
+    from simcluster.usercode.rank_local import RankLocal, parse_isolate, rank_local_state
+    from simcluster.usercode.targets import parse_shapes
 
     options = dict(options)
     isolate = parse_isolate(options.get("isolate"))
     if isinstance(hook, str):
         options.setdefault("target", hook)
         hook = RankLocal(hook, isolate=isolate)
-    state = options.get("state")
-    if isinstance(state, str) and state not in ("none", "group"):
-        options["state"] = RankLocal(state, isolate=isolate, what="--state factory")
+    if "state" in options:
+        options["state"] = rank_local_state(options["state"], isolate=isolate)
     if isinstance(options.get("params"), str):
         options["params"] = parse_shapes(options["params"], what="params")
     if isinstance(options.get("tolerance"), str):
@@ -296,9 +297,7 @@ def check_hook(hook: Callable[..., Any] | str, **options: Any) -> CheckReport:
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
     """Like :func:`check_hook`, but raise ``AssertionError`` with the report when a property fails."""
-    report = check_hook(hook, **options)
-    if not report.passed:
-        raise AssertionError(report.format())
+    check_hook(hook, **options).assert_passed()
 
 
 # -- fixtures ---------------------------------------------------------------------------------
@@ -337,8 +336,6 @@ def simcluster_assert(simcluster_check: Callable[..., CheckReport]) -> Callable[
     """``assert_(hook, **options)``: raise ``AssertionError(report.format())`` if a property fails."""
 
     def assert_(hook: Any, **options: Any) -> None:
-        report = simcluster_check(hook, **options)
-        if not report.passed:
-            raise AssertionError(report.format())
+        simcluster_check(hook, **options).assert_passed()
 
     return assert_

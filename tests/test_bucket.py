@@ -14,15 +14,10 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-from simcluster.fake.bucket import (
-    GradBucketAttributeError,
-    GradBucketRuntimeError,
-    GradBucketTypeError,
-    SimGradBucket,
-    make_bucket,
-    packing,
+from simcluster.fake.bucket import SimGradBucket, make_bucket, packing
+from simcluster.errors import (
+    GradBucketAttributeError, GradBucketRuntimeError, GradBucketTypeError, HookFailure, UsageError,
 )
-from simcluster.errors import HookFailure, UsageError
 from simcluster.real.gloo_runner import GlooCluster
 
 
@@ -323,7 +318,7 @@ def _observe_real_ddp(view: bool, observe: Any) -> dict[str, Any]:
     for _ in range(2):
         ddp(x).sum().backward()
     shapes = [list(p.shape) for p in params]
-    del ddp  # DESIGN.md §7: no DDP object outlives the job (the runner then collects)
+    del ddp  # docs/gloo-facts.md §10: no DDP object outlives the job (the runner then collects)
     return {"shapes": shapes, "seen": seen}
 
 

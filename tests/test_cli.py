@@ -27,7 +27,8 @@ from simcluster.checking.defaults import TORCH_HOOKS, default_entries
 from simcluster.teaching.explain import small_gradients
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import CheckReport, PropertyFailure
-from simcluster.usercode.targets import load_target, parse_tolerance, parse_world_sizes
+from simcluster.checking.tolerances import parse_tolerance
+from simcluster.usercode.targets import load_target, parse_world_sizes
 
 PYTHON = sys.executable
 

@@ -15,7 +15,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from simcluster.hooks import buggy
 from simcluster import DeadlockError, HookContractError, SimCluster
-from simcluster.ddp.model import CopyBackError, DDPConfig, SimDDP, StepResult, subgroups
+from simcluster.errors import CopyBackError
+from simcluster.ddp.model import DDPConfig, SimDDP, StepResult, subgroups
 from simcluster.real.gloo_runner import GlooCluster
 
 MiB = 2**20

@@ -2,7 +2,7 @@
 
 Every hook below runs on the same per-rank gradients in ``SimCluster(backend="gloo",
 schedule="in_order")`` and in real gloo processes; the outputs must agree bitwise. The
-sizes straddle gloo's ring segmentation at world 3 (DESIGN.md §3: 1 element, fewer
+sizes straddle gloo's ring segmentation at world 3 (docs/collectives.md §1: 1 element, fewer
 elements than segments, several segments per chunk, 70000 elements spread over
 ``2N`` segments), so a wrong reduction order in the model shows up as flipped bits.
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from simcluster.errors import TargetLoadError, UsageError
-from simcluster.real.gloo_runner import GlooCluster, GlooRunError, run_gloo
+from simcluster.errors import GlooRunError, TargetLoadError, UsageError
+from simcluster.real.gloo_runner import GlooCluster, run_gloo
 
 pytestmark = pytest.mark.gloo
 
@@ -87,6 +88,21 @@ def test_run_gloo_returns_each_ranks_result_in_rank_order() -> None:
     assert [r["threads"] for r in results] == [1, 1]
     assert results[0]["pid"] != results[1]["pid"]
     assert not any(_alive(r["pid"]) for r in results)
+
+
+def test_a_subprocess_child_imports_no_parent_side_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``python -c`` child runs gloo_child only: the job (a module that imports no
+    simcluster) sees which simcluster modules its process has loaded."""
+    (tmp_path / "child_modules_probe.py").write_text(
+        "import sys\n\n"
+        "def job(rank, world_size, payload):\n"
+        "    return sorted(m for m in sys.modules if m.startswith('simcluster'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    [loaded] = run_gloo("child_modules_probe:job", 1, timeout=120.0, start_method="subprocess")
+    assert "simcluster.real.gloo_child" in loaded  # the probe saw the child's modules, not an empty list
+    assert "simcluster.real.gloo_runner" not in loaded, loaded
+    assert not [m for m in loaded if m.split(".")[1:2] not in (["errors"], ["real"], [])], loaded
 
 
 def test_cluster_reuses_processes_and_resets_rng_between_jobs(cluster: GlooCluster) -> None:

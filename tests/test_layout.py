@@ -1,4 +1,4 @@
-"""DDP bucket layouts: the facts of DESIGN.md §4 one by one, properties of the cap
+"""DDP bucket layouts: the facts of docs/ddp-facts.md §3 one by one, properties of the cap
 rule, and a differential test against real DDP on gloo (``-m gloo``)."""
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def _record_real_ddp(spec: dict[str, Any]) -> dict[str, Any]:
         where["it"] = it
         ddp(x).sum().backward()
     meta = [(tuple(p.shape), str(p.dtype)) for p in params]
-    del ddp  # DESIGN.md §7: no DDP object outlives the job (the runner then collects)
+    del ddp  # docs/gloo-facts.md §10: no DDP object outlives the job (the runner then collects)
     return {"meta": meta, "ready": ready, "calls": calls}
 
 

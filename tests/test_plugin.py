@@ -147,7 +147,7 @@ def test_check_hook_takes_cli_spellings_and_profile_defaults(
 ) -> None:
     from hypothesis.database import ReadOnlyDatabase
 
-    from simcluster.hooks.reference import mean_allreduce_hook
+    from simcluster.hooks.reference import TopKState, mean_allreduce_hook
 
     recorder = _Recorder()
     clean_env.setattr(simcluster.checking.check, "check_hook", recorder)
@@ -155,7 +155,9 @@ def test_check_hook_takes_cli_spellings_and_profile_defaults(
     hook, options = recorder.calls[-1]
     # strings become RankLocal: every simulated rank gets its own copy of the module
     assert hook.shared is mean_allreduce_hook and options["target"] == "simcluster.hooks.reference:mean_allreduce_hook"
-    assert options["tolerance"] == "fp16" and callable(options["state"]) and options["state"].spec.endswith("TopKState")
+    state = options["state"]  # parsed once, the factory a RankLocal (each rank builds it from its own copy)
+    assert options["tolerance"] == "fp16" and state.kind == "factory" and state.name.endswith("reference:TopKState")
+    assert state.factory.shared is TopKState
     assert options["examples"] == plugin.PROFILES["dev"].examples
     assert not isinstance(options["database"], ReadOnlyDatabase)
     clean_env.setenv("CI", "1")
@@ -202,7 +204,7 @@ def test_under_xdist_with_CI_set_workers_use_our_ci_profile(
     pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch
 ) -> None:
     """Each xdist worker configures itself: fixtures work, and CI=true loads *our* ci profile
-    (25 examples), not Hypothesis' built-in one that its import loads (DESIGN.md §7)."""
+    (25 examples), not Hypothesis' built-in one that its import loads (docs/cli.md, *Profiles*)."""
     clean_env.setenv("CI", "true")
     clean_env.setenv("EXPECT", "ci,25,ro")
     pytester.makepyfile(test_fixtures=FIXTURE_TESTS, test_probe=PROFILE_PROBE)

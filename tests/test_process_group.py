@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from simcluster import SimCluster
+from simcluster.limits import BACKEND_NAMES
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
-BACKENDS = ["gloo", "nccl"]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
 
 
@@ -24,7 +24,7 @@ def ints(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return (torch.arange(n) * (rank + 1) % 7 - 3 + rank).to(dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_reduce_ops(backend: str, world: int, dtype: torch.dtype) -> None:
@@ -73,7 +73,7 @@ def _reduced(x: torch.Tensor, op: object) -> torch.Tensor:
     return t
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_avg_and_premul_sum(backend: str, world: int) -> None:
     xs = [torch.full((4,), float(2 * r + 1)) for r in range(world)]
@@ -113,7 +113,7 @@ def test_float_sum_matches_float64_reference(world: int) -> None:
         assert torch.allclose(o.double(), want, rtol=0, atol=world * 2.0**-20 * want.abs().max().item() + 1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_all_gather_value_shape_per_backend(backend: str, world: int) -> None:
     xs = [torch.tensor([float(r), float(r) + 0.5]) for r in range(world)]
@@ -132,7 +132,7 @@ def test_all_gather_value_shape_per_backend(backend: str, world: int) -> None:
             assert torch.equal(value[0], torch.stack(xs))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_gathers_scatters_broadcast(backend: str, world: int) -> None:
     xs = [torch.arange(3, dtype=torch.float32) + 10 * r for r in range(world)]

@@ -22,9 +22,8 @@ import torch.distributed as dist
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook, decode_example, encode_example
 from simcluster.real.differential import compare_with_gloo
-from simcluster.errors import UsageError
+from simcluster.errors import SharedSettingError, UsageError
 from simcluster.usercode.rank_local import RankLocal
-from simcluster.usercode.rank_state import SharedSettingError
 from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 from simcluster.usercode.targets import load_target
 

@@ -15,8 +15,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 
 from simcluster import SimCluster
+from simcluster.limits import BACKEND_NAMES
 
-BACKENDS = ["gloo", "nccl"]
 STATES = [None, "group"]
 
 
@@ -29,7 +29,7 @@ def mean64(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([g.double() for g in grads]).mean(0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("state", STATES)
 @pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_fp16_compress_hook_rounds_to_half_precision() -> None:
     assert out.tolist() == [1.0, 4.0]  # 1 + 2^-12 is not an fp16 value: it rounds to 1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 def test_noop_hook_returns_each_ranks_own_gradient(backend: str) -> None:
     grads = exact_grads(3)
     result = SimCluster(3, backend=backend).run_hook(noop_hook, grads)
@@ -100,7 +100,7 @@ def rank_one_grads(world: int, rows: int, cols: int, tail: int) -> list[torch.Te
     return [torch.cat([((r + 1) * torch.outer(u, v)).reshape(-1), torch.full((tail,), float(r))]) for r in range(world)]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("hook", [powerSGD_hook.powerSGD_hook, powerSGD_hook.batched_powerSGD_hook])
 def test_powersgd_before_start_iter_is_a_plain_mean(hook, backend: str) -> None:
     world = 2
@@ -111,7 +111,7 @@ def test_powersgd_before_start_iter_is_a_plain_mean(hook, backend: str) -> None:
         assert torch.allclose(out.double(), mean64(grads), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @pytest.mark.parametrize("world", [2, 3])
 def test_powersgd_compresses_a_rank_one_mean_exactly_and_keeps_replicas_identical(world: int, backend: str) -> None:
     grads = rank_one_grads(world, 16, 16, 4)
@@ -125,7 +125,7 @@ def test_powersgd_compresses_a_rank_one_mean_exactly_and_keeps_replicas_identica
     assert [e.op for e in result.trace.collectives()] == ["all_reduce"] * 3  # uncompressed, P, Q
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
 def test_batched_powersgd_fails_once_compression_starts(backend: str) -> None:
     """A finding in torch 2.13 itself: batched_powerSGD_hook passes its 2-D low-rank
     matrix to ``_orthogonalize``, which asserts a 3-D batch — so the hook raises a bare

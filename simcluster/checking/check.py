@@ -42,14 +42,17 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from simcluster.checking import properties as P
-from simcluster.checking.judge import ORDER, Violation, exit_head, keeps_residual, run_example
-from simcluster.checking.options import BACKENDS, Options, make_options, name_of
-from simcluster.checking.render import death_failure, failure, loadable_spec
+from simcluster.checking.judge import ORDER, exit_head, keeps_residual, run_example
+from simcluster.checking.options import Options, make_options
+from simcluster.checking.render import death_failure, failure
 from simcluster.checking.replay import decode_example, encode_example
 from simcluster.checking.report import CheckReport, PropertyFailure
+from simcluster.checking.tolerances import parse_tolerance
 from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec, examples as example_strategy
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor, run_supervised
-from simcluster.errors import HookExited, UsageError
+from simcluster.errors import HookExited, UsageError, Violation
+from simcluster.limits import BACKEND_NAMES
+from simcluster.names import loadable_spec, target_spec
 from simcluster.usercode.rank_local import RankLocal, parse_isolate
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
@@ -60,7 +63,7 @@ SHRINK_BUDGET = 3  # × examples: simulated examples allowed for shrinking after
 
 # --------------------------------------------------------------------------- the API
 def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, state: Any = "none",
-               tolerance: str = "fp32", backends: Sequence[str] = BACKENDS,
+               tolerance: str = "fp32", backends: Sequence[str] = BACKEND_NAMES,
                world_sizes: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3, examples: int = 50,
                seed: int | None = 0, api: str = "current",
                database: str | os.PathLike[str] | ExampleDatabase | None = None,
@@ -118,14 +121,14 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     from simcluster.checking.training import TRAININGS, training_for
 
     if (training := training_for(hook)) is not None:
-        return check_training(training, target=target or name_of(hook) or training.name, backends=backends,
+        return check_training(training, target=target or target_spec(hook) or training.name, backends=backends,
                               world_sizes=world_sizes, steps=steps, examples=examples, seed=seed, replay=replay)
     if properties is not None and "trains_like_reference" in properties and not isinstance(properties, str):
         raise UsageError("properties: trains_like_reference applies to hooks that step an optimizer "
                          f"({', '.join(sorted(TRAININGS))}), checked by training on real DDP")
     if not callable(hook):
         raise UsageError(f"hook={hook!r} is not callable")
-    opts = make_options(hook, target=target or name_of(hook) or repr(hook),
+    opts = make_options(hook, target=target or target_spec(hook) or repr(hook),
                         replay_target=replay_target or loadable_spec(hook) or "", state=state, isolate=isolated,
                         tolerance=tolerance, backends=backends, world_sizes=world_sizes, steps=steps,
                         examples=examples, seed=seed, api=api, properties=properties, params=params,
@@ -145,9 +148,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
     """:func:`check_hook`, raising ``AssertionError(report.format())`` unless every property held."""
-    report = check_hook(hook, **options)
-    if not report.passed:
-        raise AssertionError(report.format())
+    check_hook(hook, **options).assert_passed()
 
 
 def _new_report(opts: Options, backends: Sequence[str]) -> CheckReport:
@@ -253,7 +254,7 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     """
     if tolerance == "exact":
         return {"exact": True}
-    if (tolerance == "none" and "error_feedback" in props) or P.parse_tolerance(tolerance).lossy:
+    if (tolerance == "none" and "error_feedback" in props) or parse_tolerance(tolerance).lossy:
         return {"values": torch.float16}
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
 
@@ -283,7 +284,7 @@ def _digest(opts: Options, backend: str, steps: int) -> bytes:
     return (
         f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
         + ("" if opts.params is None else f"|params={opts.params}")
-        + ("|subgroups" if opts.subgroups and opts.state != "group" else "")
+        + ("|subgroups" if opts.subgroups and opts.state.kind != "group" else "")
         + ("" if opts.rng == "per_rank" else f"|rng={opts.rng}")
         + (f"|isolate={','.join(opts.hook.isolate)}" if isinstance(opts.hook, RankLocal) and opts.hook.isolate else "")
     ).encode()

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from simcluster.checking.tolerances import quantization_tolerance, round_up
+from simcluster.limits import BACKEND_NAMES
+from simcluster.names import target_spec
 
 __all__ = [
     "DefaultEntry",
@@ -70,7 +72,7 @@ class DefaultEntry:
     tolerance: str = "fp32"
     api: str = "current"
     properties: tuple[str, ...] | None = None
-    backends: tuple[str, ...] = ("gloo", "nccl")
+    backends: tuple[str, ...] = BACKEND_NAMES
     skipped: str | None = None
     note: str = ""
     source: str = "torch"
@@ -197,18 +199,13 @@ TORCH_HOOKS: tuple[DefaultEntry, ...] = (
 """Every hook in ``torch.distributed.algorithms.ddp_comm_hooks`` of torch 2.13, in module order."""
 
 
-def _spec(obj: Any) -> str:
-    """``module:qualname`` of a module-level callable (a class or a function)."""
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
 def reference_entries() -> list[DefaultEntry]:
     """The ``REFERENCE`` entries of :mod:`simcluster.hooks.catalogue`, as rows (imported on call)."""
     from simcluster.hooks import catalogue
 
     return [
         DefaultEntry(
-            name=e.name, target=_spec(e.hook), state=e.state, tolerance=e.tolerance, api=e.api,
+            name=e.name, target=target_spec(e.hook) or repr(e.hook), state=e.state, tolerance=e.tolerance, api=e.api,
             backends=tuple(e.backends), note=e.note, source="hooks",
         )
         for e in catalogue.REFERENCE

@@ -32,8 +32,9 @@ from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site
 from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
-from simcluster.errors import BackendError, HookContractError, HookExited, UnsupportedError, UsageError
-from simcluster.fake.bucket import GradBucketMisuse
+from simcluster.errors import (
+    BackendError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError, UsageError, Violation, first_line,
+)
 from simcluster.fake.cluster import SimCluster
 
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "ORDER"]
@@ -43,16 +44,6 @@ ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_indepen
 
 Fail = Callable[..., None]
 """``fail(prop, message, error=None, **extra)``: raise the violation of ``prop`` (never returns)."""
-
-
-class Violation(AssertionError):
-    """A property failed on one example; ``info`` holds the failure's fields."""
-
-    prop = ""
-
-    def __init__(self, message: str, info: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.info = info
 
 
 # One subclass per property, so Hypothesis tells the failures apart and shrinks each.
@@ -223,7 +214,7 @@ def exit_head(error: BaseException, at: int) -> str | None:
         return (f"step {at}: the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's "
                 "process ends here and its peers hang or crash")
     if isinstance(error, HookExited):
-        return f"step {at}: HookExited: {str(error).splitlines()[0]}"
+        return f"step {at}: HookExited: {first_line(error)}"
     return None
 
 

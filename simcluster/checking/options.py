@@ -13,19 +13,18 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simcluster.checking import properties as P
-from simcluster.checking.render import loadable_spec
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import fixed_shapes
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor
+from simcluster.checking.tolerances import parse_tolerance
 from simcluster.errors import UsageError
-from simcluster.limits import EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
-from simcluster.usercode.rank_local import RankLocal
+from simcluster.fake.state import StateSpec
+from simcluster.limits import BACKEND_NAMES, EXAMPLES, SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
+from simcluster.usercode.rank_local import rank_local_state
 from simcluster.usercode.targets import parse_shapes
 
-__all__ = ["Options", "BACKENDS", "DRAIN_STEPS", "make_options", "choose_properties", "name_of"]
+__all__ = ["Options", "DRAIN_STEPS", "make_options", "choose_properties"]
 
-BACKENDS = ("gloo", "nccl")
 DRAIN_STEPS = 4
 """Zero-gradient steps appended when *error_feedback* is checked, so a kept residual drains."""
 
@@ -36,7 +35,7 @@ class Options:
 
     hook: Callable[..., Any]
     target: str
-    state: Any  # None | "group" | factory
+    state: StateSpec  # parsed once; resolved per rank
     state_name: str
     tolerance: str
     api: str
@@ -52,28 +51,7 @@ class Options:
     rng: str = "per_rank"  # the ranks' RNG policy (SimCluster's rng=)
 
 
-def name_of(obj: Any) -> str | None:
-    """``module:qualname`` of a named function or class (None for lambdas and closures)."""
-    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    return f"{module}:{qual}" if module and qual and "<" not in qual else None
-
-
-def resolve_state(state: Any, isolate: tuple[str, ...]) -> tuple[Any, str]:
-    """``(state object, its name in reports)`` from ``check_hook``'s ``state=``."""
-    if state is None or state == "none":
-        return None, "none"
-    if state == "group":
-        return "group", "group"
-    if isinstance(state, str):
-        return RankLocal(state, isolate=isolate, what="--state factory"), state
-    if isinstance(state, RankLocal):
-        return state, state.spec
-    if callable(state):
-        return state, loadable_spec(state) or name_of(state) or "<factory>"
-    raise UsageError(f"state={state!r} (type={type(state).__name__}): use 'none', 'group', 'module:factory' or a callable")
-
-
-def choose_properties(properties: Sequence[str] | None, tolerance: str, state: Any) -> tuple[str, ...]:
+def choose_properties(properties: Sequence[str] | None, tolerance: str, state: StateSpec) -> tuple[str, ...]:
     """The properties checked, in :data:`~simcluster.checking.report.PROPERTIES` order.
 
     By default every one that applies: *averages* unless the tolerance is ``none``, and
@@ -82,7 +60,7 @@ def choose_properties(properties: Sequence[str] | None, tolerance: str, state: A
         chosen = ["contract", "liveness", "replicas_agree", "schedule_independence"]
         if tolerance != "none":
             chosen.insert(3, "averages")
-        if tolerance == "none" and callable(state):  # a stateful lossy hook: it should keep a residual
+        if tolerance == "none" and state.kind == "factory":  # a stateful lossy hook: it should keep a residual
             chosen.append("error_feedback")
         return tuple(chosen)
     unknown = [p for p in properties if p not in PROPERTIES]
@@ -94,7 +72,7 @@ def choose_properties(properties: Sequence[str] | None, tolerance: str, state: A
 def _check_search(backends: Sequence[str], world_sizes: Sequence[int], steps: int, examples: int,
                   seed: int | None) -> None:
     """The search's sizes: backends, world sizes, steps, examples and seed."""
-    bad = [b for b in backends if b not in BACKENDS]
+    bad = [b for b in backends if b not in BACKEND_NAMES]
     if bad or not backends or isinstance(backends, str):
         raise UsageError(f"backends={backends!r}: use a list of 'gloo' and/or 'nccl'")
     if not world_sizes or isinstance(world_sizes, (str, int)):
@@ -113,18 +91,18 @@ def make_options(hook: Callable[..., Any], *, target: str, replay_target: str, s
                  params: Sequence[Sequence[int]] | str | None, subgroups: bool | None, deadline: float,
                  rng: str) -> Options:
     """Validate ``check_hook``'s arguments (in the order they are checked) into :class:`Options`."""
-    state_obj, state_name = resolve_state(state, isolate)
-    tol = P.parse_tolerance(tolerance).describe()
+    state_spec = rank_local_state(state, isolate=isolate)
+    tol = parse_tolerance(tolerance).describe()
     _check_search(backends, world_sizes, steps, examples, seed)
     deadline = check_deadline(deadline, "deadline")
     if api not in ("current", "legacy"):
         raise UsageError(f"api={api!r}: use 'current' or 'legacy'")
-    props = choose_properties(properties, tol, state_obj)
+    props = choose_properties(properties, tol, state_spec)
     shapes = None if params is None else parse_shapes(params, what="params") if isinstance(params, str) \
         else fixed_shapes(params)
     if subgroups not in (None, True, False):
         raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
-    return Options(hook, target, state_obj, state_name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
+    return Options(hook, target, state_spec, state_spec.name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                    ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
                    replay_target=replay_target, params=shapes,
-                   subgroups=state_obj == "group" if subgroups is None else subgroups, rng=rng)
+                   subgroups=state_spec.kind == "group" if subgroups is None else subgroups, rng=rng)

@@ -41,7 +41,6 @@ from simcluster.checking.tolerances import Tolerance, lossy_averages, parse_tole
 
 __all__ = [
     "Tolerance",
-    "parse_tolerance",
     "error_bound",
     "group_mean",
     "averages",
@@ -243,7 +242,7 @@ def registration_problem(hook: Callable[..., Any], api: str = "current") -> str 
 
 
 def result_problem(value: Any, buffer_numel: int, api: str = "current") -> str | None:
-    """What DDP's reducer does with the value the hook's future resolved to (DESIGN.md §4).
+    """What DDP's reducer does with the value the hook's future resolved to (measured: docs/ddp-facts.md, *Copy-back*).
 
     Current DDP wants a Tensor with at least the bucket's numel elements, contiguous and
     at storage offset 0 — it copies from the storage's element 0 on. A non-contiguous or

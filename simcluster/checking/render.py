@@ -22,9 +22,7 @@ step 0: bucket 0 = params [0, 1, 2] (6 elements)
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +36,11 @@ from simcluster.checking.strategies import DTYPES, Example
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack, stuck_in
 from simcluster.usercode.rank_local import RankLocal
 
-if TYPE_CHECKING:  # options imports loadable_spec from here
+if TYPE_CHECKING:  # options imports render
     from simcluster.checking.options import Options
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
-           "render_gradients", "describe_layout", "loadable_spec", "replay_command", "failure", "death_failure",
+           "render_gradients", "describe_layout", "replay_command", "failure", "death_failure",
            "MAX_LINES"]
 
 MAX_LINES = 40
@@ -196,30 +194,6 @@ def describe_layout(example: Example, steps: int) -> str:
 
 
 # --------------------------------------------------------------------------- replay
-def loadable_spec(obj: Any) -> str | None:
-    """A TARGET spelling ``simcluster check`` can load from the current directory.
-
-    A function defined in a file under the current directory (a test module, a script)
-    is named by that file's relative path, ``tests/test_x.py:hook`` — its module name
-    (``test_x``) means nothing to a fresh ``simcluster`` process. Anything else
-    (an installed package) by ``module:qualname``. ``None`` for lambdas and closures.
-    """
-    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not module or not qual or "<" in qual:
-        return None
-    file = getattr(sys.modules.get(module), "__file__", None)
-    if file:
-        rel = os.path.relpath(os.path.abspath(file))
-        if not rel.startswith("..") and not os.path.isabs(rel) and not _installed(file):
-            return f"{rel}:{qual}"
-    return f"{module}:{qual}"
-
-
-def _installed(file: str) -> bool:
-    path = os.path.abspath(file)
-    return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
-
-
 def replay_command(opts: Options, backend: str, world: int, token: str, steps: int) -> str:
     """The ``simcluster check … --replay TOKEN`` line that reruns one counterexample as found."""
     parts = ["simcluster check", opts.replay_target or opts.target]
@@ -228,7 +202,7 @@ def replay_command(opts: Options, backend: str, world: int, token: str, steps: i
     parts += [f"--tolerance {opts.tolerance}"]
     if opts.params is not None:
         parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
-    if opts.subgroups and opts.state != "group":
+    if opts.subgroups and opts.state.kind != "group":
         parts.append("--subgroups")
     if opts.api != "current":
         parts.append(f"--api {opts.api}")

@@ -2,7 +2,8 @@
 
 :func:`simcluster.checking.check.check_hook` returns a :class:`CheckReport`; ``simcluster check``
 prints it (a table row per hook, then each failure in readable form) and ``--json``
-writes ``CheckReport.to_dict()``; the pytest plugin's ``assert_hook`` raises
+writes ``CheckReport.to_dict()``; every ``assert_hook`` (the API's, the plugin's, the
+``simcluster_assert`` fixture) ends in :meth:`CheckReport.assert_passed`, which raises
 ``AssertionError(report.format())`` when ``report.passed`` is false.
 
 A :class:`PropertyFailure` carries everything needed to understand and reproduce a
@@ -86,6 +87,12 @@ class CheckReport:
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f.format() for f in self.failures]
         return "\n".join(lines)
+
+    def assert_passed(self) -> None:
+        """Raise ``AssertionError(self.format())`` unless every property held: the one
+        assertion behind every ``assert_hook``."""
+        if not self.passed:
+            raise AssertionError(self.format())
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

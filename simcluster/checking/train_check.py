@@ -21,8 +21,9 @@ import torch
 from hypothesis import HealthCheck, Verbosity, given, settings, strategies as st
 from hypothesis import seed as hypothesis_seed
 
-from simcluster.errors import SimClusterError, UsageError
+from simcluster.errors import SimClusterError, UsageError, Violation, first_line
 from simcluster.ddp.real_ddp import run_real_ddp
+from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.report import CheckReport, PropertyFailure
 from simcluster.checking.training import Heads, Training, trains_like_reference
 
@@ -72,15 +73,11 @@ def _decode(token: str) -> tuple[TrainExample, str]:
         raise UsageError(f"--replay {token[:40]!r}…: not a simcluster training replay token ({exc})") from None
 
 
-class _Failed(AssertionError):
-    prop = ""
-
-
-_FAILS = {name: type(f"Training_{name}", (_Failed,), {"prop": name}) for name in ("liveness", "trains_like_reference")}
+_FAILS = {name: type(f"Training_{name}", (Violation,), {"prop": name}) for name in ("liveness", "trains_like_reference")}
 
 
 def run_training(training: Training, example: TrainExample, backend: str, steps: int) -> None:
-    """Train ``example`` with ``training`` and judge it; raises a ``_Failed`` subclass on a violation."""
+    """Train ``example`` with ``training`` and judge it; raises a :class:`~simcluster.errors.Violation` subclass on a violation."""
     iterations = training.warmup + steps
     inputs = example.inputs(iterations)
     try:
@@ -90,7 +87,7 @@ def run_training(training: Training, example: TrainExample, backend: str, steps:
         raise
     except Exception as exc:  # noqa: BLE001 - the hook's (or the run's) failure is the finding
         kind = "" if isinstance(exc, SimClusterError) else " (the hook raised: the step cannot complete)"
-        raise _FAILS["liveness"](f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{kind}") from None
+        raise _FAILS["liveness"](f"{first_line(exc, typed=True)}{kind}") from None
     msg = trains_like_reference(run.params, run.initial[0], inputs, example.model(), warmup=training.warmup)
     if msg is not None:
         raise _FAILS["trains_like_reference"](msg)
@@ -108,7 +105,7 @@ def _examples(world_sizes: Sequence[int]) -> st.SearchStrategy[TrainExample]:
     return build()
 
 
-def check_training(training: Training, *, target: str, backends: Sequence[str] = ("gloo", "nccl"),
+def check_training(training: Training, *, target: str, backends: Sequence[str] = BACKEND_NAMES,
                    world_sizes: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3, examples: int = 50,
                    seed: int | None = 0, replay: str | None = None, **_ignored: Any) -> CheckReport:
     """Check a :class:`Training` on real DDP (threads) under each backend model it supports.
@@ -155,19 +152,19 @@ def _run_one(training: Training, example: TrainExample, backend: str, steps: int
     report.examples += 1
     try:
         run_training(training, example, backend, steps)
-    except _Failed as failure:
+    except Violation as failure:
         report.failures.append(_failure(failure, example, backend, steps, training.warmup, target, seed))
 
 
 def _search(training: Training, backend: str, world_sizes: Sequence[int], steps: int, examples: int,
             seed: int | None, report: CheckReport, target: str) -> None:
-    found: list[tuple[_Failed, TrainExample]] = []
+    found: list[tuple[Violation, TrainExample]] = []
 
     def test(example: TrainExample) -> None:
         report.examples += 1
         try:
             run_training(training, example, backend, steps)
-        except _Failed as failure:
+        except Violation as failure:
             found.append((failure, example))
             raise
 
@@ -178,12 +175,12 @@ def _search(training: Training, backend: str, world_sizes: Sequence[int], steps:
                        print_blob=False, report_multiple_bugs=False, suppress_health_check=list(HealthCheck))(wrapped)
     try:
         wrapped()
-    except _Failed as failure:
+    except Violation as failure:
         example = next(ex for f, ex in reversed(found) if str(f) == str(failure) and f.prop == failure.prop)
         report.failures.append(_failure(failure, example, backend, steps, training.warmup, target, seed))
 
 
-def _failure(failure: _Failed, example: TrainExample, backend: str, steps: int, warmup: int, target: str,
+def _failure(failure: Violation, example: TrainExample, backend: str, steps: int, warmup: int, target: str,
              seed: int | None) -> PropertyFailure:
     iterations = steps + warmup
     token = _token(example, backend)

@@ -30,6 +30,7 @@ import torch
 
 from simcluster.checking.properties import error_bound
 from simcluster.ddp.real_ddp import Setup
+from simcluster.limits import BACKEND_NAMES
 
 __all__ = ["Training", "Heads", "TRAININGS", "training_for", "trains_like_reference", "zero_step_setup",
            "hook_then_optimizer_setup"]
@@ -64,7 +65,7 @@ class Training:
     name: str
     setup: Setup
     warmup: int = 0
-    backends: tuple[str, ...] = ("gloo", "nccl")
+    backends: tuple[str, ...] = BACKEND_NAMES
     note: str = ""
 
 

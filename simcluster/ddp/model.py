@@ -66,11 +66,12 @@ import torch.distributed as dist
 
 from simcluster.fake.bucket import make_bucket
 from simcluster.fake.cluster import SimCluster
-from simcluster.fake.reducer import CopyBackError, check_future, collect, copy_bucket, resolved
-from simcluster.errors import SimClusterError, UsageError, add_context_note
+from simcluster.fake.reducer import check_future, collect, copy_bucket, resolved
+from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
+from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls
 from simcluster.fake.process_group import SimProcessGroup
-from simcluster.fake.state import LayoutModel, make_state
+from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.trace import Trace
 
@@ -179,9 +180,8 @@ class SimDDP:
             raise UsageError(f"hook={hook!r} is not callable")
         if not isinstance(config, DDPConfig):
             raise UsageError(f"config={config!r} must be a DDPConfig")
-        if isinstance(state, str) and state != "group":
-            raise UsageError(f"state={state!r}: use None, 'group' or a factory(process_group)")
-        self.cluster, self.hook, self.config, self.state_spec = cluster, hook, config, state
+        self.cluster, self.hook, self.config = cluster, hook, config
+        self.state_spec = StateSpec.parse(state)
         self.process_group_factory = process_group_factory
         self.on_hook_call: Callable[[int, int, int], None] | None = None
         """Called as ``(rank, iteration, bucket index)`` before every hook call (the
@@ -256,7 +256,7 @@ class SimDDP:
             try:
                 future = self.hook(state, bucket)
             except Exception as exc:
-                add_context_note(exc, f"simcluster: raised by hook {_name(self.hook)} on rank {rank}, {where}")
+                add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
                 raise
             check_future(future, self.hook, rank, where)
             futures.append(future)
@@ -276,7 +276,7 @@ class SimDDP:
                     "group this rank belongs to (create it with dist.new_group inside the factory)"
                 )
         self.groups[rank] = group
-        self.states[rank] = make_state(self.state_spec, group, lambda: LayoutModel(self.params[rank]))
+        self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
     def _copy_back(
@@ -343,7 +343,3 @@ def _make_params(
         if len({id(p) for p in ps} & {id(p) for q in out[:rank] for p in q}):
             raise UsageError(f"parameters[{rank}] shares Parameter objects with a lower rank; give each rank its own")
     return out
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

@@ -60,11 +60,11 @@ from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from simcluster.fake.backends import BackendModel, backend_model
-from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note
+from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
 from simcluster.fake.futures import SimFuture
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankWorld
-from simcluster.fake.state import make_state
+from simcluster.fake.state import StateSpec
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
 
@@ -231,7 +231,7 @@ def run_real_ddp(
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:
             for rank, label, exc in engine.failures:
-                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {_brief(exc)}")
+                add_context_note(error, f"simcluster: then rank {rank} raised ({label}): {first_line(exc, typed=True)}")
             raise
     if engine.failures:
         _raise_failures(engine, world_size)
@@ -272,7 +272,8 @@ class _Training:
         world_size = len(models)
         self.models, self.groups, self.engine = models, groups, engine
         self.inputs_per_rank, self.iterations = inputs_per_rank, iterations
-        self.hook, self.state, self.setup, self.ddp_options = hook, state, setup, ddp_options
+        self.hook, self.setup, self.ddp_options = hook, setup, ddp_options
+        self.state_spec = StateSpec.parse(state)
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in models]
         self.hook_calls: list[list[HookCall]] = [[] for _ in range(world_size)]
         self.returned: list[torch.futures.Future] = []
@@ -307,7 +308,7 @@ class _Training:
         if self.setup is not None:
             rank_hook, rank_state, step = self.setup(ddp, self.groups[rank])
         elif self.hook is not None:
-            rank_state = make_state(self.state, self.groups[rank], self.models[rank])
+            rank_state = self.state_spec.resolve(self.groups[rank], self.models[rank])
         if rank_hook is not None:
             ddp.register_comm_hook(rank_state, _recording(rank_hook, self.params[rank], self.hook_calls[rank],
                                                           iteration, self.returned))
@@ -344,10 +345,5 @@ def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:
     rank, label, exc = failures[0]
     add_context_note(exc, f"simcluster: raised on rank {rank} of {world_size} ({label}, real DDP on threads)")
     for other_rank, other_label, other in failures[1:]:
-        add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {_brief(other)}")
+        add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {first_line(other, typed=True)}")
     raise exc
-
-
-def _brief(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

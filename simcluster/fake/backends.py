@@ -41,8 +41,9 @@ from dataclasses import dataclass
 import torch
 
 from simcluster.errors import UsageError
+from simcluster.limits import BACKEND_NAMES
 
-__all__ = ["BackendModel", "GLOO", "NCCL", "backend_model", "BACKEND_NAMES"]
+__all__ = ["BackendModel", "GLOO", "NCCL", "backend_model"]
 
 _GET_FUTURE_NOT_IMPLEMENTED = "Work::getFuture not implemented."
 
@@ -111,12 +112,12 @@ NCCL = BackendModel(
     per_rank_delivery=False,
 )
 
-BACKEND_NAMES = ("gloo", "nccl")
+_MODELS = {model.name: model for model in (GLOO, NCCL)}
+assert tuple(_MODELS) == BACKEND_NAMES, "every backend named in simcluster.limits has a model here"
 
 
 def backend_model(name: str) -> BackendModel:
     """``"gloo"`` or ``"nccl"`` → its model."""
-    models = {"gloo": GLOO, "nccl": NCCL}
-    if name not in models:
-        raise UsageError(f"backend={name!r} is not modelled; choose one of {list(models)}")
-    return models[name]
+    if name not in _MODELS:
+        raise UsageError(f"backend={name!r} is not modelled; choose one of {list(_MODELS)}")
+    return _MODELS[name]

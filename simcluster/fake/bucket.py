@@ -49,13 +49,11 @@ from typing import Any, Literal
 
 import torch
 
-from simcluster.errors import HookFailure, UsageError
+from simcluster.errors import (
+    GradBucketAttributeError, GradBucketMisuse, GradBucketRuntimeError, GradBucketTypeError, UsageError,
+)
 
 __all__ = [
-    "GradBucketMisuse",
-    "GradBucketAttributeError",
-    "GradBucketTypeError",
-    "GradBucketRuntimeError",
     "SimGradBucket",
     "make_bucket",
     "packing",
@@ -76,26 +74,6 @@ _AVAILABLE = MappingProxyType(
     {"both": frozenset(_CURRENT + _LEGACY), "current": frozenset(_CURRENT), "legacy": frozenset(_LEGACY)}
 )
 _GATED = _AVAILABLE["both"]
-
-
-class GradBucketMisuse(HookFailure):
-    """The hook used the bucket in a way torch's GradBucket rejects. The hook's to fix.
-
-    Each subclass also derives from the builtin exception the real bucket raises, so
-    ``except TypeError`` / ``hasattr`` behave as they would on a real cluster.
-    """
-
-
-class GradBucketAttributeError(GradBucketMisuse, AttributeError):
-    """A method this API generation lacks, or an attribute set on the bucket."""
-
-
-class GradBucketTypeError(GradBucketMisuse, TypeError):
-    """A non-tensor passed to ``set_buffer``, or an attempt to pickle or copy the bucket."""
-
-
-class GradBucketRuntimeError(GradBucketMisuse, RuntimeError):
-    """``gradients()`` on a buffer (from ``set_buffer``) that cannot hold the parameters."""
 
 
 def packing(parameters: Sequence[torch.Tensor]) -> list[tuple[int, int]]:

@@ -36,12 +36,10 @@ from simcluster.fake.rank_context import RankContexts, patched_torch
 from simcluster.fake.reducer import check_future, collect, raise_stored
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
-from simcluster.fake.state import LayoutModel, make_state
+from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.engine.trace import Trace
 
 __all__ = ["SimCluster", "RunResult", "HookRun"]
-
-StateSpec = Any  # None | "group" | SimProcessGroup | Callable[[SimProcessGroup], Any]
 
 
 @dataclass
@@ -202,7 +200,7 @@ class SimCluster(Runtime):
         self,
         hook: Callable[[Any, Any], Any],
         grads: Sequence[torch.Tensor],
-        state: StateSpec = None,
+        state: Any = None,  # a StateSpec, or what StateSpec.parse takes, or this cluster's WORLD group
         *,
         parameters: Sequence[torch.Tensor] | None = None,
         bucket_index: int = 0,
@@ -226,6 +224,8 @@ class SimCluster(Runtime):
         """
         hook = as_rank_local(hook)
         grads = self._check_grads(grads)
+        if not isinstance(state, SimProcessGroup):
+            state = StateSpec.parse(state)  # once: each rank then resolves it
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size
         outputs: list[Any] = [None] * self.world_size
@@ -246,15 +246,9 @@ class SimCluster(Runtime):
             outputs=outputs, buckets=buckets, states=states,
         )
 
-    def state_for(self, rank: int, state: StateSpec, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
+    def state_for(self, rank: int, state: Any, parameters: Sequence[torch.nn.Parameter] | None = None) -> Any:
         """Rank ``rank``'s hook state from a state spec (see :meth:`run_hook`); ``parameters``
         make the model of a ``factory(process_group, model)`` (:mod:`simcluster.fake.state`)."""
-        if state is None:
-            return None
-        if isinstance(state, str):
-            if state == "group":
-                return self.contexts.world_groups[rank]
-            raise UsageError(f"state={state!r} is not a state spec: use None, 'group', a process group or a factory")
         if isinstance(state, SimProcessGroup):
             if state.global_rank not in state.spec.ranks or state.runtime is not self:
                 raise UsageError(f"state={state!r} is not a process group of this cluster")
@@ -264,9 +258,7 @@ class SimCluster(Runtime):
                 f"state={state!r}: pass a factory for subgroups, e.g. lambda pg: dist.new_group([...]), "
                 "so every rank creates its own handle"
             )
-        if callable(state):
-            return make_state(state, self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
-        raise UsageError(f"state={state!r} (type={type(state).__name__}) is not a state spec")
+        return StateSpec.parse(state).resolve(self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
 
     def _check_grads(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(grads) != self.world_size:

@@ -62,10 +62,10 @@ from dataclasses import dataclass
 import torch
 
 from simcluster.errors import BackendError, UnsupportedError, UsageError
+from simcluster.limits import BACKEND_NAMES
 
 __all__ = [
     "REDUCE_OPS",
-    "BACKENDS",
     "GLOO_MAX_SEGMENT_BYTES",
     "Rejection",
     "reduce_op_name",
@@ -82,7 +82,6 @@ __all__ = [
 ]
 
 REDUCE_OPS: tuple[str, ...] = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo's default maxSegmentSize (measured: fits every size tried)
 
 Factor = float | torch.Tensor | None
@@ -332,8 +331,8 @@ def _require_contiguous(tensors: Sequence[torch.Tensor], collective: str) -> Non
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend: backend={backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend not in BACKEND_NAMES:
+        raise UsageError(f"unknown backend: backend={backend!r}; expected one of {', '.join(BACKEND_NAMES)}")
 
 
 def _prepare(inputs: Sequence[torch.Tensor], op: str, backend: str, collective: str) -> list[torch.Tensor]:

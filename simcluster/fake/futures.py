@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from simcluster.engine.trace import CallbackRan
+from simcluster.names import callable_name
 
 if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
@@ -60,10 +61,6 @@ def callback_error(exc: BaseException) -> RuntimeError:
     )
     error.__cause__ = exc
     return error
-
-
-def _name_of(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
 class SimFuture(torch.futures.Future):
@@ -164,7 +161,7 @@ class SimFuture(torch.futures.Future):
 
     # -- chaining -------------------------------------------------------------
     def then(self, callback: Callable[["SimFuture"], Any]) -> "SimFuture":  # type: ignore[override]
-        name = _name_of(callback)
+        name = callable_name(callback)
         child = SimFuture(self._engine, self._rank, f"then({name}) of {self.label}")
 
         def run(parent: SimFuture) -> None:
@@ -179,7 +176,7 @@ class SimFuture(torch.futures.Future):
         return child
 
     def add_done_callback(self, callback: Callable[["SimFuture"], None]) -> None:  # type: ignore[override]
-        name = _name_of(callback)
+        name = callable_name(callback)
 
         def run(parent: SimFuture) -> None:
             try:

@@ -37,23 +37,12 @@ import torch
 
 from simcluster.fake.bucket import packing
 from simcluster.fake.futures import SimFuture
-from simcluster.errors import HookContractError, SimClusterError, add_context_note
+from simcluster.errors import CopyBackError, HookContractError, SimClusterError, add_context_note
+from simcluster.names import callable_name
 
-__all__ = ["CopyBackError", "check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
+__all__ = ["check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
 
 _CALLBACK_ERROR = "Got the following error when running the callback"
-
-
-class CopyBackError(HookContractError, RuntimeError):
-    """DDP's reducer cannot copy the hook's result back into ``p.grad``. The hook's to fix.
-
-    The message begins with what real DDP raises from ``backward()`` (a
-    ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay.
-    """
-
-
-def _hook_name(hook: Any) -> str:
-    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
 
 
 def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
@@ -65,7 +54,7 @@ def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -
     # the C++ class itself, which DDP accepts too.
     if future is None:
         raise CopyBackError(
-            f"hook {_hook_name(hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, gloo) crashes "
+            f"hook {callable_name(hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, gloo) crashes "
             "the process with SIGSEGV in backward() (measured); a DDP communication hook must return a "
             "torch.futures.Future"
         )
@@ -75,7 +64,7 @@ def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -
             f"Unable to cast Python instance of type {cls} to C++ type '?' (#define "
             "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details). DDP "
             "communication hook's callback must return a torch.futures.Future object, but got "
-            f"{cls.__module__}.{cls.__qualname__}\n  simcluster: hook {_hook_name(hook)} on rank {rank}, "
+            f"{cls.__module__}.{cls.__qualname__}\n  simcluster: hook {callable_name(hook)} on rank {rank}, "
             f"{where}: real DDP raises this from backward() and then fails the next iteration inside the reducer"
         )
 

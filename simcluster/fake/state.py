@@ -22,19 +22,37 @@ called with the group alone, as before.
 
     >>> wants_model(lambda pg: None), wants_model(lambda pg, model: None), wants_model(lambda pg, k=4: None)
     (False, True, False)
+
+**The state spec** — what a caller writes for ``state=`` — is parsed once, by
+:meth:`StateSpec.parse`, and resolved per rank with :meth:`StateSpec.resolve`. Its kinds:
+
+=========================  ===================================================================
+``None`` / ``"none"``      no state: the hook gets ``None`` (torch's hooks then use ``dist.group.WORLD``)
+``"group"``                the rank's process group (the world's, or the rank's DDP subgroup)
+a callable                 a factory, ``factory(group)`` or ``factory(group, model)``, once per rank
+``"module:factory"``       a factory loaded by the caller's ``load`` (the CLI's spellings,
+``"file.py:factory"``      :mod:`simcluster.usercode.targets`); refused where no loader is given
+=========================  ===================================================================
+
+    >>> StateSpec.parse(None).kind, StateSpec.parse("group").name
+    ('none', 'group')
+    >>> StateSpec.parse(lambda pg: 7).resolve("pg")
+    7
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from simcluster.errors import UnsupportedError, UsageError
+from simcluster.names import loadable_spec
 
-__all__ = ["LayoutModel", "wants_model", "make_state"]
+__all__ = ["LayoutModel", "StateSpec", "wants_model"]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -66,23 +84,64 @@ def wants_model(factory: Callable[..., Any]) -> bool:
     return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
 
 
-def make_state(spec: Any, group: Any, model: Callable[[], torch.nn.Module] | torch.nn.Module) -> Any:
-    """Rank state from a spec: ``None``; ``"group"`` (the group itself); or a factory's result.
+StateKind = Literal["none", "group", "factory"]
 
-    ``model``: the rank's module, or a function building it (called only when the
-    factory takes one).
+_KINDS = "use 'none', 'group', 'module:factory', 'file.py:factory' or a callable factory(process_group)"
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A hook-state spec, parsed once: its ``kind``, the ``factory`` (for ``"factory"``), and
+    its ``name`` as written in reports, replay lines and example-database keys
+    (``"none"``, ``"group"``, the spec string, or the factory's ``module:qualname``).
     """
-    if spec is None:
-        return None
-    if isinstance(spec, str):
-        if spec == "group":
+
+    kind: StateKind
+    factory: Callable[..., Any] | None = None
+    name: str = "none"
+
+    @classmethod
+    def parse(cls, spec: Any, *, load: Callable[[str], Callable[..., Any]] | None = None,
+              name: str | None = None) -> StateSpec:
+        """The :class:`StateSpec` for ``spec`` (a :class:`StateSpec` is returned as it is).
+
+        ``load`` turns a ``"module:factory"`` / ``"file.py:factory"`` string into the factory
+        (e.g. :func:`~simcluster.usercode.targets.load_target`, or a per-rank
+        :class:`~simcluster.usercode.rank_local.RankLocal`); without it such a string is
+        refused. ``name`` overrides the factory's name (a ``RankLocal`` goes by its spec).
+        A bad spec is a one-line :class:`~simcluster.errors.UsageError` quoting it; ``load``'s
+        own errors (:class:`~simcluster.errors.TargetLoadError`) propagate.
+        """
+        if isinstance(spec, StateSpec):
+            return spec
+        if spec is None or (isinstance(spec, str) and spec == "none"):
+            return cls("none")
+        if isinstance(spec, str) and spec == "group":
+            return cls("group", name="group")
+        if isinstance(spec, str):
+            if load is None:
+                raise UsageError(f"state={spec!r} is not a state spec here: use None, 'group' or a factory")
+            return cls("factory", load(spec), name or spec)
+        if callable(spec):
+            return cls("factory", spec, name or loadable_spec(spec) or "<factory>")
+        raise UsageError(f"state={spec!r} (type={type(spec).__name__}) is not a state spec: {_KINDS}")
+
+    def resolve(self, group: Any, model: Callable[[], torch.nn.Module] | torch.nn.Module | None = None) -> Any:
+        """One rank's state: ``None``, ``group``, or the factory's result for ``group``.
+
+        ``model``: the rank's module, or a function building it (called only when the
+        factory takes one, :func:`wants_model`); ``None`` where there is none to give.
+        """
+        if self.kind == "none":
+            return None
+        if self.kind == "group":
             return group
-        raise UsageError(f"state={spec!r} is not a state spec: use None, 'group' or a factory")
-    if not callable(spec):
-        raise UsageError(f"state={spec!r} (type={type(spec).__name__}) is not a state spec")
-    if not wants_model(spec):
-        return spec(group)
-    module = model if isinstance(model, torch.nn.Module) else model()
-    named = any(p.name == "model" and p.kind == inspect.Parameter.KEYWORD_ONLY
-                for p in inspect.signature(spec).parameters.values())
-    return spec(group, model=module) if named else spec(group, module)
+        assert self.factory is not None
+        if not wants_model(self.factory):
+            return self.factory(group)
+        if model is None:
+            raise UsageError(f"state factory {self.name} takes (process_group, model); here there is no model to give it")
+        module = model if isinstance(model, torch.nn.Module) else model()
+        named = any(p.name == "model" and p.kind == inspect.Parameter.KEYWORD_ONLY
+                    for p in inspect.signature(self.factory).parameters.values())
+        return self.factory(group, model=module) if named else self.factory(group, module)

@@ -65,8 +65,9 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import make_bucket
-from simcluster.errors import CollectiveMismatchError, DeadlockError, UsageError
-from simcluster.real.gloo_runner import GlooCluster, GlooRunError, _is_secondary, resolve_target, run_gloo, target_name
+from simcluster.fake.state import LayoutModel, StateSpec
+from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
+from simcluster.real.gloo_runner import GlooCluster, _is_secondary, resolve_target, run_gloo, target_name
 from simcluster.usercode.rank_local import RankLocal
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
@@ -83,8 +84,7 @@ class Raised:
 
     @classmethod
     def of(cls, exc: BaseException) -> "Raised":
-        lines = str(exc).splitlines()
-        return cls(type(exc).__name__, lines[0] if lines else "")
+        return cls(type(exc).__name__, first_line(exc))
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}"
@@ -164,19 +164,27 @@ def _parameters(cache: dict[Any, list[torch.Tensor]], shapes: Sequence[tuple[int
     return cache[key]
 
 
-def _resolve_state(spec: str, fresh: bool) -> Callable[[Any], Any] | None:
-    if spec in ("none", "group"):
-        return None
-    return RankLocal(spec, what="state factory") if fresh else resolve_target(spec)
+def _state_loader(fresh: bool) -> Callable[[str], Callable[..., Any]]:
+    """How a factory spec loads: per simulated rank (a :class:`RankLocal`) or imported once."""
+    return (lambda spec: RankLocal(spec, what="state factory")) if fresh else resolve_target
 
 
-def _fresh_copies(payload: dict[str, Any]) -> tuple[Callable[..., Any], Callable[[Any], Any] | None]:
+def _portable_state(state: Any, fresh: bool) -> str:
+    """``state=`` as the gloo processes receive it: ``"none"``, ``"group"`` or an importable name."""
+    parsed = StateSpec.parse(state, load=_state_loader(fresh))
+    if parsed.kind != "factory":
+        return parsed.kind
+    if isinstance(parsed.factory, RankLocal):
+        return parsed.factory.portable_spec
+    return state if isinstance(state, str) else importable_name(state)
+
+
+def _fresh_copies(payload: dict[str, Any]) -> tuple[Callable[..., Any], StateSpec]:
     """In a gloo process: the hook and factory from brand-new copies of their modules (one
     registry, so both come from one copy of a shared file), as a fresh process imports them."""
     modules: dict[str, Any] = {}
     hook = RankLocal(payload["hook"]).load(modules)
-    spec = payload["state"]
-    return hook, None if spec in ("none", "group") else RankLocal(spec, what="state factory").load(modules)
+    return hook, StateSpec.parse(payload["state"], load=lambda spec: RankLocal(spec, what="state factory").load(modules))
 
 
 # --------------------------------------------------------------------------- gloo side
@@ -191,14 +199,13 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> list[Any]:
     torch.manual_seed(payload["seed"] + rank)
     random.seed(payload["seed"] + rank)
     _seed_numpy(payload["seed"] + rank)
-    spec = payload["state"]
     if payload.get("fresh"):
-        hook, factory = _fresh_copies(payload)
+        hook, state_spec = _fresh_copies(payload)
     else:
-        hook, factory = resolve_target(payload["hook"]), _resolve_state(spec, False)
-    group = dist.group.WORLD
-    state = group if spec == "group" else factory(group) if factory is not None else None
+        hook, state_spec = resolve_target(payload["hook"]), StateSpec.parse(payload["state"], load=resolve_target)
     params: dict[Any, list[torch.Tensor]] = {}
+    state = state_spec.resolve(dist.group.WORLD, lambda: LayoutModel(_parameters(params, payload["shapes"],
+                                                                                 payload["grads"][0])))
     outcomes = []
     for grad in payload["grads"]:
         ps = _parameters(params, payload["shapes"], grad)
@@ -240,11 +247,11 @@ def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], spec: st
     from simcluster.fake.cluster import SimCluster
 
     cluster = SimCluster(world_size, seed=seed, backend="gloo", schedule="in_order")
-    factory = _resolve_state(spec, fresh)
+    state_spec = StateSpec.parse(spec, load=_state_loader(fresh))
     kept: list[Any] = [None] * world_size
 
-    def first_state(pg: Any) -> Any:
-        kept[pg.rank()] = factory(pg) if factory is not None else None
+    def first_state(pg: Any, model: Any) -> Any:
+        kept[pg.rank()] = state_spec.resolve(pg, model)
         return kept[pg.rank()]
 
     def sim_hook(state: Any, bucket: Any) -> Any:
@@ -258,8 +265,8 @@ def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], spec: st
     params: dict[Any, list[torch.Tensor]] = {}
     outputs: list[list[list[Any]]] = []
     for step, grads in enumerate(steps):
-        if spec == "group":
-            state: Any = "group"
+        if state_spec.kind == "group":
+            state: Any = state_spec
         elif step == 0:
             state = first_state
         else:
@@ -354,12 +361,7 @@ def compare_with_gloo(
     else:
         name = importable_name(hook)
         hook_fn = hook  # type: ignore[assignment]
-    if state in ("none", "group"):
-        spec = str(state)
-    elif fresh and isinstance(state, str):
-        spec = RankLocal(state, what="state factory").portable_spec
-    else:
-        spec = importable_name(state)
+    spec = _portable_state(state, fresh)
     steps = _check_steps(grads_per_step, world_size)
     if cluster is not None and cluster.world_size != world_size:
         raise UsageError(f"cluster has world_size={cluster.world_size}, but world_size={world_size} was asked for")
@@ -394,7 +396,7 @@ def _gloo_failed(err: GlooRunError, sim_outputs: list[Any], sim_error: BaseExcep
                  kwargs: dict[str, Any], notes: list[str]) -> list[Difference]:
     """A gloo job that failed as a whole: agreement if the sim failed the same way (a note),
     else one difference, with gloo's error and the command reproducing it in ``notes``."""
-    first = str(err).splitlines()[0]
+    first = first_line(err)
     hung = bool(err.unfinished) and not err.failures
     if (hung and isinstance(sim_error, DeadlockError)) or isinstance(sim_error, CollectiveMismatchError):
         notes.append(f"both fail: sim raised {type(sim_error).__name__} at step {len(sim_outputs) - 1}; "

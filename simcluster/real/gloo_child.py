@@ -62,12 +62,12 @@ def resolve_target(name: str) -> Callable[..., Any]:
     return obj
 
 
-#: the ``python -c`` program of a subprocess child; it imports ``_child_entry`` through
-#: :mod:`simcluster.real.gloo_runner`, which re-exports it
+#: the ``python -c`` program of a subprocess child: it imports this module (and what it
+#: imports: :mod:`simcluster.errors`), never the parent side, :mod:`simcluster.real.gloo_runner`
 _CHILD_CODE = (
     "import json, os, sys; "
     "sys.path[:0] = [p for p in json.loads(os.environ['SIMCLUSTER_GLOO_SYS_PATH']) if p not in sys.path]; "
-    "from simcluster.real.gloo_runner import _child_entry; _child_entry(sys.argv[1:])"
+    "from simcluster.real.gloo_child import _child_entry; _child_entry(sys.argv[1:])"
 )
 
 

@@ -25,9 +25,9 @@ Two front doors:
   module globals, ``torch.set_*`` settings) carries over. After a failed job the world
   is torn down and the next :meth:`GlooCluster.run` starts a new one.
 
-Guarantees (DESIGN.md §7): the parent never hangs — it has its own watchdog, and on
-timeout it kills every child, reaps it and raises :class:`GlooRunError` naming the ranks
-that did not finish and what each was doing. A rank that raises exits at once, so its
+Guarantees (the hazards they answer are in docs/gloo-facts.md §10): the parent never
+hangs — it has its own watchdog, and on timeout it kills every child, reaps it and
+raises :class:`GlooRunError` naming the ranks that did not finish and what each was doing. A rank that raises exits at once, so its
 peers fail fast with gloo's ``Connection closed by peer``; the error puts the failing
 rank's own traceback first and the peers' consequential errors last. A rank killed by a
 signal (gloo aborts the process on some mismatches) is reported with the tail of its
@@ -58,13 +58,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simcluster.errors import SimClusterError, UsageError
+from simcluster.errors import GlooRunError, UsageError
+from simcluster.names import target_spec
 
-# _child_entry is not used here: the ``python -c`` child program (_CHILD_CODE) imports it
-# from this module. resolve_target is part of this module's public API.
-from simcluster.real.gloo_child import _CHILD_CODE, _child_entry, _mp_child, resolve_target  # noqa: F401
+# resolve_target is part of this module's public API (the children have their own import of it).
+from simcluster.real.gloo_child import _CHILD_CODE, _mp_child, resolve_target  # noqa: F401
 
-__all__ = ["GlooCluster", "GlooRunError", "run_gloo"]
+__all__ = ["GlooCluster", "run_gloo"]
 
 Target = Callable[[int, int, Any], Any] | str
 
@@ -72,23 +72,6 @@ Target = Callable[[int, int, Any], Any] | str
 _GRACE_AFTER_FAILURE = 2.0
 #: substrings of errors that are consequences of another rank's failure
 _SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
-class GlooRunError(SimClusterError):
-    """A real-gloo job failed: a rank raised, died, or did not finish in time.
-
-    Whose problem: usually the job's (the function raised, or its ranks issued mismatched
-    collectives); the message says which rank failed first and shows its traceback.
-    Attributes: ``failures`` maps rank → traceback or exit description, ``unfinished``
-    lists ranks that were killed by the watchdog, ``reproduce`` is a command line.
-    """
-
-    def __init__(self, message: str, *, failures: dict[int, str], unfinished: list[int],
-                 reproduce: str) -> None:
-        super().__init__(message)
-        self.failures = failures
-        self.unfinished = unfinished
-        self.reproduce = reproduce
 
 
 # --------------------------------------------------------------------------- target
@@ -103,13 +86,13 @@ def target_name(fn: Target) -> str:
     if isinstance(fn, str):
         resolve_target(fn)  # fail early, in the caller's process
         return fn
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not callable(fn) or not module or not qualname or "<" in qualname:
+    spec = target_spec(fn) if callable(fn) else None
+    if spec is None:
         raise UsageError(
             f"fn={fn!r} (type={type(fn).__name__}) cannot be sent to gloo processes: pass a "
             "module-level function or a 'module:qualname' string"
         )
-    return f"{module}:{qualname}"
+    return spec
 
 
 # --------------------------------------------------------------------------- processes

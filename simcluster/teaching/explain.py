@@ -38,6 +38,7 @@ import torch
 
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.trace import Trace
+from simcluster.names import callable_name
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
 
 __all__ = ["explain", "explain_story", "small_gradients", "format_failure"]
@@ -220,7 +221,7 @@ def explain(
     """
     story = record(hook, world_size=world_size, backend=backend, seed=seed, state=state, shapes=shapes,
                    bucket_cap_mb=bucket_cap_mb, steps=steps, api=api)
-    return explain_story(story, label=name or getattr(hook, "__qualname__", repr(hook)), network=network)
+    return explain_story(story, label=name or callable_name(hook), network=network)
 
 
 def _again(args: Any) -> str:

@@ -33,6 +33,7 @@ import torch
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP
 from simcluster.checking.properties import averages
+from simcluster.errors import first_line
 
 __all__ = ["RangeResult", "probe", "safe_range", "range_command"]
 
@@ -63,12 +64,12 @@ def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *,
           state: Any = None, api: str = "current", tolerance: str = "fp16", numel: int = 4) -> str | None:
     """Run ``hook`` once with every rank holding ``magnitude``; None if the result is right, else why not."""
     cluster = SimCluster(world_size=world_size, seed=0, backend=backend, schedule="in_order")
-    ddp = SimDDP(cluster, hook, [(numel,)], state=None if state == "none" else state, config=DDPConfig(api=api))
+    ddp = SimDDP(cluster, hook, [(numel,)], state=state, config=DDPConfig(api=api))
     grads = [[torch.full((numel,), magnitude, dtype=torch.float32)] for _ in range(world_size)]
     try:
         result = ddp.step(grads)
     except Exception as exc:  # noqa: BLE001 - a hook that raises on this input is not safe there
-        return f"the hook raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return f"the hook raised {first_line(exc, typed=True)}"
     return averages(result.grads, grads, tolerance)
 
 

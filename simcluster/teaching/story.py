@@ -146,7 +146,7 @@ def record(
     shapes = tuple(tuple(s) for s in shapes)
     cluster = SimCluster(world_size=world_size, seed=seed, backend=backend)
     seen: list[Any] = []
-    ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=None if state == "none" else state,
+    ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=state,
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
     story = Story(world_size, backend, seed, shapes, bucket_cap_mb)
     gen = torch.Generator().manual_seed(seed)

@@ -44,10 +44,11 @@ from types import ModuleType
 from typing import Any
 
 from simcluster.errors import TargetLoadError, UsageError
+from simcluster.fake.state import StateSpec
 from simcluster.usercode.rank_state import CURRENT
 from simcluster.usercode.targets import _file_path, _import_module, _is_file, _module_name_for, _split, exec_file, load_target
 
-__all__ = ["RankLocal", "as_rank_local", "parse_isolate", "SHARED_PACKAGES"]
+__all__ = ["RankLocal", "as_rank_local", "rank_local_state", "parse_isolate", "SHARED_PACKAGES"]
 
 SHARED_PACKAGES = frozenset({"torch", "numpy", "simcluster", "hypothesis", "pytest", "_pytest"})
 """Top-level packages never copied per rank (with the standard library)."""
@@ -166,6 +167,14 @@ class RankLocal:
 def as_rank_local(obj: Any, *, isolate: Sequence[str] | str | None = (), what: str = "TARGET") -> Any:
     """A spec string becomes a :class:`RankLocal`; anything else (a callable, a word) is returned as is."""
     return RankLocal(obj, isolate=isolate, what=what) if isinstance(obj, str) else obj
+
+
+def rank_local_state(state: Any, *, isolate: Sequence[str] | str | None = ()) -> StateSpec:
+    """``state=`` parsed once, a ``module:factory`` / ``file.py:factory`` string loaded as a
+    :class:`RankLocal` (each rank calls its own copy); a given ``RankLocal`` goes by its spec.
+    Shared loading (one copy for every rank) is :func:`~simcluster.usercode.targets.load_state`."""
+    return StateSpec.parse(state, load=lambda spec: RankLocal(spec, isolate=isolate, what="--state factory"),
+                           name=state.spec if isinstance(state, RankLocal) else None)
 
 
 def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: tuple[str, ...],

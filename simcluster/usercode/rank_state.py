@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from simcluster.errors import UnsupportedError
+from simcluster.errors import SharedSettingError
 
-__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "SharedSettingError", "patched_generators"]
+__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "patched_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
     import numpy.random as _np_random
@@ -140,10 +140,6 @@ def patched_generators() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- settings
-class SharedSettingError(UnsupportedError):
-    """A rank changed a process-wide setting that every simulated rank shares."""
-
-
 def _cudnn() -> tuple[bool, bool]:
     # what torch.backends.cudnn.deterministic / .benchmark read, without their property
     # machinery (7x cheaper: this runs at every rank switch)

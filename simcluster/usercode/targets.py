@@ -25,8 +25,6 @@ sees it.
 (1, 2, 4)
 >>> parse_shapes("4x5,5,1000")
 ((4, 5), (5,), (1000,))
-
-Tolerances are parsed by :func:`simcluster.checking.tolerances.parse_tolerance` (re-exported here).
 """
 
 from __future__ import annotations
@@ -43,17 +41,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from simcluster.errors import TargetLoadError, UsageError
-from simcluster.checking.tolerances import TOLERANCE_NAMES, parse_tolerance  # re-exported: the one tolerance parser
+from simcluster.errors import TargetLoadError, UsageError, first_line
+from simcluster.fake.state import StateSpec
 
 __all__ = [
     "load_target",
     "load_state",
-    "parse_tolerance",
     "parse_world_sizes",
     "parse_shapes",
     "legacy_aliases",
-    "TOLERANCE_NAMES",
 ]
 
 
@@ -93,11 +89,6 @@ def _is_file(where: str) -> bool:
     return where.endswith(".py") or "/" in where or "\\" in where
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def _import_module(where: str, spec: str, what: str) -> ModuleType:
     try:
         with legacy_aliases():
@@ -105,9 +96,9 @@ def _import_module(where: str, spec: str, what: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (where == exc.name or where.startswith(exc.name + ".")):
             raise TargetLoadError(f"{what} {spec!r}: no module named {exc.name!r}") from None
-        raise TargetLoadError(f"{what} {spec!r}: importing {where} failed: {_one_line(exc)}") from None
+        raise TargetLoadError(f"{what} {spec!r}: importing {where} failed: {first_line(exc, typed=True)}") from None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error in the user's module is a load error
-        raise TargetLoadError(f"{what} {spec!r}: importing {where} raised {_one_line(exc)}") from None
+        raise TargetLoadError(f"{what} {spec!r}: importing {where} raised {first_line(exc, typed=True)}") from None
 
 
 def _module_name_for(path: Path) -> str:
@@ -157,7 +148,7 @@ def exec_file(name: str, path: Path, spec: str, what: str, loader: Any = None) -
             if tb.tb_frame.f_code.co_filename == str(path):
                 line = f" (line {tb.tb_lineno})"
             tb = tb.tb_next
-        raise TargetLoadError(f"{what} {spec!r}: loading {path} raised {_one_line(exc)}{line}") from None
+        raise TargetLoadError(f"{what} {spec!r}: loading {path} raised {first_line(exc, typed=True)}{line}") from None
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(folder)
@@ -192,13 +183,12 @@ def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def load_state(spec: str) -> str | Callable[[Any], Any]:
-    """``--state``: ``"none"`` and ``"group"`` are kept as words; anything else must be a
-    ``module:factory`` or ``file.py:factory`` called once per rank as ``factory(process_group)``.
+def load_state(spec: str) -> StateSpec:
+    """``--state``: ``none``, ``group``, or a ``module:factory`` / ``file.py:factory`` loaded
+    here, once (shared by every rank), and called once per rank as ``factory(process_group)``
+    (:class:`~simcluster.fake.state.StateSpec`). Errors are one line, quoting ``spec``.
     """
-    if spec in ("none", "group"):
-        return spec
-    return load_target(spec, what="--state factory")
+    return StateSpec.parse(spec, load=lambda text: load_target(text, what="--state factory"))
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

@@ -1,0 +1,64 @@
+"""How simcluster names user callables (hooks, state factories, gloo jobs): the one home.
+
+Three names, for three readers:
+
+* :func:`callable_name` — for a person reading a message: ``__qualname__``, else
+  ``__name__``, else the type's name (``"fp16_hook"``, ``"Wrapper.__call__"``,
+  ``"partial"``). Never a memory address, so messages stay the same from run to run.
+* :func:`target_spec` — for a fresh process that imports it: ``"module:qualname"``, or
+  ``None`` when there is no such name (lambdas, closures, objects without one).
+* :func:`loadable_spec` — for the ``simcluster`` command line run from the current
+  directory: a file under it is named by its relative path (``tests/test_x.py:hook``),
+  anything else by :func:`target_spec`.
+
+>>> import os.path
+>>> callable_name(os.path.join), target_spec(os.path.join)
+('join', 'posixpath:join')
+>>> target_spec(lambda: 0) is None
+True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["callable_name", "target_spec", "loadable_spec"]
+
+
+def callable_name(obj: Any) -> str:
+    """``obj``'s name for a message: its ``__qualname__``, ``__name__`` or type name."""
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def target_spec(obj: Any) -> str | None:
+    """``"module:qualname"`` under which a fresh process can import ``obj``; ``None`` for
+    lambdas, closures (``<locals>`` in the qualified name) and nameless objects."""
+    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{qual}" if module and qual and "<" not in qual else None
+
+
+def loadable_spec(obj: Any) -> str | None:
+    """A TARGET spelling ``simcluster check`` can load from the current directory.
+
+    A function defined in a file under the current directory (a test module, a script)
+    is named by that file's relative path, ``tests/test_x.py:hook`` — its module name
+    (``test_x``) means nothing to a fresh ``simcluster`` process. Anything else
+    (an installed package) by ``module:qualname``. ``None`` for lambdas and closures.
+    """
+    spec = target_spec(obj)
+    if spec is None:
+        return None
+    module, _, qual = spec.partition(":")
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file:
+        rel = os.path.relpath(os.path.abspath(file))
+        if not rel.startswith("..") and not os.path.isabs(rel) and not _installed(file):
+            return f"{rel}:{qual}"
+    return spec
+
+
+def _installed(file: str) -> bool:
+    path = os.path.abspath(file)
+    return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
