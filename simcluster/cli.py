@@ -62,7 +62,7 @@ DEFAULT_DATABASE = ".simcluster/examples"
 CheckFunction = Callable[..., CheckReport]
 """``simcluster.checking.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_FIDELITY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,7 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"example database directory (default {DEFAULT_DATABASE})")
     db.add_argument("--no-database", action="store_true", help="do not read or write an example database")
     check.add_argument("--quiet", action="store_true", help="no progress line")
+    check.add_argument("--e2e", action="store_true",
+                       help="then run real DDP on real gloo processes for a few examples and compare (exit 4: "
+                            "the simulator disagrees)")
+    check.add_argument("--e2e-examples", type=int, default=2, metavar="N",
+                       help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
 
+    from simcluster.real.e2e_cli import add_parser as add_e2e_parser
+
+    add_e2e_parser(sub)
     explain = sub.add_parser("explain", help="run a hook once on small gradients and show what it does")
     explain.add_argument("target", metavar="TARGET")
     explain.add_argument("--world-size", type=int, default=2, metavar="N")
@@ -148,6 +156,10 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             return exc.code if isinstance(exc.code, int) else 0
         if args.command == "explain":
             return _explain_command(args)
+        if args.command == "e2e":
+            from simcluster.real.e2e_cli import e2e_command
+
+            return e2e_command(args)
         return _check_command(args, check)
     except SimClusterError as exc:  # usage and load errors: one line, no traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -311,14 +323,25 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         _write_json(args, reports)
         raise
     progress.clear()
-    print(format_table(rows, reports))
+    e2e = None
+    if args.e2e:
+        from simcluster.real.e2e_check import e2e_for_rows
+
+        e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress)
+        progress.clear()
+    print(format_table(rows, reports, e2e))
     for report in reports:
         if report.status == "FAILED" and report.failures:
             print()
             print(report.format())
+    if e2e is not None:
+        print()
+        print(e2e.format())
     _write_json(args, reports)
     if internal:
         return EXIT_INTERNAL
+    if e2e is not None and e2e.fidelity_bugs:
+        return EXIT_FIDELITY  # the simulator's verdicts cannot be trusted: before the hook's verdict
     return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
 
 
@@ -382,12 +405,13 @@ def _backend_status(report: CheckReport, backend: str) -> str:
     return "ok"
 
 
-def format_table(rows: list[dict[str, Any]], reports: list[CheckReport]) -> str:
-    """The summary table: hook, state, tolerance, one status column per backend, time.
+def format_table(rows: list[dict[str, Any]], reports: list[CheckReport], e2e: Any = None) -> str:
+    """The summary table: hook, state, tolerance, one status column per backend, time;
+    with ``e2e`` (:class:`simcluster.real.e2e_check.E2ESummary`) an ``e2e`` column too.
 
     Skipped rows follow the checked ones, with their reason.
     """
-    head = ("hook", "state", "tolerance", "gloo", "nccl", "time")
+    head = ("hook", "state", "tolerance", "gloo", "nccl", "time") + (("e2e",) if e2e is not None else ())
     body: list[tuple[str, ...]] = []
     skipped: list[tuple[str, str]] = []
     for row, report in zip(rows, reports):
@@ -396,7 +420,8 @@ def format_table(rows: list[dict[str, Any]], reports: list[CheckReport]) -> str:
             continue
         state = row["state"].rpartition(":")[2] if ":" in row["state"] else row["state"]
         body.append((row["name"], state, row["tolerance"], _backend_status(report, "gloo"),
-                     _backend_status(report, "nccl"), f"{report.seconds:.1f}s"))
+                     _backend_status(report, "nccl"), f"{report.seconds:.1f}s")
+                    + ((e2e.column(row["name"]),) if e2e is not None else ()))
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
