@@ -29,12 +29,13 @@ reported as *unconfirmed*, never as a fidelity bug.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,23 +213,29 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     propagates with a note naming the rank, type and step (the runner reports it).
     ``emit(rank, text)`` announces each event (default: a line on stdout).
     """
-    from torch.nn.parallel import DistributedDataParallel
-
-    from simcluster.fake.state import make_state
-
     os.environ["SIMCLUSTER_E2E"] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
     hook, state_spec = load_hook_and_state(payload["hook"], payload["state"])
     emit = emit or _print_event
-    _announce_collectives(rank, emit)
-    calls: dict[int, list[HookCall]] = {}
     inputs = scenario.inputs()[rank]
     model = GradientModel(scenario.shapes, DTYPES[scenario.dtype])
     if device is not None:
         model, inputs = model.to(device), [x.to(device) for x in inputs]
     for i, p in enumerate(model.parameters()):
         p._simcluster_index = i  # type: ignore[attr-defined] - .to(device) may make new Parameters
+    with _announce_collectives(rank, emit):
+        return _train_rank(rank, scenario, model, inputs, hook, state_spec, group, emit)
+
+
+def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: list[torch.Tensor],
+                hook: Callable[..., Any], state_spec: Any, group: Any,
+                emit: Callable[[int, str], None]) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from simcluster.fake.state import make_state
+
+    calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
     step = 0
     try:
@@ -266,22 +273,29 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast
                 "send", "recv", "isend", "irecv")
 
 
-def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> None:
-    """In a real rank's process: every ``torch.distributed`` collective prints an event first
-    (process-wide and for the process's life; a real rank runs one scenario)."""
+@contextlib.contextmanager
+def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterator[None]:
+    """While the rank runs: every ``torch.distributed`` collective prints an event first.
+    Restored afterwards (rank 0 of a torchrun then simulates in the same process)."""
     import torch.distributed as dist
 
-    for name in _COLLECTIVES:
-        original = getattr(dist, name, None)
-        if original is None or getattr(original, "_simcluster_announced", False):
-            continue
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
 
-        def announced(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
-            emit(rank, f"posting {_name}")
-            return _original(*args, **kwargs)
+    def announced(name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            emit(rank, f"posting {name}")
+            return original(*args, **kwargs)
 
-        announced._simcluster_announced = True  # type: ignore[attr-defined]
-        setattr(dist, name, functools.wraps(original)(announced))
+        return call
+
+    try:
+        for name, original in saved.items():
+            setattr(dist, name, announced(name, original))
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -298,13 +312,16 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
 
 
 def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: float = 60.0,
-             cluster: Any = None) -> Side:
+             cluster: Any = None, start_method: str = "subprocess") -> Side:
     """The scenario on ``world_size`` fresh real gloo processes; never raises for a hook's failure.
 
     The runner's watchdog bounds the whole run by ``timeout`` seconds; every child is
     killed and reaped and its temp dir removed on every path (Ctrl-C included).
     ``cluster``: a :class:`~simcluster.real.gloo_runner.GlooCluster` of ``world_size``
     ranks to reuse (no process start-up; a failed run restarts its world).
+    ``start_method``: the runner's (``"forkserver"`` starts a world in ~0.5 s instead of
+    seconds, but re-runs the caller's ``__main__``, which then needs the
+    ``if __name__ == "__main__":`` guard; the CLI uses it).
     """
     import time
 
@@ -315,7 +332,8 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     side = Side("real gloo")
     try:
         if cluster is None:
-            per_rank = run_gloo(_gloo_job, scenario.world_size, [payload] * scenario.world_size, timeout=timeout)
+            per_rank = run_gloo(_gloo_job, scenario.world_size, [payload] * scenario.world_size, timeout=timeout,
+                                start_method=start_method)
         else:
             per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
     except GlooRunError as err:
@@ -552,9 +570,9 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
 
 
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-            timeout: float = 60.0, cluster: Any = None) -> E2EResult:
+            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess") -> E2EResult:
     """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`)."""
-    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster)
+    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method)
     sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout)
     return compare(scenario, hook, sim, real)
 

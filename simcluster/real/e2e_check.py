@@ -149,8 +149,11 @@ def scenarios_for_row(row: dict[str, Any], report: Any, options: dict[str, Any],
 
 def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options: dict[str, Any], count: int,
                  progress: Any = None, *, timeout: float = E2E_TIMEOUT,
-                 run: Callable[..., E2EResult] = run_e2e) -> E2ESummary:
-    """Run every checked row's scenarios end to end; every gloo world is closed on return."""
+                 run: Callable[..., E2EResult] = run_e2e, start_method: str = "forkserver") -> E2ESummary:
+    """Run every checked row's scenarios end to end; every gloo world is closed on return.
+
+    ``start_method``: the gloo runner's (the default fork server needs the caller's
+    ``__main__`` guarded, as the CLI's is; see :data:`simcluster.real.e2e_cli.START_METHOD`)."""
     from simcluster.limits import check_int
     from simcluster.real.gloo_runner import GlooCluster
 
@@ -168,7 +171,8 @@ def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options
                 if progress is not None and hasattr(progress, "set_prefix"):
                     progress.set_prefix(f"e2e {row['name']} [{n}/{len(scenarios)}] {scenario.label}")
                 cluster = clusters.setdefault(scenario.world_size,
-                                              GlooCluster(scenario.world_size, timeout=timeout, start_timeout=timeout))
+                                              GlooCluster(scenario.world_size, timeout=timeout, start_timeout=timeout,
+                                                          start_method=start_method))
                 results.append(run(scenario, row["target"], row["state"], backend="gloo", timeout=timeout,
                                    cluster=cluster))
     finally:
