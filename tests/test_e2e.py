@@ -287,3 +287,31 @@ def test_torchrun_reports_a_hung_rank_with_its_last_hook_call(census, tmp_path: 
     assert "rank 1: last event 'step 1: hook call on bucket 0 (params [0])'" in done.stdout
     assert "FIDELITY BUG" in done.stdout  # the hook hangs on the real side only
     assert done.returncode != 0
+
+
+# --------------------------------------------------------------------------- pytest plugin
+
+
+def test_plugin_assert_hook_e2e_passes_and_notes_the_outcome(census) -> None:
+    from simcluster.plugin import check_hook as plugin_check
+
+    report = plugin_check(MEAN, e2e=True, e2e_examples=1, world_sizes=(2,), examples=5, steps=1, backends=("gloo",),
+                          database=None)
+    assert report.passed and report.notes[-1] == "e2e: ok 2", report.notes
+
+
+def test_plugin_assert_hook_e2e_raises_a_fidelity_error_for_a_wrong_backend_model(census, monkeypatch) -> None:
+    from simcluster.plugin import assert_hook
+    from simcluster.real.e2e_check import SimulatorFidelityError
+
+    _flip_one_bit(monkeypatch)
+    with pytest.raises(SimulatorFidelityError, match="FIDELITY BUG of the simulator") as info:
+        assert_hook(MEAN, e2e=True, e2e_examples=0, world_sizes=(2,), examples=5, steps=1, backends=("gloo",),
+                    database=None)
+    assert len(info.value.summary.fidelity_bugs) == 1  # the edge case
+
+
+@pytest.mark.simcluster_e2e(e2e_examples=1)
+def test_plugin_marker_turns_on_e2e_for_the_fixtures(census, simcluster_check) -> None:
+    report = simcluster_check(MEAN, world_sizes=(2,), examples=5, steps=1, backends=("gloo",))
+    assert report.e2e.column(report.target) == "ok 2"

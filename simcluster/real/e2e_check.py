@@ -27,9 +27,11 @@ from typing import Any
 
 import torch
 
+from simcluster.errors import SimClusterError
 from simcluster.real.e2e import E2EResult, Scenario, run_e2e
 
-__all__ = ["E2ESummary", "e2e_for_rows", "scenarios_for_row", "scenario_from_example"]
+__all__ = ["E2ESummary", "SimulatorFidelityError", "confirm_report", "e2e_for_rows", "raise_fidelity",
+           "scenarios_for_row", "scenario_from_example"]
 
 E2E_TIMEOUT = 120.0
 """Seconds one real run may take (start-up of its gloo world included)."""
@@ -179,3 +181,50 @@ def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options
         for cluster in clusters.values():
             cluster.close()
     return summary
+
+
+class SimulatorFidelityError(SimClusterError):
+    """The simulation and real gloo disagree: a fidelity bug of simcluster, not of the hook.
+
+    Raised by the pytest plugin's ``assert_hook(..., e2e=True)``; the CLI's ``check --e2e``
+    exits 4 instead. ``summary`` is the :class:`E2ESummary`.
+    """
+
+    def __init__(self, message: str, summary: E2ESummary) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], count: int) -> E2ESummary:
+    """The plugin's ``e2e=True``: run the report's row end to end; the summary goes to
+    ``report.e2e`` and one ``e2e:`` note per disagreement to ``report.notes``.
+
+    ``hook``/``state``: as given to the check (a ``module:name`` / ``file.py:name`` string, or
+    an importable function); ``options``: the check's options (world sizes, steps, seed, params,
+    tolerance; the check's defaults where missing).
+    """
+    from simcluster.real.differential import importable_name
+    from simcluster.usercode.targets import parse_shapes, parse_tolerance
+
+    target = hook if isinstance(hook, str) else importable_name(hook)
+    state_spec = state if isinstance(state, str) else importable_name(state)
+    params = options.get("params")
+    tolerance = parse_tolerance(options.get("tolerance") or "fp32").describe()
+    row = {"name": report.target, "target": target, "state": state_spec, "tolerance": tolerance, "skipped": None}
+    opts = {"world_sizes": tuple(options.get("world_sizes") or (1, 2, 3, 4, 8)), "steps": options.get("steps", 3),
+            "seed": options.get("seed") or 0,
+            "params": parse_shapes(params, what="params") if isinstance(params, str) else params}
+    summary = e2e_for_rows([row], [report], opts, count)
+    report.e2e = summary
+    for result in summary.results.get(report.target, []):
+        if not result.agree:
+            report.notes.append(f"e2e: {result.verdict}: {result.scenario.describe()}: {'; '.join(result.differences)}")
+    report.notes.append(f"e2e: {summary.column(report.target)}")
+    return summary
+
+
+def raise_fidelity(report: Any) -> None:
+    """Raise :class:`SimulatorFidelityError` if ``report`` was confirmed end to end and disagreed."""
+    summary = getattr(report, "e2e", None)
+    if summary is not None and summary.fidelity_bugs:
+        raise SimulatorFidelityError(summary.format(), summary)
