@@ -1,4 +1,4 @@
-"""The ``simcluster`` command line: ``check`` hooks, ``explain`` one.
+"""The ``simcluster`` command line: ``check`` hooks, ``explain`` one, ``e2e`` on real processes.
 
 ::
 
@@ -6,7 +6,9 @@
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS]
-                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet]
+                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet] [--e2e [--e2e-examples N]]
+    simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
+                   [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
@@ -21,6 +23,9 @@
 * **2** — usage or load error (bad option, unknown module, no such attribute, not
   callable, file not found): one line on stderr, no traceback;
 * **3** — simcluster itself broke (a bug of ours): the traceback is printed.
+* **4** — ``check --e2e`` (and ``e2e``): a *fidelity bug of the simulator* — the simulation and
+  real DDP on real gloo disagree (:mod:`simcluster.real.e2e`); it takes precedence over 1,
+  since the simulated verdicts are then in doubt. ``e2e`` exits 1 when both sides failed alike.
 * **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
   at once; ``--json`` still gets the reports finished so far.
 
@@ -310,6 +315,10 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
+    if args.e2e:
+        from simcluster.limits import check_int
+
+        check_int("--e2e-examples", args.e2e_examples, 0, 100)
     rows = _rows(args)
     _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:

@@ -315,3 +315,8 @@ def test_plugin_assert_hook_e2e_raises_a_fidelity_error_for_a_wrong_backend_mode
 def test_plugin_marker_turns_on_e2e_for_the_fixtures(census, simcluster_check) -> None:
     report = simcluster_check(MEAN, world_sizes=(2,), examples=5, steps=1, backends=("gloo",))
     assert report.e2e.column(report.target) == "ok 2"
+
+
+def test_check_e2e_examples_out_of_range_is_a_usage_error_before_any_work(capsys) -> None:
+    assert main(["check", MEAN, "--e2e", "--e2e-examples", "-1"]) == 2
+    assert "--e2e-examples" in capsys.readouterr().err

@@ -65,6 +65,8 @@ class E2ESummary:
     def format(self) -> str:
         lines = ["end to end (real DDP on real gloo processes vs the simulator):"]
         for name, results in self.results.items():
+            if not results and not self.notes.get(name):
+                lines.append(f"  {name}: no scenario run")
             for note in self.notes.get(name, []):
                 lines.append(f"  {name}: note: {note}")
             for result in results:
@@ -142,6 +144,15 @@ def _drawn(options: dict[str, Any], count: int) -> list[Scenario]:
     return out
 
 
+def _not_run(row: dict[str, Any], report: Any) -> str | None:
+    """Why a row is not run end to end (``None``: it is)."""
+    if "trains_like_reference" in report.properties:
+        return "a hook that steps an optimizer is checked on real DDP already (trains_like_reference); not run e2e"
+    if row.get("backends") is not None and "gloo" not in row["backends"]:
+        return f"checked under {', '.join(row['backends'])} only; the real processes here are gloo"
+    return None
+
+
 def scenarios_for_row(row: dict[str, Any], report: Any, options: dict[str, Any],
                       count: int) -> tuple[list[Scenario], list[str]]:
     """The scenarios to run for one row (see the module docstring) and notes on those left out."""
@@ -165,6 +176,11 @@ def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options
     try:
         for row, report in zip(rows, reports):
             if report.skipped is not None or row.get("skipped") is not None:
+                continue
+            why = _not_run(row, report)
+            if why:
+                summary.notes[row["name"]] = [why]
+                summary.results[row["name"]] = []
                 continue
             scenarios, notes = scenarios_for_row(row, report, options, count)
             summary.notes[row["name"]] = notes
