@@ -6,7 +6,7 @@ process the runner starts is recorded (a spy on ``gloo_runner._Child``), so a su
 process fails the test. The runner's temp dirs go to the test's own ``tmp_path``
 (``tempfile.tempdir``), where none may be left. Real ranks start from multiprocessing's
 fork server (torch preloaded: ~0.5 s a world); the default tier's tests here take ~20 s
-on 2 cores, the torchrun and PowerSGD ones are ``slow``.
+on 2 cores (serially), the torchrun, Ctrl-C and ``check --e2e`` PowerSGD ones are ``slow``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ POWERSGD_STATE = "simcluster.checking.defaults:powersgd_state"
 # --------------------------------------------------------------------------- census
 
 
-def _descendants() -> set[int]:
-    """Live (non-zombie) descendants of this process, from /proc."""
+def _descendants(root: int | None = None) -> set[int]:
+    """Live (non-zombie) descendants of ``root`` (default: this process), from /proc."""
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -53,7 +53,7 @@ def _descendants() -> set[int]:
         fields = stat.rpartition(")")[2].split()
         if fields[0] != "Z":
             parent[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid()}
+    found, frontier = set(), {os.getpid() if root is None else root}
     while frontier:
         frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
         found |= frontier
@@ -174,6 +174,29 @@ def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census)
     assert failure is not None and failure.kind == "hung", failure
     assert "rank 1: last event 'step 1: hook call on bucket 0 (params [0])'" in failure.message
     assert "rank 0: last event 'posting all_reduce'" in failure.message
+
+
+@pytest.mark.slow  # a fresh CLI process and fork server: ~10-14 s
+def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path) -> None:
+    import signal
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "e2e", f"{HOOKS}:hangs_at_step_1_on_rank_1",
+                             "--params", "4", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(seen) < 3:  # the fork server and both ranks
+        seen |= _descendants(proc.pid)
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside the run
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    time.sleep(1.5)  # ranks whose parent is gone leave within a second (their orphan watchdog)
+    assert len(seen) >= 3 and not [pid for pid in seen if _alive(pid)], seen
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
 
 
 def test_a_real_only_failure_is_a_fidelity_bug_with_both_sides_shown(census) -> None:
