@@ -24,7 +24,7 @@ import torch
 
 from simcluster.cli import main
 from simcluster.fake import collectives
-from simcluster.real.e2e import Scenario, compare, run_e2e, run_real, run_sim
+from simcluster.real.e2e import Scenario, Side, SideFailure, compare, root_error, run_e2e, run_real, run_sim
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -141,7 +141,7 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None
     assert result.agree and result.hook_failed, result.format()
     assert result.sim.failure.error_type == result.real.failure.error_type
     for side in (result.sim, result.real):
-        assert "IndexError" in side.failure.detail
+        assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()
     assert "sim (gloo model)  FAILED" in text and "real gloo         FAILED" in text
 
@@ -216,6 +216,20 @@ def test_one_rank_disagreements_are_unconfirmed_not_fidelity_bugs(monkeypatch) -
     real.grads[0][0][0] = real.grads[0][0][0].clone().add_(1.0)
     result = compare(scenario, MEAN, sim, real)
     assert result.verdict == "unconfirmed" and "UNCONFIRMED" in result.format()
+
+
+def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> None:
+    scenario = Scenario(2, ((3,),), steps=1)
+    wrapped = "Got the following error when running the callback: {}: boom"
+
+    def side(name: str, kind: str, inner: str) -> Side:
+        return Side(name, failure=SideFailure(kind, 0, "RuntimeError", wrapped.format(inner), 0))
+
+    assert compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "raised", "IndexError")).agree
+    differs = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "raised", "KeyError"))
+    assert differs.verdict == "fidelity bug" and "the failures differ" in differs.differences[0]
+    hung = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "hung", "IndexError"))
+    assert hung.verdict == "fidelity bug"
 
 
 # --------------------------------------------------------------------------- check --e2e

@@ -529,10 +529,19 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
         s, g = sim.failure, real.failure
         if s.kind == "hung" and g.kind == "hung":
             pass
-        elif s.kind != g.kind or s.error_type != g.error_type:
+        elif s.kind != g.kind or s.error_type != g.error_type or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
     verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict)
+
+
+def root_error(failure: SideFailure) -> str:
+    """The innermost exception type a failure's message names (DDP wraps a callback's
+    ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
+    IndexError: ...``), else its own type. Messages themselves are not compared: the
+    simulated side's can carry extra words (docs/e2e.md)."""
+    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
+    return named[-1] if named else failure.error_type
 
 
 def _call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
