@@ -336,8 +336,12 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     if args.e2e:
         from simcluster.real.e2e_check import e2e_for_rows
 
-        e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress)
-        progress.clear()
+        try:
+            e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress)
+        finally:  # Ctrl-C while real processes run: every world is closed by then
+            progress.clear()
+            if e2e is None:
+                _write_json(args, reports)
     print(format_table(rows, reports, e2e))
     for report in reports:
         if report.status == "FAILED" and report.failures:
@@ -346,7 +350,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     if e2e is not None:
         print()
         print(e2e.format())
-    _write_json(args, reports)
+    _write_json(args, reports, e2e)
     if internal:
         return EXIT_INTERNAL
     if e2e is not None and e2e.fidelity_bugs:
@@ -354,9 +358,11 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
 
 
-def _write_json(args: argparse.Namespace, reports: list[CheckReport]) -> None:
+def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any = None) -> None:
+    """``--json``: every report; with ``--e2e`` each also gets ``"e2e"`` (the table's cell)."""
     if args.json is not None:
-        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
+        dicts = [r.to_dict() | ({"e2e": e2e.column(r.target)} if e2e is not None else {}) for r in reports]
+        Path(args.json).write_text(json.dumps(dicts, indent=2) + "\n")
 
 
 def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dict[str, Any],

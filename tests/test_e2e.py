@@ -12,6 +12,7 @@ under torchrun, Ctrl-C and ``check --e2e`` PowerSGD are ``slow``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -236,9 +237,9 @@ def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> No
 # --------------------------------------------------------------------------- check --e2e
 
 
-def test_check_e2e_agrees_for_the_reference_hook_with_an_e2e_column(census, capsys) -> None:
+def test_check_e2e_agrees_for_the_reference_hook_with_an_e2e_column(census, capsys, tmp_path: Path) -> None:
     code = main(["check", MEAN, "--e2e", "--e2e-examples", "1", "--world-sizes", "2", "--examples", "5",
-                 "--backend", "gloo", "--no-database", "--quiet", "--steps", "2"])
+                 "--backend", "gloo", "--no-database", "--quiet", "--steps", "2", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert code == 0, out
     header = out.splitlines()[0].split()
@@ -246,6 +247,7 @@ def test_check_e2e_agrees_for_the_reference_hook_with_an_e2e_column(census, caps
     row = next(line for line in out.splitlines() if line.startswith(MEAN))
     assert row.split()[-1] == "2" and row.split()[-2] == "ok"  # the edge case and one drawn scenario
     assert "[edge: every rank at float32 max]" in out and "[drawn 1]" in out
+    assert json.loads((tmp_path / "r.json").read_text())[0]["e2e"] == "ok 2"
 
 
 def test_check_e2e_reports_a_wrong_backend_model_apart_from_the_hooks_verdict(census, capsys, monkeypatch) -> None:
