@@ -1,4 +1,4 @@
-"""The ``simcluster`` command line: ``check`` hooks, ``explain`` one.
+"""The ``simcluster`` command line: ``check`` hooks, ``explain`` one, ``e2e`` on real processes.
 
 ::
 
@@ -6,7 +6,9 @@
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS]
-                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet]
+                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet] [--e2e [--e2e-examples N]]
+    simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
+                   [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
@@ -21,6 +23,9 @@
 * **2** — usage or load error (bad option, unknown module, no such attribute, not
   callable, file not found): one line on stderr, no traceback;
 * **3** — simcluster itself broke (a bug of ours): the traceback is printed.
+* **4** — ``check --e2e`` (and ``e2e``): a *fidelity bug of the simulator* — the simulation and
+  real DDP on real gloo disagree (:mod:`simcluster.real.e2e`); it takes precedence over 1,
+  since the simulated verdicts are then in doubt. ``e2e`` exits 1 when both sides failed alike.
 * **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
   at once; ``--json`` still gets the reports finished so far.
 
@@ -63,7 +68,7 @@ DEFAULT_DATABASE = ".simcluster/examples"
 CheckFunction = Callable[..., CheckReport]
 """``simcluster.checking.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_FIDELITY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,7 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"example database directory (default {DEFAULT_DATABASE})")
     db.add_argument("--no-database", action="store_true", help="do not read or write an example database")
     check.add_argument("--quiet", action="store_true", help="no progress line")
+    check.add_argument("--e2e", action="store_true",
+                       help="then run real DDP on real gloo processes for a few examples and compare (exit 4: "
+                            "the simulator disagrees)")
+    check.add_argument("--e2e-examples", type=int, default=2, metavar="N",
+                       help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
 
+    from simcluster.real.e2e_cli import add_parser as add_e2e_parser
+
+    add_e2e_parser(sub)
     explain = sub.add_parser("explain", help="run a hook once on small gradients and show what it does")
     explain.add_argument("target", metavar="TARGET")
     explain.add_argument("--world-size", type=int, default=2, metavar="N")
@@ -149,6 +162,10 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             return exc.code if isinstance(exc.code, int) else 0
         if args.command == "explain":
             return _explain_command(args)
+        if args.command == "e2e":
+            from simcluster.real.e2e_cli import e2e_command
+
+            return e2e_command(args)
         return _check_command(args, check)
     except SimClusterError as exc:  # usage and load errors: one line, no traceback
         print(f"simcluster: error: {first_line(exc) or type(exc).__name__}", file=sys.stderr)
@@ -298,6 +315,10 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
+    if args.e2e:
+        from simcluster.limits import check_int
+
+        check_int("--e2e-examples", args.e2e_examples, 0, 100)
     rows = _rows(args)
     _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:
@@ -311,20 +332,37 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         _write_json(args, reports)
         raise
     progress.clear()
-    print(format_table(rows, reports))
+    e2e = None
+    if args.e2e:
+        from simcluster.real.e2e_check import e2e_for_rows
+
+        try:
+            e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress)
+        finally:  # Ctrl-C while real processes run: every world is closed by then
+            progress.clear()
+            if e2e is None:
+                _write_json(args, reports)
+    print(format_table(rows, reports, e2e))
     for report in reports:
         if report.status == "FAILED" and report.failures:
             print()
             print(report.format())
-    _write_json(args, reports)
+    if e2e is not None:
+        print()
+        print(e2e.format())
+    _write_json(args, reports, e2e)
     if internal:
         return EXIT_INTERNAL
+    if e2e is not None and e2e.fidelity_bugs:
+        return EXIT_FIDELITY  # the simulator's verdicts cannot be trusted: before the hook's verdict
     return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
 
 
-def _write_json(args: argparse.Namespace, reports: list[CheckReport]) -> None:
+def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any = None) -> None:
+    """``--json``: every report; with ``--e2e`` each also gets ``"e2e"`` (the table's cell)."""
     if args.json is not None:
-        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
+        dicts = [r.to_dict() | ({"e2e": e2e.column(r.target)} if e2e is not None else {}) for r in reports]
+        Path(args.json).write_text(json.dumps(dicts, indent=2) + "\n")
 
 
 def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dict[str, Any],
@@ -382,12 +420,13 @@ def _backend_status(report: CheckReport, backend: str) -> str:
     return "ok"
 
 
-def format_table(rows: list[dict[str, Any]], reports: list[CheckReport]) -> str:
-    """The summary table: hook, state, tolerance, one status column per backend, time.
+def format_table(rows: list[dict[str, Any]], reports: list[CheckReport], e2e: Any = None) -> str:
+    """The summary table: hook, state, tolerance, one status column per backend, time;
+    with ``e2e`` (:class:`simcluster.real.e2e_check.E2ESummary`) an ``e2e`` column too.
 
     Skipped rows follow the checked ones, with their reason.
     """
-    head = ("hook", "state", "tolerance", "gloo", "nccl", "time")
+    head = ("hook", "state", "tolerance", "gloo", "nccl", "time") + (("e2e",) if e2e is not None else ())
     body: list[tuple[str, ...]] = []
     skipped: list[tuple[str, str]] = []
     for row, report in zip(rows, reports):
@@ -396,7 +435,8 @@ def format_table(rows: list[dict[str, Any]], reports: list[CheckReport]) -> str:
             continue
         state = row["state"].rpartition(":")[2] if ":" in row["state"] else row["state"]
         body.append((row["name"], state, row["tolerance"], _backend_status(report, "gloo"),
-                     _backend_status(report, "nccl"), f"{report.seconds:.1f}s"))
+                     _backend_status(report, "nccl"), f"{report.seconds:.1f}s")
+                    + ((e2e.column(row["name"]),) if e2e is not None else ()))
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))

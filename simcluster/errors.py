@@ -215,3 +215,16 @@ def add_context_note(exc: BaseException, note: str) -> BaseException:
     if notes is None or note not in notes:
         exc.add_note(note)
     return exc
+
+
+class SimulatorFidelityError(SimClusterError):
+    """The simulation and real gloo disagree on the same scenario: a fidelity bug of
+    simcluster, not of the hook (so not an ``AssertionError``). Not the user's to fix: report it.
+
+    Raised by the pytest plugin's ``assert_hook(..., e2e=True)``; the CLI's ``check --e2e``
+    exits 4 instead. ``summary`` is the :class:`~simcluster.real.e2e_check.E2ESummary`.
+    """
+
+    def __init__(self, message: str, summary: Any) -> None:
+        super().__init__(message)
+        self.summary = summary

@@ -28,6 +28,12 @@ Installed with simcluster; nothing to enable. What it gives a test suite:
   The fixtures ``simcluster_check`` / ``simcluster_assert`` are the same functions bound
   to the run's profile and example database (``<rootdir>/.simcluster/examples``).
 
+  ``e2e=True`` (or the marker ``@pytest.mark.simcluster_e2e`` on a test using the
+  fixtures) confirms on real DDP and real gloo processes, as ``simcluster check --e2e``:
+  the report gains ``e2e:`` notes, and ``assert_hook`` raises
+  :class:`~simcluster.errors.SimulatorFidelityError` when the simulation and real
+  gloo disagree (docs/e2e.md).
+
 * **Profiles** — Hypothesis settings profiles named ``ci``, ``dev`` and ``thorough``:
 
   =========  ========  ===========================================  ===========================
@@ -186,6 +192,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "simcluster(world_size=2, backend='gloo', seed=0, schedule='random', rng='per_rank'): "
         "options of the sim_cluster fixture",
     )
+    config.addinivalue_line(
+        "markers",
+        "simcluster_e2e(e2e_examples=2): the simcluster_check/simcluster_assert fixtures also run real DDP "
+        "on real gloo processes and compare (e2e=True)",
+    )
     name, explicit = choose_profile(config.getoption(PROFILE_OPTION), os.environ)
     options = _RunOptions(PROFILES[name], config.rootpath / DATABASE_DIR, explicit)
     config.stash[_RUN_OPTIONS] = options
@@ -276,8 +287,16 @@ def _resolve(hook: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], di
 def _check(hook: Any, defaults: dict[str, Any], options: dict[str, Any]) -> CheckReport:
     from simcluster.checking.check import check_hook as run_check
 
-    hook, options = _resolve(hook, {**defaults, **options})
-    return run_check(hook, **options)
+    merged = {**defaults, **options}
+    e2e, e2e_examples = merged.pop("e2e", False), merged.pop("e2e_examples", 2)
+    spec, state = hook, merged.get("state", "none")
+    hook, resolved = _resolve(hook, merged)
+    report = run_check(hook, **resolved)
+    if e2e:
+        from simcluster.real.e2e_check import confirm_report
+
+        confirm_report(report, spec, state, merged, e2e_examples)
+    return report
 
 
 def _default_profile() -> Profile:
@@ -296,8 +315,21 @@ def check_hook(hook: Callable[..., Any] | str, **options: Any) -> CheckReport:
 
 
 def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
-    """Like :func:`check_hook`, but raise ``AssertionError`` with the report when a property fails."""
-    check_hook(hook, **options).assert_passed()
+    """Like :func:`check_hook`, but raise ``AssertionError`` with the report when a property fails.
+
+    ``e2e=True`` (``e2e_examples=N``, default 2) then also runs real DDP on real gloo processes
+    and compares (``simcluster check --e2e``): a disagreement raises
+    :class:`~simcluster.errors.SimulatorFidelityError` — simcluster's bug, not the hook's —
+    before the hook's own verdict is judged.
+    """
+    _assert(check_hook(hook, **options))
+
+
+def _assert(report: CheckReport) -> None:
+    from simcluster.real.e2e_check import raise_fidelity
+
+    raise_fidelity(report)
+    report.assert_passed()
 
 
 # -- fixtures ---------------------------------------------------------------------------------
@@ -328,6 +360,9 @@ def simcluster_check(request: pytest.FixtureRequest) -> Callable[..., CheckRepor
     """``check(hook, **options) -> CheckReport`` bound to this run's profile and database."""
     options = request.config.stash[_RUN_OPTIONS]
     defaults = _defaults(options.profile, options.database_dir)
+    marker = request.node.get_closest_marker("simcluster_e2e")
+    if marker is not None:
+        defaults |= {"e2e": True, **marker.kwargs}
     return lambda hook, **kw: _check(hook, defaults, kw)
 
 
@@ -336,6 +371,6 @@ def simcluster_assert(simcluster_check: Callable[..., CheckReport]) -> Callable[
     """``assert_(hook, **options)``: raise ``AssertionError(report.format())`` if a property fails."""
 
     def assert_(hook: Any, **options: Any) -> None:
-        simcluster_check(hook, **options).assert_passed()
+        _assert(simcluster_check(hook, **options))
 
     return assert_

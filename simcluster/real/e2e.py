@@ -1,0 +1,591 @@
+"""End to end: the hook inside torch's real ``DistributedDataParallel``, simulated and real.
+
+One :class:`Scenario` (world size, parameter shapes, steps, bucket cap, per-rank
+gradients) is run twice with the *same* real C++ reducer:
+
+* **sim** — :func:`simcluster.ddp.real_ddp.run_real_ddp`: one thread per rank on
+  simulated process groups (the backend model ``gloo`` or ``nccl``);
+* **real** — one real process per rank on a real gloo group
+  (:mod:`simcluster.real.gloo_runner`, or ``torchrun`` through :mod:`simcluster.real.e2e_torchrun`).
+
+Only the process group differs, so any difference — a gradient bit, the sequence of
+hook calls, an exception or hang on one side only — is a **fidelity bug of the
+simulator**, not a verdict on the hook (:func:`compare`).
+
+The model is built so the gradients are exactly the scenario's: ``forward(x)`` is
+``Σ_i (p_i * x_i).sum()`` with ``x`` the flat concatenation of the per-parameter inputs, so
+``p_i.grad == x_i`` bit for bit (the backward of ``sum`` is ones, of ``mul`` is
+``grad * x``). A check example's gradients therefore reach the hook unchanged.
+
+Every real rank prints one line per event (``simcluster-e2e rank R: step S: ...``: a hook
+call, a collective posted, a failure) to its captured output; when a rank hangs or dies,
+its last event is what the report names. Real ranks see ``SIMCLUSTER_E2E=real`` in their
+environment (the simulated ranks do not), which lets a test hook misbehave on one side only.
+
+One-rank groups: whether gloo's future is already complete when the hook returns is a
+load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
+reported as *unconfirmed*, never as a fidelity bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from simcluster.fake.state import StateSpec
+
+__all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
+           "run_e2e", "EVENT_PREFIX"]
+
+EVENT_PREFIX = "simcluster-e2e"
+"""Every event line a real rank prints starts with this, then `` rank R: ``."""
+
+HookCall = tuple[int, int, bool, tuple[int, ...]]
+"""``(step, bucket.index(), bucket.is_last(), parameter indices)`` of one hook call."""
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+_SIM_HUNG = ("DeadlockError", "StuckError")
+
+
+# --------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One end-to-end run's input, plain data (it travels to the real ranks by pickle).
+
+    ``grads[step][rank][param]``: the gradients; ``None`` draws them from ``seed``
+    (standard normal, float32 first, then cast to ``dtype``) — every rank and the
+    simulation draw the same ones. ``label`` says where the scenario came from.
+    """
+
+    world_size: int
+    shapes: tuple[tuple[int, ...], ...]
+    steps: int = 3
+    bucket_cap_mb: float | None = None
+    seed: int = 0
+    dtype: str = "float32"
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+    grads: tuple[tuple[tuple[torch.Tensor, ...], ...], ...] | None = None
+    label: str = ""
+
+    def gradients(self) -> list[list[list[torch.Tensor]]]:
+        """``[step][rank][param]``, deterministic."""
+        if self.grads is not None:
+            return [[list(rank) for rank in step] for step in self.grads]
+        gen = torch.Generator().manual_seed(self.seed)
+        dtype = DTYPES[self.dtype]
+        return [[[torch.randn(shape, generator=gen).to(dtype) for shape in self.shapes]
+                 for _ in range(self.world_size)] for _ in range(self.steps)]
+
+    def inputs(self) -> list[list[torch.Tensor]]:
+        """``[rank][step]``: the flat input of :class:`GradientModel` for each rank and step."""
+        grads = self.gradients()
+        return [[torch.cat([g.reshape(-1) for g in grads[k][r]]) for k in range(self.steps)]
+                for r in range(self.world_size)]
+
+    def describe(self) -> str:
+        cap = "default cap" if self.bucket_cap_mb is None else f"cap {int(self.bucket_cap_mb * 2**20)} B"
+        flags = [n for n in ("static_graph", "find_unused_parameters", "gradient_as_bucket_view") if getattr(self, n)]
+        text = (f"world {self.world_size}, params {[tuple(s) for s in self.shapes]} ({self.dtype}), {cap}, "
+                f"{self.steps} steps, seed {self.seed}")
+        return text + "".join(f", {f}" for f in flags) + (f" [{self.label}]" if self.label else "")
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        return {"bucket_cap_mb": self.bucket_cap_mb, "static_graph": self.static_graph,
+                "find_unused_parameters": self.find_unused_parameters,
+                "gradient_as_bucket_view": self.gradient_as_bucket_view}
+
+
+class GradientModel(torch.nn.Module):
+    """Parameters of the given shapes whose gradients are the input: ``p_i.grad == x_i``.
+
+    >>> m = GradientModel([(2,), (1, 2)])
+    >>> m(torch.tensor([1.0, 2.0, 3.0, -0.0])).backward()
+    >>> [p.grad.tolist() for p in m.parameters()]
+    [[1.0, 2.0], [[3.0, -0.0]]]
+    """
+
+    def __init__(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.shapes = [tuple(s) for s in shapes]
+        for i, shape in enumerate(self.shapes):
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
+            p._simcluster_index = i  # type: ignore[attr-defined] - how a hook call names its parameters
+            self.register_parameter(f"p{i}", p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total, offset = None, 0
+        for p in self.parameters():
+            part = (p * x[offset:offset + p.numel()].view(p.shape)).sum()
+            total = part if total is None else total + part
+            offset += p.numel()
+        assert total is not None
+        return total
+
+
+def load_hook_and_state(hook: str, state: str) -> tuple[Callable[..., Any], StateSpec]:
+    """The hook and its parsed :class:`~simcluster.fake.state.StateSpec`, from CLI specs."""
+    from simcluster.usercode.targets import load_state, load_target
+
+    return load_target(hook), load_state(state)
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def recording(hook: Callable[..., Any], calls: dict[int, list[HookCall]], rank_of: Callable[[], int],
+              emit: Callable[[int, str], None] | None = None) -> Callable[..., Any]:
+    """``hook`` as registered on both sides: records each call as a :data:`HookCall` of its
+    rank (``rank_of()``), announces it through ``emit``, then calls ``hook``.
+
+    The step is the number of the rank's earlier calls on a last bucket. ``functools.wraps``
+    keeps the hook's signature, which DDP's registration checks.
+    """
+
+    @functools.wraps(hook)
+    def recorded(state: Any, bucket: Any) -> Any:
+        rank = rank_of()
+        mine = calls.setdefault(rank, [])
+        step = sum(1 for c in mine if c[2])
+        indices = tuple(getattr(p, "_simcluster_index", -1) for p in bucket.parameters())
+        mine.append((step, bucket.index(), bucket.is_last(), indices))
+        if emit is not None:
+            emit(rank, f"step {step}: hook call on bucket {bucket.index()} (params {list(indices)})")
+        return hook(state, bucket)
+
+    return recorded
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+@dataclass
+class SideFailure:
+    """How one side failed. ``kind``: ``raised`` (an exception), ``hung`` (killed by the
+    watchdog, or the simulator's deadlock/stuck report) or ``died`` (a rank's process ended
+    without reporting). ``detail``: the traceback or the last events, for the report."""
+
+    kind: str
+    rank: int
+    error_type: str
+    message: str
+    step: int | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        at = "" if self.step is None else f" at step {self.step}"
+        return f"rank {self.rank} {self.kind}{at}: {self.error_type}: {self.message}"
+
+
+@dataclass
+class Side:
+    """One side's outcome: ``grads[step][rank][param]`` and ``calls[rank]`` when it
+    finished, ``failure`` when it did not (``calls`` then holds what was recorded)."""
+
+    name: str
+    grads: list[list[list[torch.Tensor | None]]] = field(default_factory=list)
+    calls: dict[int, list[HookCall]] = field(default_factory=dict)
+    failure: SideFailure | None = None
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------- one real rank
+
+
+def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = None,
+             device: torch.device | None = None, emit: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+    """One real rank: real DDP over ``group`` (default: WORLD), the hook registered, every step.
+
+    Shared by the gloo children (:func:`run_real`) and torchrun ranks. Returns
+    ``{"grads": [step][param], "calls": [...]}`` (tensors on the CPU). An exception
+    propagates with a note naming the rank, type and step (the runner reports it).
+    ``emit(rank, text)`` announces each event (default: a line on stdout).
+    """
+    os.environ["SIMCLUSTER_E2E"] = "real"
+    scenario: Scenario = payload["scenario"]
+    torch.manual_seed(scenario.seed + rank)
+    hook, state_spec = load_hook_and_state(payload["hook"], payload["state"])
+    emit = emit or _print_event
+    inputs = scenario.inputs()[rank]
+    model = GradientModel(scenario.shapes, DTYPES[scenario.dtype])
+    if device is not None:
+        model, inputs = model.to(device), [x.to(device) for x in inputs]
+    for i, p in enumerate(model.parameters()):
+        p._simcluster_index = i  # type: ignore[attr-defined] - .to(device) may make new Parameters
+    with _announce_collectives(rank, emit):
+        return _train_rank(rank, scenario, model, inputs, hook, state_spec, group, emit)
+
+
+def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: list[torch.Tensor],
+                hook: Callable[..., Any], state_spec: StateSpec, group: Any,
+                emit: Callable[[int, str], None]) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    calls: dict[int, list[HookCall]] = {}
+    grads: list[list[torch.Tensor | None]] = []
+    step = 0
+    try:
+        emit(rank, "constructing DistributedDataParallel")
+        ddp = DistributedDataParallel(model, process_group=group, **scenario.ddp_kwargs())
+        ddp.register_comm_hook(state_spec.resolve(group or _world(), model),
+                               recording(hook, calls, lambda: rank, emit))
+        for step in range(scenario.steps):
+            emit(rank, f"step {step}: forward and backward")
+            ddp(inputs[step]).sum().backward()
+            grads.append([None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()])
+            ddp.zero_grad(set_to_none=True)
+        emit(rank, "finished every step")
+    except BaseException as exc:
+        last = calls.get(rank, [])
+        at = last[-1][0] if last else step
+        exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} at step {at}")
+        emit(rank, f"step {at}: raised {type(exc).__name__}: {_first_line(exc)}")
+        raise
+    return {"grads": grads, "calls": calls.get(rank, [])}
+
+
+def _world() -> Any:
+    import torch.distributed as dist
+
+    return dist.group.WORLD
+
+
+def _print_event(rank: int, text: str) -> None:
+    print(f"{EVENT_PREFIX} rank {rank}: {text}", flush=True)
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+                "send", "recv", "isend", "irecv")
+
+
+@contextlib.contextmanager
+def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterator[None]:
+    """While the rank runs: every ``torch.distributed`` collective prints an event first.
+    Restored afterwards (rank 0 of a torchrun then simulates in the same process)."""
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def announced(name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            emit(rank, f"posting {name}")
+            return original(*args, **kwargs)
+
+        return call
+
+    try:
+        for name, original in saved.items():
+            setattr(dist, name, announced(name, original))
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+# --------------------------------------------------------------------------- real side (gloo processes)
+
+
+def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """What each gloo child runs (:mod:`simcluster.real.gloo_runner` calls it by name)."""
+    return run_rank(rank, world_size, payload)
+
+
+def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: float = 60.0,
+             cluster: Any = None, start_method: str = "subprocess") -> Side:
+    """The scenario on ``world_size`` fresh real gloo processes; never raises for a hook's failure.
+
+    The runner's watchdog bounds the whole run by ``timeout`` seconds; every child is
+    killed and reaped and its temp dir removed on every path (Ctrl-C included).
+    ``cluster``: a :class:`~simcluster.real.gloo_runner.GlooCluster` of ``world_size``
+    ranks to reuse (no process start-up; a failed run restarts its world).
+    ``start_method``: the runner's (``"forkserver"`` starts a world in ~0.5 s instead of
+    seconds, but re-runs the caller's ``__main__``, which then needs the
+    ``if __name__ == "__main__":`` guard; the CLI uses it).
+    """
+    import time
+
+    from simcluster.errors import GlooRunError
+    from simcluster.real.gloo_runner import run_gloo
+
+    payload = {"scenario": scenario, "hook": hook, "state": state}
+    started = time.monotonic()
+    side = Side("real gloo")
+    try:
+        if cluster is None:
+            per_rank = run_gloo(_gloo_job, scenario.world_size, [payload] * scenario.world_size, timeout=timeout,
+                                start_method=start_method)
+        else:
+            per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
+    except GlooRunError as err:
+        side.failure = real_failure(err, timeout)
+    else:
+        side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
+        side.calls = {r: [tuple(c) for c in per_rank[r]["calls"]] for r in range(scenario.world_size)}
+    side.seconds = time.monotonic() - started
+    return side
+
+
+_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
+
+
+def last_events(text: str, rank: int) -> list[str]:
+    """The event lines of ``rank`` found in ``text`` (a runner error's captured output)."""
+    prefix = f"{EVENT_PREFIX} rank {rank}: "
+    return [line.strip()[len(prefix):] for line in text.splitlines() if line.strip().startswith(prefix)]
+
+
+def real_failure(err: Any, timeout: float) -> SideFailure:
+    """A :class:`~simcluster.real.gloo_runner.GlooRunError` as a :class:`SideFailure`."""
+    from simcluster.real.differential import _first_failed_rank
+
+    text = str(err)
+    if err.failures:
+        rank = _first_failed_rank(err)
+        own = err.failures[rank]
+        events = last_events(text, rank)
+        last = f"its last event: {events[-1]}" if events else "no event recorded"
+        if "without reporting an error" in own:  # killed by a signal or exited: gloo_runner's wording
+            what = own.strip().splitlines()[-1]
+            return SideFailure("died", rank, "died", f"{what}; {last}", None, text)
+        note = _NOTE.search(own)
+        error_type = note.group(2) if note else _error_type(own)
+        lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
+        message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
+        return SideFailure("raised", rank, error_type, message, int(note.group(3)) if note else None, own)
+    hung = err.unfinished or [0]
+    parts = []
+    for rank in hung:
+        events = last_events(text, rank)
+        parts.append(f"rank {rank}: last event {events[-1]!r}" if events else f"rank {rank}: no event recorded")
+    return SideFailure("hung", hung[0], "hung",
+                       f"ranks {hung} did not finish within {timeout:g} s and were killed ({'; '.join(parts)})",
+                       None, text)
+
+
+def _error_type(traceback_text: str) -> str:
+    for line in reversed(traceback_text.strip().splitlines()):
+        match = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning))\b", line)
+        if match:
+            return match.group(1).rpartition(".")[2]
+    return "Exception"
+
+
+# --------------------------------------------------------------------------- sim side
+
+
+def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
+            timeout: float = 60.0) -> Side:
+    """The scenario under :func:`~simcluster.ddp.real_ddp.run_real_ddp` (real reducer, simulated groups)."""
+    import time
+
+    import torch.distributed as dist
+
+    from simcluster.ddp.real_ddp import run_real_ddp
+
+    hook_fn, state_spec = load_hook_and_state(hook, state)
+    calls: dict[int, list[HookCall]] = {}
+    side = Side(f"sim ({backend} model)")
+    started = time.monotonic()
+    dtype = DTYPES[scenario.dtype]
+    torch.manual_seed(scenario.seed)
+    try:
+        run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
+                           world_size=scenario.world_size, hook=recording(hook_fn, calls, dist.get_rank),
+                           state=state_spec, iterations=scenario.steps, backend=backend, timeout=timeout,
+                           **scenario.ddp_kwargs())
+    except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
+        side.failure = _sim_failure(exc, calls)
+    else:
+        side.grads = run.grads
+    side.calls = calls
+    side.seconds = time.monotonic() - started
+    return side
+
+
+def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFailure:
+    import traceback
+
+    notes = "\n".join(getattr(exc, "__notes__", ()))
+    match = re.search(r"raised on rank (\d+) of", notes)
+    rank = int(match.group(1)) if match else 0
+    mine = calls.get(rank, [])
+    kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
+    detail = "".join(traceback.format_exception(exc))
+    return SideFailure(kind, rank, type(exc).__name__, _first_line(exc), mine[-1][0] if mine else None, detail)
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+@dataclass
+class E2EResult:
+    """The comparison of one scenario. ``verdict``: ``agree``; ``fidelity bug`` (the
+    simulator differs from real gloo); ``unconfirmed`` (it differs on a one-rank group,
+    where real gloo itself is not deterministic — docs/e2e.md)."""
+
+    scenario: Scenario
+    hook: str
+    sim: Side
+    real: Side
+    differences: list[str]
+    verdict: str
+
+    @property
+    def agree(self) -> bool:
+        return self.verdict == "agree"
+
+    @property
+    def hook_failed(self) -> bool:
+        """Both sides failed alike: the hook's own failure, confirmed on real gloo."""
+        return self.agree and self.sim.failure is not None
+
+    def format(self, *, per_step: bool = True) -> str:
+        """The report: the scenario, per-step per-rank summaries, failures side by side, the verdict."""
+        lines = [f"e2e {self.hook}: {self.scenario.describe()}",
+                 f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
+        if per_step:
+            lines += _step_lines(self)
+        for side in (self.sim, self.real):
+            if side.failure is not None:
+                lines.append(f"  {side.name:<17} FAILED: {side.failure.line()}")
+        if self.sim.failure is not None or self.real.failure is not None:
+            for side in (self.sim, self.real):
+                if side.failure is None:
+                    lines.append(f"  {side.name:<17} finished every step")
+        if self.verdict == "agree":
+            both = "both sides failed alike (the hook's failure, confirmed)" if self.hook_failed else \
+                "gradients, hook calls and outcomes agree bitwise"
+            lines.append(f"  verdict: agree — {both}")
+        else:
+            head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else \
+                "UNCONFIRMED (one-rank group: real gloo itself is not deterministic here, see docs/e2e.md)"
+            lines.append(f"  verdict: {head}:")
+            lines += [f"    - {d}" for d in self.differences[:10]]
+            if len(self.differences) > 10:
+                lines.append(f"    … and {len(self.differences) - 10} more")
+            for side in (self.real, self.sim):
+                if side.failure is not None and side.failure.detail:
+                    tail = side.failure.detail.strip().splitlines()[-12:]
+                    lines.append(f"  --- {side.name}: {side.failure.line()} ---")
+                    lines += [f"    {t}" for t in tail]
+        return "\n".join(lines)
+
+
+def _digest(t: torch.Tensor | None) -> str:
+    if t is None:
+        return "None"
+    raw = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha1(raw).hexdigest()[:8]
+
+
+def _step_lines(result: E2EResult) -> list[str]:
+    lines = []
+    for k in range(result.scenario.steps):
+        for r in range(result.scenario.world_size):
+            cells = []
+            for side in (result.sim, result.real):
+                calls = [c for c in side.calls.get(r, []) if c[0] == k]
+                buckets = ",".join(f"b{c[1]}{list(c[3])}" for c in calls) or "-"
+                grads = side.grads[k][r] if k < len(side.grads) else None
+                digest = "/".join(_digest(g) for g in grads) if grads is not None else "no grads"
+                cells.append(f"hooks {buckets} grads {digest}")
+            same = "=" if cells[0] == cells[1] else "≠"
+            lines.append(f"  step {k} rank {r}: sim {cells[0]} {same} real {cells[1]}")
+    return lines
+
+
+def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
+    """Compare the two sides bitwise: every step's and rank's gradients, each rank's hook
+    calls, and the failures (same kind, same exception type)."""
+    diffs: list[str] = []
+    if sim.failure is None and real.failure is None:
+        diffs += _call_differences(sim, real, scenario.world_size)
+        diffs += _grad_differences(sim, real, scenario)
+    elif sim.failure is None or real.failure is None:
+        failed, other = (sim, real) if sim.failure is not None else (real, sim)
+        assert failed.failure is not None
+        diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
+    else:
+        s, g = sim.failure, real.failure
+        if s.kind == "hung" and g.kind == "hung":
+            pass
+        elif s.kind != g.kind or s.error_type != g.error_type or root_error(s) != root_error(g):
+            diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
+    verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
+    return E2EResult(scenario, hook, sim, real, diffs, verdict)
+
+
+def root_error(failure: SideFailure) -> str:
+    """The innermost exception type a failure's message names (DDP wraps a callback's
+    ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
+    IndexError: ...``), else its own type. Messages themselves are not compared: the
+    simulated side's can carry extra words (docs/e2e.md)."""
+    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
+    return named[-1] if named else failure.error_type
+
+
+def _call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
+    out = []
+    for r in range(world_size):
+        a, b = sim.calls.get(r, []), real.calls.get(r, [])
+        if a != b:
+            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append(f"rank {r} hook call #{k}: sim {_call(a, k)} vs real {_call(b, k)}")
+    return out
+
+
+def _call(calls: list[HookCall], k: int) -> str:
+    if k >= len(calls):
+        return "no call"
+    step, index, last, params = calls[k]
+    return f"step {step} bucket {index}{' (last)' if last else ''} params {list(params)}"
+
+
+def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
+    from simcluster.real.differential import compare_outcomes
+
+    out = []
+    for k in range(scenario.steps):
+        for r in range(scenario.world_size):
+            for i, (a, b) in enumerate(zip(sim.grads[k][r], real.grads[k][r])):
+                if a is None or b is None:
+                    detail = None if a is None and b is None else f"sim {'None' if a is None else 'a tensor'} " \
+                                                                 f"vs real {'None' if b is None else 'a tensor'}"
+                else:
+                    detail = compare_outcomes(a, b)
+                if detail is not None:
+                    out.append(f"step {k} rank {r} param {i} grad: {detail.replace(' vs gloo ', ' vs real ')}")
+    return out
+
+
+def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
+            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess") -> E2EResult:
+    """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`)."""
+    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method)
+    sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout)
+    return compare(scenario, hook, sim, real)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `simcluster e2e TARGET` (simcluster.real.e2e_cli)")

@@ -1,0 +1,204 @@
+"""``simcluster e2e`` under ``torchrun``: one process per rank, on one machine or many.
+
+::
+
+    torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        -m simcluster e2e TARGET [--params ...] [--steps K] [--seed S] [--backend gloo|nccl]
+
+Every rank joins the default group through env:// rendezvous (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT`` from torchrun), draws the same :class:`~simcluster.real.e2e.Scenario`
+from the options and runs :func:`~simcluster.real.e2e.run_rank` (``--backend nccl``: on
+``cuda:LOCAL_RANK``). Results travel through the rendezvous' key-value store, not the
+process group — so they arrive even when the group is broken by a failed or hung rank.
+Rank 0 gathers them, runs the simulation with the same world size and backend model,
+prints the comparison and exits with the verdict's code (:mod:`simcluster.real.e2e_cli`).
+
+Watchdog. Gloo's (NCCL's) own timeout is ``--timeout``; a rank whose run has not ended
+``--timeout`` + 5 s after it started posts "hung" with its last event (a hook call or a
+collective) from a watchdog thread. Rank 0 waits for every rank's post up to ``--timeout``
++ 15 s, so a hung rank is named in bounded time. Ranks leave with ``os._exit`` once rank 0
+has posted the verdict (no process-group teardown at exit); when rank 0 exits non-zero,
+torchrun itself stops every other rank (its ``ChildFailedError`` summary follows rank 0's
+report). torchrun's own exit status is 0 or 1: the verdict is rank 0's printed report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from simcluster.errors import UsageError
+
+__all__ = ["torchrun_main"]
+
+_KEY = "simcluster-e2e"
+_MARGIN = 5.0  # seconds after --timeout at which a rank declares itself hung
+_GATHER_MARGIN = 15.0  # rank 0 waits this much beyond --timeout for every rank's post
+_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out", "Broken pipe")
+
+
+class _Rank:
+    """This process's rank: its store, its last event, and posting its outcome once."""
+
+    def __init__(self, rank: int, world_size: int, store: Any) -> None:
+        self.rank, self.world_size, self.store = rank, world_size, store
+        self.last = "started"
+        self.posted = threading.Lock()
+        self.done = False
+
+    def emit(self, rank: int, text: str) -> None:
+        print(f"simcluster-e2e rank {rank}: {text}", flush=True)
+        self.last = text
+        try:
+            self.store.set(f"{_KEY}/last/{rank}", text)
+        except Exception:  # noqa: BLE001 - an event is best effort; the outcome post is not
+            pass
+
+    def post(self, outcome: dict[str, Any]) -> bool:
+        """Post this rank's outcome (first caller wins: the main thread or the watchdog)."""
+        if not self.posted.acquire(blocking=False):
+            return False
+        self.store.set(f"{_KEY}/result/{self.rank}", pickle.dumps(outcome))
+        return True
+
+
+def torchrun_main(args: argparse.Namespace) -> int:
+    """One torchrun rank of ``simcluster e2e`` (see the module docstring). Never returns
+    normally once the group is joined: the process leaves with ``os._exit``."""
+    import torch
+    import torch.distributed as dist
+
+    from simcluster.real.e2e_cli import scenario_from_args
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.world_size is not None and args.world_size != world_size:
+        raise UsageError(f"--world-size {args.world_size} but torchrun started WORLD_SIZE={world_size} ranks")
+    scenario = scenario_from_args(args, world_size)
+    device = None
+    if args.backend == "nccl":
+        if not torch.cuda.is_available():
+            raise UsageError("--backend nccl: no CUDA device here; use --backend gloo")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    torch.set_num_threads(1)
+    dist.init_process_group(args.backend, init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
+    me = _Rank(rank, world_size, dist.distributed_c10d._get_default_store())
+    payload = {"scenario": scenario, "hook": args.target, "state": args.state}
+    started = time.monotonic()
+    threading.Thread(target=_watchdog, args=(me, args, scenario, started), daemon=True).start()
+    try:
+        outcome: dict[str, Any] = {"ok": run_rank_quietly(me, payload, device)}
+    except BaseException as exc:  # noqa: BLE001 - reported through rank 0, never lost
+        outcome = {"error": _error_outcome(me, exc)}
+    outcome["seconds"] = time.monotonic() - started
+    if me.post(outcome):
+        _finish(me, args, scenario, started)
+    threading.Event().wait()  # the watchdog posted first: it finishes the run
+    return 3  # pragma: no cover
+
+
+def run_rank_quietly(me: _Rank, payload: dict[str, Any], device: Any) -> dict[str, Any]:
+    from simcluster.real.e2e import run_rank
+
+    return run_rank(me.rank, me.world_size, payload, device=device, emit=me.emit)
+
+
+def _error_outcome(me: _Rank, exc: BaseException) -> dict[str, Any]:
+    from simcluster.real.e2e import _NOTE
+
+    text = "".join(traceback.format_exception(exc))
+    note = _NOTE.search(text)
+    first = str(exc).strip().splitlines()
+    return {"type": type(exc).__name__, "message": first[0] if first else "", "traceback": text,
+            "step": int(note.group(3)) if note else None, "last": me.last}
+
+
+def _watchdog(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> None:
+    """Post "hung" if this rank's run outlives ``--timeout`` + margin (its main thread is
+    stuck, e.g. in a hook that never returns), with the main thread's stack."""
+    time.sleep(args.timeout + _MARGIN)
+    main = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001 - for the report
+    stack = "".join(traceback.format_stack(main)) if main is not None else ""
+    if me.post({"hung": {"last": me.last, "stack": stack}, "seconds": time.monotonic() - started}):
+        _finish(me, args, scenario, started)
+
+
+def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> None:
+    """Rank 0: gather, simulate, compare, print, post the verdict and leave with its code.
+    Others: wait for rank 0's verdict (bounded) and leave with 0."""
+    if me.rank != 0:
+        try:
+            me.store.wait([f"{_KEY}/verdict"], datetime.timedelta(seconds=args.timeout + 2 * _GATHER_MARGIN + 120))
+        except Exception:  # noqa: BLE001 - rank 0 is gone: torchrun stops us anyway
+            _leave(3)
+        _leave(0)
+    code = 3
+    try:
+        code = _report(me, args, scenario, started)
+    finally:
+        try:
+            me.store.set(f"{_KEY}/verdict", str(code))
+        finally:
+            _leave(code)
+
+
+def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> int:
+    from simcluster.real.e2e import Side, compare, run_sim
+    from simcluster.real.e2e_cli import exit_code
+
+    outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
+    real = Side(f"real {args.backend} (torchrun)", seconds=max(o.get("seconds", 0.0) for o in outcomes.values()))
+    real.failure = _real_failure(outcomes, me.world_size)
+    if real.failure is None:
+        real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
+    real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
+    sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout)
+    result = compare(scenario, args.target, sim, real)
+    print(result.format(), flush=True)
+    return exit_code(result)
+
+
+def _gather(me: _Rank, wait: float) -> dict[int, dict[str, Any]]:
+    """Every rank's posted outcome; a rank that posted nothing in time is reported hung."""
+    deadline = time.monotonic() + max(wait, 1.0)
+    outcomes: dict[int, dict[str, Any]] = {}
+    for r in range(me.world_size):
+        key = f"{_KEY}/result/{r}"
+        try:
+            me.store.wait([key], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
+            outcomes[r] = pickle.loads(me.store.get(key))
+        except Exception:  # noqa: BLE001 - not posted in time: the rank (or its machine) is gone or stuck
+            last = me.store.get(f"{_KEY}/last/{r}").decode() if me.store.check([f"{_KEY}/last/{r}"]) else "none"
+            outcomes[r] = {"hung": {"last": last, "stack": "(no report from this rank: its process is stuck or gone)"}}
+    return outcomes
+
+
+def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int) -> Any:
+    """The real side's failure, if any: a hung rank first (the cause), then a rank whose
+    error is not a consequence of another's (a peer's closed connection or a timeout)."""
+    from simcluster.real.e2e import SideFailure
+
+    hung = [r for r in range(world_size) if "hung" in outcomes[r]]
+    if hung:
+        lasts = "; ".join(f"rank {r}: last event {outcomes[r]['hung']['last']!r}" for r in hung)
+        detail = "\n".join(f"--- rank {r} (stuck at) ---\n{outcomes[r]['hung']['stack']}" for r in hung)
+        return SideFailure("hung", hung[0], "hung", f"ranks {hung} did not finish in time ({lasts})", None, detail)
+    failed = [r for r in range(world_size) if "error" in outcomes[r]]
+    if not failed:
+        return None
+    primary = [r for r in failed if not any(m in outcomes[r]["error"]["traceback"] for m in _CONSEQUENCES)] or failed
+    e = outcomes[primary[0]]["error"]
+    return SideFailure("raised", primary[0], e["type"], e["message"], e["step"], e["traceback"])
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,38 @@
+"""Hooks for tests/test_e2e.py: correct in the simulator, misbehaving on real gloo ranks only.
+
+Real end-to-end ranks have ``SIMCLUSTER_E2E=real`` in their environment (simcluster.real.e2e).
+"""
+
+import os
+import time
+
+import torch.distributed as dist
+
+_CALLS = {"n": 0}
+
+
+def _mean(bucket):
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+
+def _real_step() -> int | None:
+    """On a real rank: the number of earlier calls (one bucket per step here); else None."""
+    if os.environ.get("SIMCLUSTER_E2E") != "real":
+        return None
+    _CALLS["n"] += 1
+    return _CALLS["n"] - 1
+
+
+def killed_at_step_1_on_rank_1(state, bucket):
+    """Rank 1's process is killed (SIGKILL) in its hook call of step 1."""
+    if _real_step() == 1 and dist.get_rank() == 1:
+        os.kill(os.getpid(), 9)
+    return _mean(bucket)
+
+
+def hangs_at_step_1_on_rank_1(state, bucket):
+    """Rank 1 sleeps (for good) in its hook call of step 1; rank 0 waits in its all_reduce."""
+    if _real_step() == 1 and dist.get_rank() == 1:
+        time.sleep(3600)
+    return _mean(bucket)

@@ -1,0 +1,361 @@
+"""End to end: real DDP on real gloo processes (and under torchrun) vs the simulator.
+
+Every test here starts real processes (``gloo``). Process census: the test process's
+descendants are listed from ``/proc`` before and after each run, and the pid of every rank
+process the runner starts is recorded (a spy on ``gloo_runner._Child``), so a surviving
+process fails the test. The runner's temp dirs go to the test's own ``tmp_path``
+(``tempfile.tempdir``), where none may be left. Real ranks start from multiprocessing's
+fork server (torch preloaded: ~0.5 s a world); the default tier's tests here take ~20 s
+on 2 cores (serially) plus ~5-16 s for torchrun at world 2; torchrun at world 3, a hang
+under torchrun, Ctrl-C and ``check --e2e`` PowerSGD are ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from multiprocessing import forkserver, resource_tracker
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from simcluster.cli import main
+from simcluster.fake import collectives
+from simcluster.real.e2e import Scenario, Side, SideFailure, compare, root_error, run_e2e, run_real, run_sim
+from simcluster.real import gloo_runner
+from simcluster.real.gloo_runner import GlooCluster
+
+pytestmark = pytest.mark.gloo
+
+HOOKS = str(Path(__file__).parent / "e2e_hooks.py")
+MEAN = "simcluster.hooks.reference:mean_allreduce_hook"
+QUANT = "torch.distributed.algorithms.ddp_comm_hooks.quantization_hooks:quantization_pertensor_hook"
+POWERSGD = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:powerSGD_hook"
+POWERSGD_STATE = "simcluster.checking.defaults:powersgd_state"
+
+
+# --------------------------------------------------------------------------- census
+
+
+def _descendants(root: int | None = None) -> set[int]:
+    """Live (non-zombie) descendants of ``root`` (default: this process), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] != "Z":
+            parent[int(entry)] = int(fields[1])
+    found, frontier = set(), {os.getpid() if root is None else root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def census(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Private temp dir for the runner; the pid of every rank process the runner starts
+    (a spy on its child record); this process's descendants before and after."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    started: list[int] = []
+    original = gloo_runner._Child.__init__
+
+    def spy(self, proc) -> None:
+        started.append(proc.pid)
+        original(self, proc)
+
+    monkeypatch.setattr(gloo_runner._Child, "__init__", spy)
+    before = _descendants()
+    yield started
+    kept = {getattr(forkserver._forkserver, "_forkserver_pid", None),  # multiprocessing's own servers,
+            getattr(resource_tracker._resource_tracker, "_pid", None)}  # kept for reuse by design
+    assert _descendants() - kept <= before, "a process of the run survived it"
+    assert not [pid for pid in started if _alive(pid)], f"rank processes still alive: {started}"
+    ours = [p.name for p in temp.iterdir() if p.name.startswith("simcluster")]  # torch keeps its own caches here
+    assert not ours, f"temp dirs left behind: {ours}"
+
+
+def _flip_one_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong backend model (test double): every reduction's element 0 has its lowest bit flipped."""
+    real_reduce = collectives.reduce
+
+    def flipped(*args, **kwargs):
+        out = real_reduce(*args, **kwargs)
+        if out.dtype == torch.float32 and out.numel():
+            bits = out.reshape(-1)[:1].view(torch.int32)
+            bits ^= 1
+        return out
+
+    monkeypatch.setattr(collectives, "reduce", flipped)
+
+
+# --------------------------------------------------------------------------- simcluster e2e
+
+
+def test_e2e_command_agrees_bitwise_and_prints_each_step_and_rank(census, capsys) -> None:
+    code = main(["e2e", MEAN, "--world-size", "2", "--params", "3,2x2", "--steps", "2", "--seed", "5",
+                 "--bucket-cap-mb", str(20 / 2**20)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "world 2, params [(3,), (2, 2)]" in out and "cap 20 B" in out
+    step_lines = [line for line in out.splitlines() if line.strip().startswith("step ")]
+    assert len(step_lines) == 4 and all(" = real " in line for line in step_lines)
+    assert "verdict: agree" in out
+
+
+def test_a_wrong_backend_model_is_a_fidelity_bug_exit_4(census, capsys, monkeypatch) -> None:
+    _flip_one_bit(monkeypatch)
+    code = main(["e2e", MEAN, "--world-size", "2", "--params", "3", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert code == 4, out
+    assert "FIDELITY BUG of the simulator" in out
+    assert "step 0 rank 0 param 0 grad: element 0 of 3 (float32)" in out
+
+
+def test_e2e_usage_errors_exit_2_before_any_process(census, capsys) -> None:
+    assert main(["e2e", MEAN, "--params", "3x"]) == 2
+    assert main(["e2e", "no.such.module:hook"]) == 2
+    assert main(["e2e", MEAN, "--backend", "nccl"]) == 2
+    assert "torchrun" in capsys.readouterr().err
+
+
+def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
+    result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.sim.failure.error_type == result.real.failure.error_type
+    for side in (result.sim, result.real):
+        assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
+    text = result.format()
+    assert "sim (gloo model)  FAILED" in text and "real gloo         FAILED" in text
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_a_killed_rank_is_reported_with_its_last_hook_call_and_nothing_survives(census) -> None:
+    started = time.monotonic()
+    real = run_real(Scenario(2, ((4,),), steps=3), f"{HOOKS}:killed_at_step_1_on_rank_1", timeout=120,
+                    start_method="forkserver")
+    assert time.monotonic() - started < 100
+    failure = real.failure
+    assert failure is not None and failure.kind == "died" and failure.rank == 1, failure
+    assert "SIGKILL" in failure.message
+    assert "its last event: step 1: hook call on bucket 0" in failure.message
+    assert len(census) == 2  # both ranks' processes were seen (and the census checks they are gone)
+
+
+def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census) -> None:
+    with GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver") as cluster:
+        warm = run_real(Scenario(2, ((4,),), steps=1), MEAN, cluster=cluster, timeout=120)
+        assert warm.failure is None  # the world is up and DDP imported: the next limit is the hang's alone
+        started = time.monotonic()
+        real = run_real(Scenario(2, ((4,),), steps=3), f"{HOOKS}:hangs_at_step_1_on_rank_1", cluster=cluster,
+                        timeout=4)
+        took = time.monotonic() - started
+    assert took < 4 + 15, took
+    failure = real.failure
+    assert failure is not None and failure.kind == "hung", failure
+    assert "rank 1: last event 'step 1: hook call on bucket 0 (params [0])'" in failure.message
+    assert "rank 0: last event 'posting all_reduce'" in failure.message
+
+
+@pytest.mark.slow  # a fresh CLI process and fork server: ~10-14 s
+def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path) -> None:
+    import signal
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "e2e", f"{HOOKS}:hangs_at_step_1_on_rank_1",
+                             "--params", "4", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(seen) < 3:  # the fork server and both ranks
+        seen |= _descendants(proc.pid)
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside the run
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    time.sleep(1.5)  # ranks whose parent is gone leave within a second (their orphan watchdog)
+    assert len(seen) >= 3 and not [pid for pid in seen if _alive(pid)], seen
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
+
+
+def test_a_real_only_failure_is_a_fidelity_bug_with_both_sides_shown(census) -> None:
+    scenario = Scenario(2, ((4,),), steps=3)
+    hook = f"{HOOKS}:killed_at_step_1_on_rank_1"
+    result = compare(scenario, hook, run_sim(scenario, hook), run_real(scenario, hook, timeout=120,
+                                                                          start_method="forkserver"))
+    assert result.verdict == "fidelity bug"
+    text = result.format()
+    assert "only real gloo failed: rank 1 died" in text and "sim (gloo model)  finished every step" in text
+
+
+def test_one_rank_disagreements_are_unconfirmed_not_fidelity_bugs(monkeypatch) -> None:
+    scenario = Scenario(1, ((3,),), steps=1)
+    sim = run_sim(scenario, MEAN)
+    real = run_sim(scenario, MEAN)  # stands in for a real run: same shape of result
+    real.grads[0][0][0] = real.grads[0][0][0].clone().add_(1.0)
+    result = compare(scenario, MEAN, sim, real)
+    assert result.verdict == "unconfirmed" and "UNCONFIRMED" in result.format()
+
+
+def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> None:
+    scenario = Scenario(2, ((3,),), steps=1)
+    wrapped = "Got the following error when running the callback: {}: boom"
+
+    def side(name: str, kind: str, inner: str) -> Side:
+        return Side(name, failure=SideFailure(kind, 0, "RuntimeError", wrapped.format(inner), 0))
+
+    assert compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "raised", "IndexError")).agree
+    differs = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "raised", "KeyError"))
+    assert differs.verdict == "fidelity bug" and "the failures differ" in differs.differences[0]
+    hung = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "hung", "IndexError"))
+    assert hung.verdict == "fidelity bug"
+
+
+# --------------------------------------------------------------------------- check --e2e
+
+
+def test_check_e2e_agrees_for_the_reference_hook_with_an_e2e_column(census, capsys, tmp_path: Path) -> None:
+    code = main(["check", MEAN, "--e2e", "--e2e-examples", "1", "--world-sizes", "2", "--examples", "5",
+                 "--backend", "gloo", "--no-database", "--quiet", "--steps", "2", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    header = out.splitlines()[0].split()
+    assert header[-1] == "e2e"
+    row = next(line for line in out.splitlines() if line.startswith(MEAN))
+    assert row.split()[-1] == "2" and row.split()[-2] == "ok"  # the edge case and one drawn scenario
+    assert "[edge: every rank at float32 max]" in out and "[drawn 1]" in out
+    assert json.loads((tmp_path / "r.json").read_text())[0]["e2e"] == "ok 2"
+
+
+def test_check_e2e_reports_a_wrong_backend_model_apart_from_the_hooks_verdict(census, capsys, monkeypatch) -> None:
+    _flip_one_bit(monkeypatch)
+    code = main(["check", MEAN, "--e2e", "--e2e-examples", "1", "--world-sizes", "2", "--examples", "5",
+                 "--backend", "gloo", "--no-database", "--quiet", "--steps", "1", "--tolerance", "fp32"])
+    out = capsys.readouterr().out
+    assert code == 4, out
+    row = next(line for line in out.splitlines() if line.startswith(MEAN))
+    assert "FIDELITY 2/2" in row and " ok " in row  # the hook's own column still says ok
+    assert "this is simcluster's bug, not the hook's" in out
+
+
+def test_powersgd_one_bucket_with_a_state_factory_agrees_bitwise(census) -> None:
+    result = run_e2e(Scenario(2, ((8, 6),), steps=3, seed=4), POWERSGD, POWERSGD_STATE, timeout=120,
+                     start_method="forkserver")
+    assert result.verdict == "agree" and result.sim.failure is None, result.format()
+    assert [c[1] for c in result.real.calls[0]] == [0, 0, 0]  # one bucket, every step
+
+
+@pytest.mark.slow
+def test_check_e2e_powersgd_runs_its_counterexample_on_real_gloo(census, capsys) -> None:
+    code = main(["check", POWERSGD, "--state", POWERSGD_STATE, "--tolerance", "none", "--params", "8x6",
+                 "--e2e", "--e2e-examples", "2", "--world-sizes", "2,3", "--examples", "5", "--backend", "gloo",
+                 "--no-database", "--quiet", "--steps", "3"])
+    out = capsys.readouterr().out
+    # the search finds PowerSGD's non-finite error feedback on all-zero gradients (the hook's
+    # verdict, exit 1); real gloo agrees with the simulation on that counterexample and two drawn ones
+    assert code == 1, out
+    row = next(line for line in out.splitlines() if line.startswith(POWERSGD))
+    assert row.split()[-2:] == ["ok", "3"]
+    assert "[counterexample: error_feedback on gloo]" in out
+
+
+def test_counterexamples_are_run_end_to_end(census) -> None:
+    from simcluster.checking.check import check_hook
+    from simcluster.real.e2e_check import e2e_for_rows
+
+    hook = str(Path(__file__).parent / "report_hooks.py") + ":forgot_division"
+    report = check_hook(hook, backends=("gloo",), world_sizes=(2,), examples=10, steps=1, seed=0)
+    assert report.failures
+    row = {"name": hook, "target": hook, "state": "none", "tolerance": "fp32", "skipped": None}
+    summary = e2e_for_rows([row], [report], {"world_sizes": (2,), "steps": 1, "seed": 0}, 0)
+    labels = [r.scenario.label for r in summary.results[hook]]
+    assert any(label.startswith("counterexample: averages on gloo") for label in labels), labels
+    assert all(r.agree for r in summary.results[hook]), summary.format()
+
+
+# --------------------------------------------------------------------------- torchrun
+
+
+def _torchrun(nproc: int, tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), *sys.path]))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(nproc), "-m", "simcluster", "e2e", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_torchrun_standalone_agrees_and_rank_0_prints_the_comparison(world: int, census, tmp_path: Path) -> None:
+    done = _torchrun(world, tmp_path, MEAN, "--params", "4,2x3", "--steps", "2", "--seed", "3", "--timeout", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"world {world}, params [(4,), (2, 3)]" in done.stdout
+    assert "real gloo (torchrun)" in done.stdout and "verdict: agree" in done.stdout
+    steps = [line for line in done.stdout.splitlines() if line.strip().startswith("step ")]
+    assert len(steps) == 2 * world and all(" = real " in line for line in steps)
+
+
+@pytest.mark.slow
+def test_torchrun_reports_a_hung_rank_with_its_last_hook_call(census, tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = _torchrun(2, tmp_path, f"{HOOKS}:hangs_at_step_1_on_rank_1", "--params", "4", "--timeout", "10")
+    assert time.monotonic() - started < 120
+    assert "ranks [1] did not finish in time" in done.stdout, done.stdout + done.stderr
+    assert "rank 1: last event 'step 1: hook call on bucket 0 (params [0])'" in done.stdout
+    assert "FIDELITY BUG" in done.stdout  # the hook hangs on the real side only
+    assert done.returncode != 0
+
+
+# --------------------------------------------------------------------------- pytest plugin
+
+
+def test_plugin_assert_hook_e2e_passes_and_notes_the_outcome(census) -> None:
+    from simcluster.plugin import check_hook as plugin_check
+
+    report = plugin_check(MEAN, e2e=True, e2e_examples=1, world_sizes=(2,), examples=5, steps=1, backends=("gloo",),
+                          database=None)
+    assert report.passed and report.notes[-1] == "e2e: ok 2", report.notes
+
+
+def test_plugin_assert_hook_e2e_raises_a_fidelity_error_for_a_wrong_backend_model(census, monkeypatch) -> None:
+    from simcluster.plugin import assert_hook
+    from simcluster.errors import SimulatorFidelityError
+
+    _flip_one_bit(monkeypatch)
+    with pytest.raises(SimulatorFidelityError, match="FIDELITY BUG of the simulator") as info:
+        assert_hook(MEAN, e2e=True, e2e_examples=0, world_sizes=(2,), examples=5, steps=1, backends=("gloo",),
+                    database=None)
+    assert len(info.value.summary.fidelity_bugs) == 1  # the edge case
+
+
+@pytest.mark.simcluster_e2e(e2e_examples=1)
+def test_plugin_marker_turns_on_e2e_for_the_fixtures(census, simcluster_check) -> None:
+    report = simcluster_check(MEAN, world_sizes=(2,), examples=5, steps=1, backends=("gloo",))
+    assert report.e2e.column(report.target) == "ok 2"
+
+
+def test_check_e2e_examples_out_of_range_is_a_usage_error_before_any_work(capsys) -> None:
+    assert main(["check", MEAN, "--e2e", "--e2e-examples", "-1"]) == 2
+    assert "--e2e-examples" in capsys.readouterr().err
