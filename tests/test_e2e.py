@@ -307,7 +307,7 @@ def _torchrun(nproc: int, tmp_path: Path, *args: str, timeout: float = 240) -> s
                           timeout=timeout, env=env, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [2, 3])
 def test_torchrun_standalone_agrees_and_rank_0_prints_the_comparison(world: int, census, tmp_path: Path) -> None:
     done = _torchrun(world, tmp_path, MEAN, "--params", "4,2x3", "--steps", "2", "--seed", "3", "--timeout", "60")
     assert done.returncode == 0, done.stdout + done.stderr
