@@ -79,11 +79,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``simcluster`` (``check`` and ``explain`` subcommands)."""
+    """The argument parser of ``simcluster`` (``check``, ``e2e`` and ``explain`` subcommands)."""
     parser = _Parser(prog="simcluster", description="Correctness checks for PyTorch DDP communication hooks.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,explain}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{check,e2e,explain}", parser_class=_Parser)
     sub.required = True
+    _add_check_parser(sub)
 
+    from simcluster.real.e2e_cli import add_parser as add_e2e_parser
+
+    add_e2e_parser(sub)
+    _add_explain_parser(sub)
+    return parser
+
+
+def _add_check_parser(sub: Any) -> None:
+    """``simcluster check``'s options (docs/cli.md)."""
     check = sub.add_parser("check", help="check hooks against the DDP properties (no TARGET: the default set)")
     check.add_argument("targets", nargs="*", metavar="TARGET", help="package.module:name or path/to/file.py:name")
     check.add_argument("--state", default=None, metavar="SPEC",
@@ -122,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--e2e-examples", type=int, default=2, metavar="N",
                        help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
 
-    from simcluster.real.e2e_cli import add_parser as add_e2e_parser
 
-    add_e2e_parser(sub)
+def _add_explain_parser(sub: Any) -> None:
+    """``simcluster explain``'s options (docs/cli.md)."""
     explain = sub.add_parser("explain", help="run a hook once on small gradients and show what it does")
     explain.add_argument("target", metavar="TARGET")
     explain.add_argument("--world-size", type=int, default=2, metavar="N")
@@ -147,7 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--world-sizes", default="2,3,8", metavar="LIST", help="for --range (default 2,3,8)")
     explain.add_argument("--deadline", default=None, metavar="SECONDS",
                          help="seconds the whole explanation may take before the hook is reported stuck (default 300)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = None) -> int:
