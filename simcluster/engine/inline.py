@@ -125,6 +125,7 @@ class Engine:
         self._switch = switch
         self._workers_per_channel = workers_per_channel
         self._worker_name = worker_name
+        self._worker_names: dict[tuple[str, int], str] = {}
         self._stuck_timeout = stuck_timeout
         self._runnable: deque[_Task | _Resume] = deque()
         self._matcher = Matcher(trace)
@@ -379,7 +380,9 @@ class Engine:
             where = f"rank {rank}"
             if call.worker >= 0:
                 pool = self._workers[(rank, inst.channel)]
-                where = self._worker_name(inst.channel, call.worker)
+                where = self._worker_names.get((inst.channel, call.worker))
+                if where is None:
+                    where = self._worker_names[(inst.channel, call.worker)] = self._worker_name(inst.channel, call.worker)
                 on_done = self._releaser(pool, call.worker)
             tasks.append(
                 _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)

@@ -58,8 +58,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed
 
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.limits import BACKEND_NAMES
@@ -97,6 +99,10 @@ def reduce_op_name(op: object) -> tuple[str, Factor]:
     >>> reduce_op_name(dist._make_nccl_premul_sum(0.5))
     ('PREMUL_SUM', 0.5)
     """
+    if type(op) is _ReduceOp:  # what the front end passes: cached by kind (PREMUL_SUM never is)
+        name = _OP_NAMES.get(op.op)
+        if name is not None:
+            return name, None
     if isinstance(op, str):
         name, factor = op.upper(), None
     elif hasattr(op, "op") and hasattr(op.op, "name"):  # a ReduceOp object
@@ -108,7 +114,14 @@ def reduce_op_name(op: object) -> tuple[str, Factor]:
         raise UsageError(f"not a reduce op: op={op!r} (type={type(op).__name__})")
     if name not in REDUCE_OPS:
         raise UsageError(f"unknown reduce op: op={op!r}; expected one of {', '.join(REDUCE_OPS)}")
+    if type(op) is _ReduceOp and name != "PREMUL_SUM":
+        _OP_NAMES[op.op] = name
     return name, factor
+
+
+_ReduceOp = torch.distributed.ReduceOp
+_OP_NAMES: dict[Any, str] = {}
+"""``ReduceOp.RedOpType`` -> name, filled by :func:`reduce_op_name` (hot: every reduction call)."""
 
 
 # --------------------------------------------------------------------------- acceptance
