@@ -204,7 +204,7 @@ class Engine:
                 self._rank = None
             if collecting:
                 gc.enable()
-        self._pool.stop()
+        self._pool.close()
         if self._stop is not None:
             raise self._stop
         if self._fatal is not None:
