@@ -151,6 +151,7 @@ class Engine:
         self._stop: BaseException | None = None
         self._dead = False
         self._guard = ThreadGuard()
+        self._owned = self._guard.owned
         self._pool = SlotPool(self._guard, self._pool_main)
         self.started_threads = self._guard.started  # (rank, description) of threads rank code started
 
@@ -260,7 +261,8 @@ class Engine:
 
     def post(self, call: Call) -> None:
         """Post ``call`` for the running rank; completes later, when scheduled."""
-        self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
+        if threading.get_ident() not in self._owned:  # the message is built only for a foreign thread
+            self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
         self._check_alive()
         if call.rank != self._rank:
             raise UsageError(
