@@ -273,7 +273,7 @@ class SimCluster(Runtime):
         for rank, g in enumerate(grads):
             if not isinstance(g, torch.Tensor):
                 raise UsageError(f"grads[{rank}] is a {type(g).__name__}, not a tensor")
-            out.append(g.detach().reshape(-1))
+            out.append(g if g.dim() == 1 and not g.requires_grad else g.detach().reshape(-1))  # flat already: as is
         shapes = {tuple(g.shape) for g in out}
         if len(shapes) > 1 or len({g.dtype for g in out}) > 1:
             raise UsageError(
