@@ -125,6 +125,7 @@ class Engine:
         self._switch = switch
         self._workers_per_channel = workers_per_channel
         self._worker_name = worker_name
+        self._worker_names: dict[tuple[str, int], str] = {}
         self._stuck_timeout = stuck_timeout
         self._runnable: deque[_Task | _Resume] = deque()
         self._matcher = Matcher(trace)
@@ -150,6 +151,7 @@ class Engine:
         self._stop: BaseException | None = None
         self._dead = False
         self._guard = ThreadGuard()
+        self._owned = self._guard.owned
         self._pool = SlotPool(self._guard, self._pool_main)
         self.started_threads = self._guard.started  # (rank, description) of threads rank code started
 
@@ -203,7 +205,7 @@ class Engine:
                 self._rank = None
             if collecting:
                 gc.enable()
-        self._pool.stop()
+        self._pool.close()
         if self._stop is not None:
             raise self._stop
         if self._fatal is not None:
@@ -259,7 +261,8 @@ class Engine:
 
     def post(self, call: Call) -> None:
         """Post ``call`` for the running rank; completes later, when scheduled."""
-        self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
+        if threading.get_ident() not in self._owned:  # the message is built only for a foreign thread
+            self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
         self._check_alive()
         if call.rank != self._rank:
             raise UsageError(
@@ -379,7 +382,9 @@ class Engine:
             where = f"rank {rank}"
             if call.worker >= 0:
                 pool = self._workers[(rank, inst.channel)]
-                where = self._worker_name(inst.channel, call.worker)
+                where = self._worker_names.get((inst.channel, call.worker))
+                if where is None:
+                    where = self._worker_names[(inst.channel, call.worker)] = self._worker_name(inst.channel, call.worker)
                 on_done = self._releaser(pool, call.worker)
             tasks.append(
                 _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)

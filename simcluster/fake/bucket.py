@@ -299,6 +299,23 @@ def make_bucket(
     return bucket
 
 
+def fresh_bucket(index: int, grad: torch.Tensor, *, is_last: bool) -> SimGradBucket:
+    """What ``make_bucket(index, [Parameter(zeros_like(grad))], [grad], is_last=is_last)``
+    returns, for a flat, detached ``grad`` the caller has already checked
+    (:meth:`~simcluster.fake.cluster.SimCluster.run_hook`'s default parameters): the same
+    buffer bits and layout without re-validating what was just made (hot path, see
+    ``docs/speed.md``)."""
+    bucket = object.__new__(SimGradBucket)
+    setattr_ = object.__setattr__
+    setattr_(bucket, "_index", index)
+    setattr_(bucket, "_buffer", grad.clone())
+    setattr_(bucket, "_params", (torch.nn.Parameter(torch.zeros_like(grad)),))
+    setattr_(bucket, "_packing", [(0, grad.numel())])
+    setattr_(bucket, "_is_last", is_last)
+    setattr_(bucket, "_api", "both")
+    return bucket
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from simcluster.fake.backends import backend_model
-from simcluster.fake.bucket import SimGradBucket, make_bucket
+from simcluster.fake.bucket import SimGradBucket, fresh_bucket, make_bucket
 from simcluster.engine.inline import Engine
 from simcluster.errors import UsageError, add_context_note
 from simcluster.limits import check_memory
@@ -229,9 +229,15 @@ class SimCluster(Runtime):
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size
         outputs: list[Any] = [None] * self.world_size
-        for rank, grad in enumerate(grads):
-            params = list(parameters) if parameters is not None else [torch.nn.Parameter(torch.zeros_like(grad))]
-            buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
+        if parameters is None:  # one fresh parameter per rank: nothing left to validate
+            if isinstance(bucket_index, bool) or not isinstance(bucket_index, int) or bucket_index < 0 \
+                    or not isinstance(is_last, bool):
+                make_bucket(bucket_index, [grads[0]], [grads[0]], is_last=is_last)  # raises its UsageError
+            buckets = [fresh_bucket(bucket_index, grad, is_last=is_last) for grad in grads]
+        else:
+            for grad in grads:
+                params = list(parameters)
+                buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
 
         def rank_fn(rank: int) -> Any:
             states[rank] = self.state_for(rank, state, buckets[rank].parameters())
@@ -267,7 +273,7 @@ class SimCluster(Runtime):
         for rank, g in enumerate(grads):
             if not isinstance(g, torch.Tensor):
                 raise UsageError(f"grads[{rank}] is a {type(g).__name__}, not a tensor")
-            out.append(g.detach().reshape(-1))
+            out.append(g if g.dim() == 1 and not g.requires_grad else g.detach().reshape(-1))  # flat already: as is
         shapes = {tuple(g.shape) for g in out}
         if len(shapes) > 1 or len({g.dtype for g in out}) > 1:
             raise UsageError(

@@ -58,8 +58,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed
 
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.limits import BACKEND_NAMES
@@ -97,6 +99,10 @@ def reduce_op_name(op: object) -> tuple[str, Factor]:
     >>> reduce_op_name(dist._make_nccl_premul_sum(0.5))
     ('PREMUL_SUM', 0.5)
     """
+    if type(op) is _ReduceOp:  # what the front end passes: cached by kind (PREMUL_SUM never is)
+        name = _OP_NAMES.get(op.op)
+        if name is not None:
+            return name, None
     if isinstance(op, str):
         name, factor = op.upper(), None
     elif hasattr(op, "op") and hasattr(op.op, "name"):  # a ReduceOp object
@@ -108,7 +114,14 @@ def reduce_op_name(op: object) -> tuple[str, Factor]:
         raise UsageError(f"not a reduce op: op={op!r} (type={type(op).__name__})")
     if name not in REDUCE_OPS:
         raise UsageError(f"unknown reduce op: op={op!r}; expected one of {', '.join(REDUCE_OPS)}")
+    if type(op) is _ReduceOp and name != "PREMUL_SUM":
+        _OP_NAMES[op.op] = name
     return name, factor
+
+
+_ReduceOp = torch.distributed.ReduceOp
+_OP_NAMES: dict[Any, str] = {}
+"""``ReduceOp.RedOpType`` -> name, filled by :func:`reduce_op_name` (hot: every reduction call)."""
 
 
 # --------------------------------------------------------------------------- acceptance
@@ -470,6 +483,9 @@ def _fold_by_step(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, in
     the stack shifted by that many rows), the others row ``c-1-k`` (``off - (k+1)·n``).
     """
     n, first = len(raw), raw[0]
+    step = _in_place(f)
+    if step is not None:
+        return _fold_by_strides(raw, step, chunks[0][1] - chunks[0][0])
     numel, dtype = first.numel(), first.dtype
     as_int = _AS_INT[first.element_size()]
     flat = torch.cat([x.view(as_int) for x in raw])
@@ -495,6 +511,43 @@ def _fold_by_step(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, in
             if acc.data_ptr() == vals_bits.data_ptr():  # f returned its operand: keep it apart
                 acc = acc.clone()
     return acc
+
+
+def _fold_by_strides(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torch.Tensor], object],
+                     chunk: int) -> torch.Tensor:
+    """:func:`_fold_by_step` for ``add``/``mul``, with no index tensors: strided views.
+
+    Each rank's buffer is padded to N whole chunks (``width = N·chunk``; gloo's chunks
+    are ``chunk`` elements, the last ones clipped) and stacked, so chunk ``c`` of rank
+    ``r`` starts at flat ``r·width + c·chunk``. At step k, chunk ``c > k`` takes rank
+    ``c-1-k`` (start ``(k+1)·chunk``, then every ``width + chunk``) and chunk ``c <= k``
+    rank ``c-1-k+N`` (start ``(N-1-k)·width``, same stride): two ``as_strided`` views,
+    folded in place into the ``(N, chunk)`` result. Same operands in the same order as
+    the take-based fold, so the same bits; padding is folded too and cut off.
+    """
+    n, first = len(raw), raw[0]
+    numel, dtype = first.numel(), first.dtype
+    as_int = _AS_INT[first.element_size()]
+    width = n * chunk
+    stacked = torch.stack([x.view(as_int) for x in raw])
+    if width > numel:
+        stacked = torch.cat([stacked, stacked.new_zeros(n, width - numel)], dim=1)
+    flat_bits = stacked.view(-1)
+    flat = flat_bits.view(dtype)
+    stride = (width + chunk, 1)
+    acc_bits = torch.empty(n, chunk, dtype=as_int)
+    acc = acc_bits.view(dtype)
+    for k in range(n):
+        hi = ((n - 1 - k, chunk), stride, (k + 1) * chunk)  # chunks k+1 .. N-1
+        lo = ((k + 1, chunk), stride, (n - 1 - k) * width)  # chunks 0 .. k
+        if k == 0:  # the first operand: moved as bits
+            acc_bits[1:].copy_(flat_bits.as_strided(*hi))
+            acc_bits[:1].copy_(flat_bits.as_strided(*lo))
+            continue
+        if k < n - 1:
+            step(acc[k + 1:], flat.as_strided(*hi))
+        step(acc[:k + 1], flat.as_strided(*lo))
+    return acc.view(-1)[:numel]
 
 
 @functools.lru_cache(maxsize=8)

@@ -170,7 +170,7 @@ class SimProcessGroup(dist.ProcessGroup):
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: expected a Tensor, got {type(t).__name__} on rank {self.global_rank}")
-            if t.device.type != "cpu":
+            if not t.is_cpu:
                 raise UnsupportedError(f"SimProcessGroup does not support {t.device.type} tensors ({op})")
             if t.is_sparse:
                 raise UnsupportedError(f"SimProcessGroup does not support sparse tensors ({op})")

@@ -43,6 +43,9 @@ from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudi
 
 __all__ = ["RankWorld", "RankContexts", "patched_torch"]
 
+_GENERATOR = torch.default_generator
+"""What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
+
 
 class RankWorld(c10d._World):
     """One rank's private ``_World``: torch's group registry, per instance.
@@ -129,19 +132,19 @@ class RankContexts:
     def switch(self, old: int | None, new: int | None) -> None:
         """Leave rank ``old`` (None: outside the run) and enter rank ``new``."""
         if old is None:
-            self._outside_rng = torch.get_rng_state()
+            self._outside_rng = _GENERATOR.get_state()
             self._outside_world = c10d._world
             self.audit.start()
             CURRENT.generators = self.generators
         else:
-            self.rng_states[old] = torch.get_rng_state()
+            self.rng_states[old] = _GENERATOR.get_state()
             self.audit.check(old)
         if new is None:
-            torch.set_rng_state(self._outside_rng)
+            _GENERATOR.set_state(self._outside_rng)
             c10d._world = self._outside_world
             CURRENT.generators = CURRENT.modules = None
         else:
-            torch.set_rng_state(self.rng_states[new])
+            _GENERATOR.set_state(self.rng_states[new])
             c10d._world = self.worlds[new]
             CURRENT.modules = self.modules[new]
         CURRENT.rank = new

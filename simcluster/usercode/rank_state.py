@@ -124,19 +124,25 @@ def _targets() -> list[tuple[Any, str, Callable[..., Any]]]:
 
 
 _TARGETS = _targets()
+_BY_MODULE: list[tuple[dict[str, Any], dict[str, Callable[..., Any]]]] = [
+    (vars(owner), {name: dispatch for o, name, dispatch in _TARGETS if o is owner})
+    for owner in dict.fromkeys(owner for owner, _, _ in _TARGETS)
+]
+"""Per patched module: its namespace and the dispatchers to install in it (one
+``dict.update`` per module and run instead of ~140 ``setattr`` calls: docs/speed.md)."""
 
 
 @contextmanager
 def patched_generators() -> Iterator[None]:
     """Install the per-rank dispatchers of ``random`` and ``numpy.random`` for one run."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in _TARGETS]
+    saved = [(namespace, {name: namespace[name] for name in dispatchers}) for namespace, dispatchers in _BY_MODULE]
     try:
-        for owner, name, dispatch in _TARGETS:
-            setattr(owner, name, dispatch)
+        for namespace, dispatchers in _BY_MODULE:
+            namespace.update(dispatchers)
         yield
     finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+        for namespace, originals in saved:
+            namespace.update(originals)
 
 
 # --------------------------------------------------------------------------- settings
@@ -165,6 +171,17 @@ _SETTINGS: tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...] = (
 )
 
 
+_C = torch._C
+_get_default_dtype, _get_num_threads = torch.get_default_dtype, torch.get_num_threads  # C functions already
+
+
+def _all_settings() -> tuple[Any, ...]:
+    """Every ``_SETTINGS`` getter's value in one tuple, read through torch's C functions
+    directly (the fast path of :meth:`SettingsAudit.check`, run at every rank switch)."""
+    return (_get_default_dtype(), _get_num_threads(), _C._get_deterministic_algorithms(),
+            _C._get_float32_matmul_precision(), (_C._get_cudnn_deterministic(), _C._get_cudnn_benchmark()))
+
+
 class SettingsAudit:
     """Snapshots the shared settings when a run starts; checks them whenever a rank's code
     stops running; undoes a change at once and remembers the first one for the report."""
@@ -177,18 +194,17 @@ class SettingsAudit:
 
     def start(self) -> None:
         self._values = [get() for _, get, _ in _SETTINGS]
+        self._all = _all_settings()
         self._filters = list(warnings.filters)
+        self._filter_key = _filters()
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         self.changes = []
 
     def check(self, rank: int) -> None:
         """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
-        for (name, get, put), before in zip(_SETTINGS, self._values):
-            now = get()
-            if now != before:
-                self.changes.append((name, rank, repr(before), repr(now)))
-                put(before)
-        if _filters() != (len(self._filters), self._filters[0] if self._filters else None):
+        if _all_settings() != self._all:
+            self._check_settings(rank)
+        if _filters() != self._filter_key:
             self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
                                  f"{len(warnings.filters)} filters, first {warnings.filters[:1]!r}"))
             warnings.filters[:] = self._filters
@@ -199,6 +215,13 @@ class SettingsAudit:
                 del os.environ[key]
             for key, value in self._environ.items():
                 os.environ[os.environ.decodekey(key)] = os.environ.decodevalue(value)  # type: ignore[attr-defined]
+
+    def _check_settings(self, rank: int) -> None:
+        for (name, get, put), before in zip(_SETTINGS, self._values):
+            now = get()
+            if now != before:
+                self.changes.append((name, rank, repr(before), repr(now)))
+                put(before)
 
     def raise_if_changed(self, replay: Callable[[], str]) -> None:
         """Raise :class:`SharedSettingError` for the first change seen in the run, if any."""
