@@ -53,6 +53,7 @@ __all__ = [
     "StuckError",
     "ForeignThreadError",
     "HookExited",
+    "SimulatorFidelityError",
 ]
 
 _HOME = {
@@ -89,6 +90,7 @@ _HOME = {
     "StuckError": "errors",
     "ForeignThreadError": "errors",
     "HookExited": "errors",
+    "SimulatorFidelityError": "errors",
 }
 
 
@@ -119,6 +121,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         HookExited,
         HookFailure,
         SimClusterError,
+        SimulatorFidelityError,
         StuckError,
         UnsupportedError,
         UsageError,
