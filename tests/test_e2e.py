@@ -146,6 +146,11 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None
         assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()
     assert "sim (gloo model)  FAILED" in text and "real gloo         FAILED" in text
+    # The real ranks' hook calls survive their exception (each lists them in a note):
+    # both ranks called the hook once, on bucket 0 of step 0, on both sides.
+    assert result.real.calls == result.sim.calls == {0: [(0, 0, True, (0,))], 1: [(0, 0, True, (0,))]}
+    assert "step 0 rank 0: sim hooks b0[0] grads no grads = real hooks b0[0] grads no grads" in text
+    assert "≠" not in text
 
 
 # --------------------------------------------------------------------------- faults
@@ -232,6 +237,33 @@ def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> No
     assert differs.verdict == "fidelity bug" and "the failures differ" in differs.differences[0]
     hung = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "hung", "IndexError"))
     assert hung.verdict == "fidelity bug"
+
+
+def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> None:
+    scenario = Scenario(2, ((3,), (2,)), steps=3)
+    wrapped = "Got the following error when running the callback: IndexError: boom"
+
+    def side(name: str, calls: dict[int, list], step: int = 1, known: set[int] | None = None) -> Side:
+        return Side(name, calls=calls, failure=SideFailure("raised", 0, "RuntimeError", wrapped, step),
+                    calls_known=known)
+
+    done = [(0, 1, False, (1,)), (0, 0, True, (0,))]
+    both = {0: done + [(1, 1, False, (1,))], 1: done + [(1, 1, False, (1,))]}
+    assert compare(scenario, MEAN, side("sim", both), side("real", both)).agree
+    # Where each rank stopped in the failing step is timing: a shorter record there agrees.
+    assert compare(scenario, MEAN, side("sim", both), side("real", {0: both[0], 1: done})).agree
+    # A different bucket in the failing step is a disagreement...
+    other = {0: both[0], 1: done + [(1, 0, False, (0,))]}
+    result = compare(scenario, MEAN, side("sim", both), side("real", other))
+    assert result.verdict == "fidelity bug"
+    assert result.differences == ["rank 1 hook call #2: sim step 1 bucket 1 params [1] vs real step 1 bucket 0 params [0]"]
+    # ... and so is a call missing from a step both sides finished.
+    short = {0: both[0], 1: done[:1]}
+    assert compare(scenario, MEAN, side("sim", both), side("real", short)).differences == [
+        "rank 1 hook call #1: sim step 0 bucket 0 (last) params [0] vs real no call"]
+    # A rank whose real record is unknown (it hung or died) is not compared, and shows "?".
+    unknown = compare(scenario, MEAN, side("sim", both), side("real", {0: both[0]}, known={0}))
+    assert unknown.agree and "real hooks ? grads" in unknown.format()
 
 
 # --------------------------------------------------------------------------- check --e2e
