@@ -142,6 +142,10 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()
     assert result.sim.failure.error_type == result.real.failure.error_type
+    # The same message, byte for byte: two callbacks deep, each wraps the error once.
+    wrap = "Got the following error when running the callback: "
+    assert result.sim.failure.message == result.real.failure.message
+    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: invalid index")
     for side in (result.sim, result.real):
         assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()
@@ -237,6 +241,10 @@ def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> No
     assert differs.verdict == "fidelity bug" and "the failures differ" in differs.differences[0]
     hung = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "hung", "IndexError"))
     assert hung.verdict == "fidelity bug"
+    worded = side("sim", "raised", "IndexError")
+    worded.failure.message = "Unable to cast " + worded.failure.message
+    reworded = compare(scenario, MEAN, worded, side("real", "raised", "IndexError"))
+    assert reworded.verdict == "fidelity bug" and "the failure messages differ" in reworded.differences[0]
 
 
 def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> None:

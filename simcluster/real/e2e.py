@@ -543,7 +543,8 @@ def _step_lines(result: E2EResult) -> list[str]:
 
 def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     """Compare the two sides bitwise: every step's and rank's gradients, each rank's hook
-    calls, and the failures (same kind, same exception type, same innermost error).
+    calls, and the failures (same kind, same exception type, same innermost error; for
+    exceptions, the same first line of the message, byte for byte).
 
     When both sides raised, the hook calls are compared too, as far as both ran
     (:func:`_failed_call_differences`)."""
@@ -561,6 +562,8 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
             pass
         elif s.kind != g.kind or s.error_type != g.error_type or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
+        elif s.kind == "raised" and s.message != g.message:
+            diffs.append(f"the failure messages differ: {sim.name} {s.message!r} vs {real.name} {g.message!r}")
         if s.kind == "raised" and g.kind == "raised":
             diffs += _failed_call_differences(sim, real, scenario.world_size)
     verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
@@ -570,8 +573,7 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
 def root_error(failure: SideFailure) -> str:
     """The innermost exception type a failure's message names (DDP wraps a callback's
     ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
-    IndexError: ...``), else its own type. Messages themselves are not compared: the
-    simulated side's can carry extra words (docs/e2e.md)."""
+    IndexError: ...``), else its own type."""
     named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
     return named[-1] if named else failure.error_type
 
