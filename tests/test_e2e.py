@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.real.e2e import Scenario, Side, SideFailure, compare, root_error, run_e2e, run_real, run_sim
@@ -42,33 +43,6 @@ POWERSGD_STATE = "simcluster.checking.defaults:powersgd_state"
 # --------------------------------------------------------------------------- census
 
 
-def _descendants(root: int | None = None) -> set[int]:
-    """Live (non-zombie) descendants of ``root`` (default: this process), from /proc."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if fields[0] != "Z":
-            parent[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid() if root is None else root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def census(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Private temp dir for the runner; the pid of every rank process the runner starts
@@ -84,12 +58,12 @@ def census(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         original(self, proc)
 
     monkeypatch.setattr(gloo_runner._Child, "__init__", spy)
-    before = _descendants()
+    before = descendants()
     yield started
     kept = {getattr(forkserver._forkserver, "_forkserver_pid", None),  # multiprocessing's own servers,
             getattr(resource_tracker._resource_tracker, "_pid", None)}  # kept for reuse by design
-    assert _descendants() - kept <= before, "a process of the run survived it"
-    assert not [pid for pid in started if _alive(pid)], f"rank processes still alive: {started}"
+    assert descendants() - kept <= before, "a process of the run survived it"
+    assert not [pid for pid in started if alive(pid)], f"rank processes still alive: {started}"
     ours = [p.name for p in temp.iterdir() if p.name.startswith("simcluster")]  # torch keeps its own caches here
     assert not ours, f"temp dirs left behind: {ours}"
 
@@ -198,7 +172,7 @@ def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path)
     seen: set[int] = set()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(seen) < 3:  # the fork server and both ranks
-        seen |= _descendants(proc.pid)
+        seen |= descendants(proc.pid)
         time.sleep(0.2)
     time.sleep(1.0)  # inside the run
     proc.send_signal(signal.SIGINT)
@@ -206,7 +180,7 @@ def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
     time.sleep(1.5)  # ranks whose parent is gone leave within a second (their orphan watchdog)
-    assert len(seen) >= 3 and not [pid for pid in seen if _alive(pid)], seen
+    assert len(seen) >= 3 and not [pid for pid in seen if alive(pid)], seen
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
 
 
