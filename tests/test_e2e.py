@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.real.e2e import Scenario, Side, SideFailure, compare, root_error, run_e2e, run_real, run_sim
@@ -42,33 +43,6 @@ POWERSGD_STATE = "simcluster.checking.defaults:powersgd_state"
 # --------------------------------------------------------------------------- census
 
 
-def _descendants(root: int | None = None) -> set[int]:
-    """Live (non-zombie) descendants of ``root`` (default: this process), from /proc."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if fields[0] != "Z":
-            parent[int(entry)] = int(fields[1])
-    found, frontier = set(), {os.getpid() if root is None else root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def census(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Private temp dir for the runner; the pid of every rank process the runner starts
@@ -84,12 +58,12 @@ def census(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         original(self, proc)
 
     monkeypatch.setattr(gloo_runner._Child, "__init__", spy)
-    before = _descendants()
+    before = descendants()
     yield started
     kept = {getattr(forkserver._forkserver, "_forkserver_pid", None),  # multiprocessing's own servers,
             getattr(resource_tracker._resource_tracker, "_pid", None)}  # kept for reuse by design
-    assert _descendants() - kept <= before, "a process of the run survived it"
-    assert not [pid for pid in started if _alive(pid)], f"rank processes still alive: {started}"
+    assert descendants() - kept <= before, "a process of the run survived it"
+    assert not [pid for pid in started if alive(pid)], f"rank processes still alive: {started}"
     ours = [p.name for p in temp.iterdir() if p.name.startswith("simcluster")]  # torch keeps its own caches here
     assert not ours, f"temp dirs left behind: {ours}"
 
@@ -142,10 +116,19 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()
     assert result.sim.failure.error_type == result.real.failure.error_type
+    # The same message, byte for byte: two callbacks deep, each wraps the error once.
+    wrap = "Got the following error when running the callback: "
+    assert result.sim.failure.message == result.real.failure.message
+    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: invalid index")
     for side in (result.sim, result.real):
         assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()
     assert "sim (gloo model)  FAILED" in text and "real gloo         FAILED" in text
+    # The real ranks' hook calls survive their exception (each lists them in a note):
+    # both ranks called the hook once, on bucket 0 of step 0, on both sides.
+    assert result.real.calls == result.sim.calls == {0: [(0, 0, True, (0,))], 1: [(0, 0, True, (0,))]}
+    assert "step 0 rank 0: sim hooks b0[0] grads no grads = real hooks b0[0] grads no grads" in text
+    assert "≠" not in text
 
 
 # --------------------------------------------------------------------------- faults
@@ -189,7 +172,7 @@ def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path)
     seen: set[int] = set()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(seen) < 3:  # the fork server and both ranks
-        seen |= _descendants(proc.pid)
+        seen |= descendants(proc.pid)
         time.sleep(0.2)
     time.sleep(1.0)  # inside the run
     proc.send_signal(signal.SIGINT)
@@ -197,7 +180,7 @@ def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
     time.sleep(1.5)  # ranks whose parent is gone leave within a second (their orphan watchdog)
-    assert len(seen) >= 3 and not [pid for pid in seen if _alive(pid)], seen
+    assert len(seen) >= 3 and not [pid for pid in seen if alive(pid)], seen
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
 
 
@@ -232,6 +215,37 @@ def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> No
     assert differs.verdict == "fidelity bug" and "the failures differ" in differs.differences[0]
     hung = compare(scenario, MEAN, side("sim", "raised", "IndexError"), side("real", "hung", "IndexError"))
     assert hung.verdict == "fidelity bug"
+    worded = side("sim", "raised", "IndexError")
+    worded.failure.message = "Unable to cast " + worded.failure.message
+    reworded = compare(scenario, MEAN, worded, side("real", "raised", "IndexError"))
+    assert reworded.verdict == "fidelity bug" and "the failure messages differ" in reworded.differences[0]
+
+
+def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> None:
+    scenario = Scenario(2, ((3,), (2,)), steps=3)
+    wrapped = "Got the following error when running the callback: IndexError: boom"
+
+    def side(name: str, calls: dict[int, list], step: int = 1, known: set[int] | None = None) -> Side:
+        return Side(name, calls=calls, failure=SideFailure("raised", 0, "RuntimeError", wrapped, step),
+                    calls_known=known)
+
+    done = [(0, 1, False, (1,)), (0, 0, True, (0,))]
+    both = {0: done + [(1, 1, False, (1,))], 1: done + [(1, 1, False, (1,))]}
+    assert compare(scenario, MEAN, side("sim", both), side("real", both)).agree
+    # Where each rank stopped in the failing step is timing: a shorter record there agrees.
+    assert compare(scenario, MEAN, side("sim", both), side("real", {0: both[0], 1: done})).agree
+    # A different bucket in the failing step is a disagreement...
+    other = {0: both[0], 1: done + [(1, 0, False, (0,))]}
+    result = compare(scenario, MEAN, side("sim", both), side("real", other))
+    assert result.verdict == "fidelity bug"
+    assert result.differences == ["rank 1 hook call #2: sim step 1 bucket 1 params [1] vs real step 1 bucket 0 params [0]"]
+    # ... and so is a call missing from a step both sides finished.
+    short = {0: both[0], 1: done[:1]}
+    assert compare(scenario, MEAN, side("sim", both), side("real", short)).differences == [
+        "rank 1 hook call #1: sim step 0 bucket 0 (last) params [0] vs real no call"]
+    # A rank whose real record is unknown (it hung or died) is not compared, and shows "?".
+    unknown = compare(scenario, MEAN, side("sim", both), side("real", {0: both[0]}, known={0}))
+    assert unknown.agree and "real hooks ? grads" in unknown.format()
 
 
 # --------------------------------------------------------------------------- check --e2e

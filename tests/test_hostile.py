@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from processes import children
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError, ForeignThreadError, StuckError
@@ -33,22 +34,6 @@ SLACK = 12.0  # seconds allowed beyond the deadline: fork, report, a loaded 2-co
 
 def target(name: str) -> str:
     return f"{HOOKS}:{name}"
-
-
-def children() -> list[int]:
-    """Live (non-zombie) child processes of this process, from /proc."""
-    me, out = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if fields.get("PPid", "").strip() == str(me) and not fields.get("State", "").startswith("Z"):
-            out.append(int(entry))
-    return out
 
 
 def simcluster_threads() -> list[str]:

@@ -24,7 +24,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
 from simcluster.real.gloo_runner import GlooCluster
 from simcluster.ddp.layout import bucket_calls
-from simcluster.ddp.real_ddp import run_real_ddp
+from simcluster.ddp.real_ddp import for_reducer, run_real_ddp
+from simcluster.fake.futures import SimFuture
 
 
 # ------------------------------------------------------------------ models and inputs
@@ -224,6 +225,48 @@ def test_an_exception_in_the_hook_is_raised_as_itself_with_the_rank() -> None:
                      iterations=1, timeout=10)
     assert any("raised on rank 1 of 2" in note for note in info.value.__notes__)
     assert sim_threads() == []
+
+
+def test_a_raising_then_callback_fails_backward_as_on_real_gloo() -> None:
+    """The message real DDP gives (docs/ddp-facts.md, measured): torch's C++ ``then`` wraps
+    the callback's exception once and errors the future; no ``Unable to cast``."""
+    def boom(fut: torch.futures.Future) -> torch.Tensor:
+        raise ValueError("boom in callback")
+
+    def raising_callback(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return allreduce_hook(state, bucket).then(boom)
+
+    with pytest.raises(RuntimeError) as info:
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=raising_callback,
+                     iterations=1, timeout=10)
+    line = boom.__code__.co_firstlineno + 1
+    assert str(info.value).startswith("Got the following error when running the callback: ValueError: boom in "
+                                      f"callback\n\nAt:\n  {__file__}({line}): boom\n"), str(info.value)
+    assert sim_threads() == []
+
+
+class _Idle:
+    """Stands in for an engine that is not running (futures completed by the test itself)."""
+    running, where, current_rank = False, None, None
+
+
+def test_only_a_callback_exception_errors_the_future_handed_to_the_reducer() -> None:
+    def boom(fut: torch.futures.Future) -> None:
+        raise ValueError("boom in callback")
+
+    parent = SimFuture(_Idle(), 0, "parent")  # type: ignore[arg-type]
+    handed = for_reducer(parent.then(boom))
+    parent.set_result(1.0)
+    with pytest.raises(RuntimeError, match=r"^Got the following error when running the callback: ValueError: "
+                                           r"boom in callback\n\nAt:\n  \S+\(\d+\): boom\n"):
+        handed.wait()
+    # A future user code completed with set_exception holds the exception as its *value*, as
+    # torch stores it: the reducer then says "Unable to cast <it> to Tensor" (docs/ddp-facts.md).
+    user = SimFuture(_Idle(), 0, "user")  # type: ignore[arg-type]
+    handed = for_reducer(user)
+    error = ValueError("boom via set_exception")
+    user.set_exception(error)
+    assert torch._C.Future.value(handed) is error
 
 
 def test_bad_arguments_are_usage_errors() -> None:

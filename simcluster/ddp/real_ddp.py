@@ -61,7 +61,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
-from simcluster.fake.futures import SimFuture
+from simcluster.fake.futures import SimFuture, callback_exception
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankWorld
 from simcluster.fake.state import StateSpec
@@ -167,9 +167,39 @@ def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter]
         future = hook(state, bucket)
         if isinstance(future, torch.futures.Future):
             returned.append(future)
+        if isinstance(future, SimFuture):
+            return for_reducer(future)
         return future
 
     return recorded_hook
+
+
+def for_reducer(future: SimFuture) -> torch._C.Future:
+    """The future the C++ reducer waits on for a hook's :class:`SimFuture`: derived from it
+    with the C++ base class's ``then``, so it completes in the same call that completes
+    ``future`` (the engine keeps the order) and its outcome is what real torch's would be:
+
+    * ``future``'s value, for a value;
+    * for a future a ``then`` callback's exception completed: that exception re-raised, so
+      C++ marks this future errored and wraps the message once — the reducer raises
+      ``RuntimeError: Got the following error when running the callback: …`` as on real
+      gloo (a Python future cannot be errored: its exception would be the *value*, and the
+      reducer would say ``Unable to cast …``);
+    * for one user code completed with ``set_exception``: the exception object as the value,
+      as real torch stores it (the reducer then says ``Unable to cast …``, docs/ddp-facts.md).
+    """
+    return torch._C.Future.then(future, _value_or_callback_error)
+
+
+def _value_or_callback_error(future: SimFuture) -> Any:
+    # The C++ value: this runs inside the C++ completion, before SimFuture marks itself done.
+    try:
+        return torch._C.Future.value(future)
+    except Exception as err:  # noqa: BLE001 - decided below: re-raised or kept as the value
+        original = callback_exception(err)
+        if original is None:
+            return err
+        raise original from None
 
 
 def run_real_ddp(

@@ -47,21 +47,41 @@ from simcluster.names import callable_name
 if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
 
-__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error"]
+__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception"]
 
 _log = logging.getLogger("simcluster")
 _C_FUTURE_INIT = torch._C.Future.__init__
 
 
 def callback_error(exc: BaseException) -> RuntimeError:
-    """The error torch puts in a ``then``-derived future when the callback raises."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    """The error torch puts in a ``then``-derived future when the callback raises.
+
+    Its ``At:`` lines are the callback's frames, innermost first, as pybind11 lists them for
+    a callback C++ called: the frame that caught ``exc`` (the caller of the callback, not
+    one of its frames) is left out.
+    """
+    tb = exc.__traceback__
+    frames = traceback.extract_tb(tb.tb_next if tb is not None else None)
     at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     error = RuntimeError(
         f"Got the following error when running the callback: {type(exc).__name__}: {exc}\n\nAt:\n{at}"
     )
     error.__cause__ = exc
+    error._simcluster_callback_exception = exc  # type: ignore[attr-defined] - see callback_exception
     return error
+
+
+def callback_exception(error: BaseException) -> BaseException | None:
+    """The exception a ``then`` callback raised, if ``error`` is the one
+    :func:`callback_error` made of it (else ``None``).
+
+    Torch's C++ ``then`` marks the derived future as *errored*; a Python future can only be
+    completed with the error as its *value* (``set_exception`` is ``set_result`` plus an
+    unwrap function). Code that hands a :class:`SimFuture` to C++ (the real reducer,
+    :mod:`simcluster.ddp.real_ddp`) uses this to re-raise the original in a C++ ``then``,
+    which wraps it exactly once, as torch does.
+    """
+    return getattr(error, "_simcluster_callback_exception", None)
 
 
 class SimFuture(torch.futures.Future):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import re
 import sys
@@ -194,13 +195,20 @@ class SideFailure:
 @dataclass
 class Side:
     """One side's outcome: ``grads[step][rank][param]`` and ``calls[rank]`` when it
-    finished, ``failure`` when it did not (``calls`` then holds what was recorded)."""
+    finished, ``failure`` when it did not (``calls`` then holds what was recorded: on
+    the real side, what each rank that raised listed in its exception's note —
+    :func:`noted_calls`). ``calls_known``: the ranks whose record is complete up to where
+    they stopped (``None``: every rank; a real rank that hung or died has none)."""
 
     name: str
     grads: list[list[list[torch.Tensor | None]]] = field(default_factory=list)
     calls: dict[int, list[HookCall]] = field(default_factory=dict)
     failure: SideFailure | None = None
     seconds: float = 0.0
+    calls_known: set[int] | None = None
+
+    def knows_calls(self, rank: int) -> bool:
+        return self.calls_known is None or rank in self.calls_known
 
 
 # --------------------------------------------------------------------------- one real rank
@@ -253,6 +261,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
         last = calls.get(rank, [])
         at = last[-1][0] if last else step
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} at step {at}")
+        exc.add_note(f"{EVENT_PREFIX}: rank {rank} hook calls {json.dumps(last)}")
         emit(rank, f"step {at}: raised {type(exc).__name__}: {_first_line(exc)}")
         raise
     return {"grads": grads, "calls": calls.get(rank, [])}
@@ -339,6 +348,8 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
             per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
     except GlooRunError as err:
         side.failure = real_failure(err, timeout)
+        side.calls = {r: calls for r, text in err.failures.items() if (calls := noted_calls(text)) is not None}
+        side.calls_known = set(side.calls)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
         side.calls = {r: [tuple(c) for c in per_rank[r]["calls"]] for r in range(scenario.world_size)}
@@ -347,6 +358,21 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
 
 
 _NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
+_CALLS_NOTE = re.compile(rf"^{EVENT_PREFIX}: rank \d+ hook calls (\[.*\])$", re.MULTILINE)
+
+
+def noted_calls(traceback_text: str) -> list[HookCall] | None:
+    """The hook calls a real rank that raised recorded before it raised, from the note
+    :func:`run_rank` adds to its exception (``None`` if the text has no such note: the rank
+    hung, died, or failed outside the run).
+
+    >>> noted_calls("IndexError: x\\nsimcluster-e2e: rank 1 hook calls [[0, 0, true, [0, 1]]]")
+    [(0, 0, True, (0, 1))]
+    """
+    match = _CALLS_NOTE.search(traceback_text)
+    if match is None:
+        return None
+    return [(int(s), int(b), bool(last), tuple(int(p) for p in params)) for s, b, last, params in json.loads(match.group(1))]
 
 
 def last_events(text: str, rank: int) -> list[str]:
@@ -506,7 +532,7 @@ def _step_lines(result: E2EResult) -> list[str]:
             cells = []
             for side in (result.sim, result.real):
                 calls = [c for c in side.calls.get(r, []) if c[0] == k]
-                buckets = ",".join(f"b{c[1]}{list(c[3])}" for c in calls) or "-"
+                buckets = ",".join(f"b{c[1]}{list(c[3])}" for c in calls) or "-" if side.knows_calls(r) else "?"
                 grads = side.grads[k][r] if k < len(side.grads) else None
                 digest = "/".join(_digest(g) for g in grads) if grads is not None else "no grads"
                 cells.append(f"hooks {buckets} grads {digest}")
@@ -517,7 +543,11 @@ def _step_lines(result: E2EResult) -> list[str]:
 
 def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     """Compare the two sides bitwise: every step's and rank's gradients, each rank's hook
-    calls, and the failures (same kind, same exception type)."""
+    calls, and the failures (same kind, same exception type, same innermost error; for
+    exceptions, the same first line of the message, byte for byte).
+
+    When both sides raised, the hook calls are compared too, as far as both ran
+    (:func:`_failed_call_differences`)."""
     diffs: list[str] = []
     if sim.failure is None and real.failure is None:
         diffs += _call_differences(sim, real, scenario.world_size)
@@ -532,6 +562,10 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
             pass
         elif s.kind != g.kind or s.error_type != g.error_type or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
+        elif s.kind == "raised" and s.message != g.message:
+            diffs.append(f"the failure messages differ: {sim.name} {s.message!r} vs {real.name} {g.message!r}")
+        if s.kind == "raised" and g.kind == "raised":
+            diffs += _failed_call_differences(sim, real, scenario.world_size)
     verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict)
 
@@ -539,8 +573,7 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
 def root_error(failure: SideFailure) -> str:
     """The innermost exception type a failure's message names (DDP wraps a callback's
     ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
-    IndexError: ...``), else its own type. Messages themselves are not compared: the
-    simulated side's can carry extra words (docs/e2e.md)."""
+    IndexError: ...``), else its own type."""
     named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
     return named[-1] if named else failure.error_type
 
@@ -551,6 +584,32 @@ def _call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
         a, b = sim.calls.get(r, []), real.calls.get(r, [])
         if a != b:
             k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append(f"rank {r} hook call #{k}: sim {_call(a, k)} vs real {_call(b, k)}")
+    return out
+
+
+def _failed_call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
+    """The hook calls of two sides that both raised, per rank whose record both have.
+
+    Every call of a step before the earliest failing step must match exactly (both sides
+    finished those steps). From that step on, where each side stopped is a matter of
+    timing (a peer's failure reaches a rank sooner or later, in the simulation's threads
+    as between real processes), so one record may be shorter — but the calls both made
+    must be the same: the first call that differs is a disagreement.
+    """
+    steps = [f.step for f in (sim.failure, real.failure) if f is not None and f.step is not None]
+    failed_at = min(steps) if steps else 0
+    out = []
+    for r in range(world_size):
+        if not (sim.knows_calls(r) and real.knows_calls(r)):
+            continue
+        a, b = sim.calls.get(r, []), real.calls.get(r, [])
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is None and len(a) != len(b):
+            shorter = a if len(a) < len(b) else b
+            longer = b if shorter is a else a
+            k = len(shorter) if longer[len(shorter)][0] < failed_at else None
+        if k is not None:
             out.append(f"rank {r} hook call #{k}: sim {_call(a, k)} vs real {_call(b, k)}")
     return out
 
