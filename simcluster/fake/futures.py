@@ -233,6 +233,17 @@ class DoneFlag:
         for resume in resumers:
             resume()
 
+    def deliver(self, outcome: tuple[Any, BaseException | None]) -> None:
+        """Complete the work with a collective's ``(value, exception)`` for this rank:
+        its future first (running its callbacks), then this flag. The engine calls it
+        as the completion task, so no closure is made per collective and rank."""
+        value, exc = outcome
+        if exc is not None:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(value)
+        self.set()
+
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""
         with self._guard:
