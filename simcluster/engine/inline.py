@@ -223,7 +223,8 @@ class Engine:
     def check_thread(self, what: str) -> None:
         """Reject ``what`` (a collective, a wait, completing a future) unless the calling
         thread is one this engine runs rank code on (rule 5)."""
-        self._guard.check(what)
+        if threading.get_ident() not in self._owned:  # an owned thread (every call on the hot path) passes here
+            self._guard.check(what)
 
     def _abandon(self) -> None:
         """The calling thread is leaving a run that did not finish (interrupted, stuck):
@@ -365,7 +366,7 @@ class Engine:
         (compute) one ready collective. Options: pending deliveries first (oldest
         first), then eligible ready collectives (oldest first) — so choice 0 always
         continues what is under way and the all-zero schedule is in-order."""
-        eligible = self._eligible()
+        eligible = self._eligible() if self._fifo else self._ready
         options = len(self._deliveries) + len(eligible)
         if options == 0:
             return False
