@@ -71,16 +71,24 @@ from simcluster.engine.trace import Blocked, Resumed, Trace
 __all__ = ["Engine", "is_stop_request"]  # is_stop_request lives in simcluster.engine.guard
 
 
-@dataclass
+_NO_ARG = object()
+
+
+@dataclass(slots=True)
 class _Task:
+    """Rank code to run: ``fn()``, or ``fn(arg)`` for a completion (no closure per rank);
+    a completion on a backend worker frees ``worker`` of ``pool`` when it ends."""
+
     rank: int
-    fn: Callable[[], None]
+    fn: Callable[..., None]
     label: str
     where: str
-    on_done: Callable[[], None] | None = None
+    arg: object = _NO_ARG
+    pool: "_Workers | None" = None
+    worker: int = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Resume:
     slot: Slot
     rank: int
@@ -95,6 +103,7 @@ class _Workers:
     size: int
     busy: list[bool]
     queue: deque[tuple[Instance, Call]] = field(default_factory=deque)
+    free: int = 0  # how many of ``busy`` are False
 
 
 class Engine:
@@ -214,7 +223,8 @@ class Engine:
     def check_thread(self, what: str) -> None:
         """Reject ``what`` (a collective, a wait, completing a future) unless the calling
         thread is one this engine runs rank code on (rule 5)."""
-        self._guard.check(what)
+        if threading.get_ident() not in self._owned:  # an owned thread (every call on the hot path) passes here
+            self._guard.check(what)
 
     def _abandon(self) -> None:
         """The calling thread is leaving a run that did not finish (interrupted, stuck):
@@ -278,7 +288,8 @@ class Engine:
         if call.uses_worker and self._workers_per_channel is not None:
             pool = self._workers.get(key)
             if pool is None:
-                pool = self._workers[key] = _Workers(self._workers_per_channel, [False] * self._workers_per_channel)
+                size = self._workers_per_channel
+                pool = self._workers[key] = _Workers(size, [False] * size, free=size)
             pool.queue.append((inst, call))
             self._start_queued(pool)
         else:
@@ -331,10 +342,11 @@ class Engine:
 
     # ------------------------------------------------------------- matching
     def _start_queued(self, pool: _Workers) -> None:
-        while pool.queue and not all(pool.busy):
+        while pool.free and pool.queue:
             inst, call = pool.queue.popleft()
-            call.worker = pool.busy.index(False)
+            call.worker = pool.busy.index(False)  # the lowest free worker
             pool.busy[call.worker] = True
+            pool.free -= 1
             self._mark_executing(inst, call.rank)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
@@ -354,7 +366,7 @@ class Engine:
         (compute) one ready collective. Options: pending deliveries first (oldest
         first), then eligible ready collectives (oldest first) — so choice 0 always
         continues what is under way and the all-zero schedule is in-order."""
-        eligible = self._eligible()
+        eligible = self._eligible() if self._fifo else self._ready
         options = len(self._deliveries) + len(eligible)
         if options == 0:
             return False
@@ -378,29 +390,26 @@ class Engine:
         tasks = []
         for rank in inst.ranks:
             call = inst.calls[rank]
-            on_done = None
-            where = f"rank {rank}"
+            label = f"completion of {call.op}"  # per call: a matched send and recv differ
             if call.worker >= 0:
-                pool = self._workers[(rank, inst.channel)]
                 where = self._worker_names.get((inst.channel, call.worker))
                 if where is None:
                     where = self._worker_names[(inst.channel, call.worker)] = self._worker_name(inst.channel, call.worker)
-                on_done = self._releaser(pool, call.worker)
-            tasks.append(
-                _Task(rank, (lambda c=call, v=results[rank]: c.deliver(v)), f"completion of {call.op}", where, on_done)
-            )
+                tasks.append(_Task(rank, call.deliver, label, where, results[rank],
+                                   self._workers[(rank, inst.channel)], call.worker))
+            else:
+                tasks.append(_Task(rank, call.deliver, label, f"rank {rank}", results[rank]))
         if self._per_rank_delivery and len(tasks) > 1:
             self._deliveries.extend(tasks)  # each rank sees the completion when the scheduler says
         else:
             self._runnable.extend(tasks)
         return True
 
-    def _releaser(self, pool: _Workers, worker: int) -> Callable[[], None]:
-        def release() -> None:
-            pool.busy[worker] = False
-            self._start_queued(pool)
-
-        return release
+    def _release(self, pool: _Workers, worker: int) -> None:
+        """A completion on ``worker`` ended: the worker takes the next queued call, if any."""
+        pool.busy[worker] = False
+        pool.free += 1
+        self._start_queued(pool)
 
     # -------------------------------------------------------------- driving
     def _pool_main(self, slot: Slot) -> None:
@@ -448,7 +457,10 @@ class Engine:
     def _run_task(self, task: _Task) -> None:
         self._enter(task.rank, task.where)
         try:
-            task.fn()
+            if task.arg is _NO_ARG:
+                task.fn()
+            else:
+                task.fn(task.arg)
         except RunAborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
@@ -459,8 +471,8 @@ class Engine:
             else:
                 self.failures.append((task.rank, task.label, exc))
         finally:
-            if task.on_done is not None and not self._aborting:
-                task.on_done()
+            if task.pool is not None and not self._aborting:
+                self._release(task.pool, task.worker)
 
     def _enter(self, rank: int, where: str) -> None:
         if rank != self._rank:

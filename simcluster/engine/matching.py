@@ -94,8 +94,8 @@ class Matcher:
         inst = self.open.get((call.channel, seq))
         if inst is None:
             inst = self.open[(call.channel, seq)] = Instance(call.channel, seq, call.ranks, first=call)
-        else:
-            problem = _mismatch_problem(inst, call)
+        elif call.signature != inst.first.signature or call.ranks != inst.first.ranks or call.rank in inst.calls:  # type: ignore[union-attr]
+            problem = _mismatch_problem(inst, call)  # the agreeing case, the common one, is decided above
             if problem is not None:
                 return inst, mismatch_error(inst, call, problem)
         inst.calls[call.rank] = call

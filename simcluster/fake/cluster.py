@@ -264,7 +264,8 @@ class SimCluster(Runtime):
                 f"state={state!r}: pass a factory for subgroups, e.g. lambda pg: dist.new_group([...]), "
                 "so every rank creates its own handle"
             )
-        return StateSpec.parse(state).resolve(self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
+        spec = state if isinstance(state, StateSpec) else StateSpec.parse(state)  # run_hook parsed it already
+        return spec.resolve(self.contexts.world_groups[rank], lambda: LayoutModel(parameters or []))
 
     def _check_grads(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(grads) != self.world_size:

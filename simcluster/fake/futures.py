@@ -51,6 +51,11 @@ __all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error",
 
 _log = logging.getLogger("simcluster")
 _C_FUTURE_INIT = torch._C.Future.__init__
+# torch.futures.Future's set_result/value/wait only call these (measured on 2.13): called
+# directly, one Python frame fewer per call on the hot path.
+_C_SET_RESULT = torch._C.Future.set_result
+_C_VALUE = torch._C.Future.value
+_C_WAIT = torch._C.Future.wait
 
 
 def callback_error(exc: BaseException) -> RuntimeError:
@@ -131,7 +136,7 @@ class SimFuture(torch.futures.Future):
                 "Attempting to mark a completed Future as complete again. "
                 "Note that a Future can only be marked completed once."
             )
-        super().set_result(result)
+        _C_SET_RESULT(self, result)
         self._finish()
 
     def set_exception(self, result: BaseException) -> None:  # type: ignore[override]
@@ -170,7 +175,7 @@ class SimFuture(torch.futures.Future):
     def wait(self) -> Any:
         if not self._complete:
             self._engine.block_until(self)
-        return super().wait()
+        return _C_WAIT(self)
 
     def value(self) -> Any:
         if not self._complete:
@@ -178,7 +183,7 @@ class SimFuture(torch.futures.Future):
                 f"value() on pending {self.label}: torch raises an internal assert here "
                 "(completed() INTERNAL ASSERT FAILED); call wait() or use it inside a then-callback"
             )
-        return super().value()
+        return _C_VALUE(self)
 
     # -- chaining -------------------------------------------------------------
     def then(self, callback: Callable[["SimFuture"], Any]) -> "SimFuture":  # type: ignore[override]
@@ -216,9 +221,10 @@ class SimFuture(torch.futures.Future):
 
     def _run_callback(self, run: Callable[["SimFuture"], None], name: str, how: str) -> None:
         engine = self._engine
-        where = "inline" if how == "inline" else (engine.where or "completion")
-        if engine.running and engine.current_rank is not None:
-            engine.trace.record(CallbackRan, engine.current_rank, self.label, name, where)
+        rank = engine.current_rank
+        if rank is not None and engine.running:
+            where = "inline" if how == "inline" else (engine.where or "completion")
+            engine.trace.record(CallbackRan, rank, self.label, name, where)
         run(self)
 
 
@@ -252,6 +258,17 @@ class DoneFlag:
             resumers, self._resumers = self._resumers, []
         for resume in resumers:
             resume()
+
+    def deliver(self, outcome: tuple[Any, BaseException | None]) -> None:
+        """Complete the work with a collective's ``(value, exception)`` for this rank:
+        its future first (running its callbacks), then this flag. The engine calls it
+        as the completion task, so no closure is made per collective and rank."""
+        value, exc = outcome
+        if exc is not None:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(value)
+        self.set()
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""

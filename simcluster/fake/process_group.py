@@ -201,14 +201,6 @@ class SimProcessGroup(dist.ProcessGroup):
         finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
-        def deliver(outcome: tuple[Any, BaseException | None]) -> None:
-            value, exc = outcome
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(value)
-            finished.set()
-
         call = Call(
             rank=self.global_rank,
             channel=channel or self.spec.name,
@@ -216,7 +208,7 @@ class SimProcessGroup(dist.ProcessGroup):
             op=op,
             signature=("p2p" if channel else op, *signature),
             compute=compute,
-            deliver=deliver,
+            deliver=finished.deliver,
             dtype=_dtype(tensor) if tensor is not None else "",
             shape=shape,
             nbytes=nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),

@@ -39,7 +39,7 @@ from torch.distributed import distributed_c10d as c10d
 from simcluster.fake import futures
 from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
-from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, patched_generators
+from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
 
 __all__ = ["RankWorld", "RankContexts", "patched_torch"]
 
@@ -229,11 +229,14 @@ def patched_torch(
     if engine is not None:
         saved.append((torch.futures, "Future", torch.futures.Future))
         replacements.append(_future_class_for(contexts, engine))
+    generators = None
     try:
         for (owner, name, _), replacement in zip(saved, replacements):
             setattr(owner, name, replacement)
-        with patched_generators():
-            yield
+        generators = install_generators()  # patched_generators() without a nested context manager (hot path)
+        yield
     finally:
+        if generators is not None:
+            restore_generators(generators)
         for owner, name, original in saved:
             setattr(owner, name, original)

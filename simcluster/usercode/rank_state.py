@@ -32,6 +32,7 @@ rank and both values.
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import warnings
@@ -124,25 +125,49 @@ def _targets() -> list[tuple[Any, str, Callable[..., Any]]]:
 
 
 _TARGETS = _targets()
-_BY_MODULE: list[tuple[dict[str, Any], dict[str, Callable[..., Any]]]] = [
-    (vars(owner), {name: dispatch for o, name, dispatch in _TARGETS if o is owner})
-    for owner in dict.fromkeys(owner for owner, _, _ in _TARGETS)
+def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``namespace -> tuple of namespace[name] for names``, in C (``operator.itemgetter``)."""
+    if len(names) == 1:
+        one = operator.itemgetter(names[0])
+        return lambda namespace: (one(namespace),)
+    return operator.itemgetter(*names)
+
+
+_BY_MODULE: list[tuple[dict[str, Any], dict[str, Callable[..., Any]], tuple[str, ...], Callable[[Any], Any]]] = [
+    (namespace, dispatchers, tuple(dispatchers), _getter(tuple(dispatchers)))
+    for namespace, dispatchers in (
+        (vars(owner), {name: dispatch for o, name, dispatch in _TARGETS if o is owner})
+        for owner in dict.fromkeys(owner for owner, _, _ in _TARGETS)
+    )
 ]
-"""Per patched module: its namespace and the dispatchers to install in it (one
-``dict.update`` per module and run instead of ~140 ``setattr`` calls: docs/speed.md)."""
+"""Per patched module: its namespace, the dispatchers to install in it, their names and
+a C getter of the names' current values (one ``dict.update`` per module and run instead
+of ~140 ``setattr`` calls, and the originals read without a Python loop: docs/speed.md)."""
+
+
+def install_generators() -> list[tuple[dict[str, Any], tuple[str, ...], tuple[Any, ...]]]:
+    """Install the per-rank dispatchers of ``random`` and ``numpy.random``; returns what
+    :func:`restore_generators` puts back (the hot-path form of :func:`patched_generators`)."""
+    saved = [(namespace, names, get(namespace)) for namespace, _, names, get in _BY_MODULE]
+    for namespace, dispatchers, _, _ in _BY_MODULE:
+        namespace.update(dispatchers)
+    return saved
+
+
+def restore_generators(saved: list[tuple[dict[str, Any], tuple[str, ...], tuple[Any, ...]]]) -> None:
+    """Put back the originals :func:`install_generators` replaced."""
+    for namespace, names, originals in saved:
+        namespace.update(zip(names, originals))
 
 
 @contextmanager
 def patched_generators() -> Iterator[None]:
     """Install the per-rank dispatchers of ``random`` and ``numpy.random`` for one run."""
-    saved = [(namespace, {name: namespace[name] for name in dispatchers}) for namespace, dispatchers in _BY_MODULE]
+    saved = install_generators()
     try:
-        for namespace, dispatchers in _BY_MODULE:
-            namespace.update(dispatchers)
         yield
     finally:
-        for namespace, originals in saved:
-            namespace.update(originals)
+        restore_generators(saved)
 
 
 # --------------------------------------------------------------------------- settings
@@ -193,8 +218,8 @@ class SettingsAudit:
         self.changes: list[tuple[str, int, str, str]] = []  # (setting, rank, before, after)
 
     def start(self) -> None:
-        self._values = [get() for _, get, _ in _SETTINGS]
         self._all = _all_settings()
+        self._values = list(self._all)  # the same values _SETTINGS' getters read (through torch's wrappers)
         self._filters = list(warnings.filters)
         self._filter_key = _filters()
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
