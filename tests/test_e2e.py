@@ -373,3 +373,50 @@ def test_plugin_marker_turns_on_e2e_for_the_fixtures(census, simcluster_check) -
 def test_check_e2e_examples_out_of_range_is_a_usage_error_before_any_work(capsys) -> None:
     assert main(["check", MEAN, "--e2e", "--e2e-examples", "-1"]) == 2
     assert "--e2e-examples" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the DDP model side
+# run_sim also runs the scenario under SimDDP (the model the property search runs) and
+# compares it with torch's real reducer on the same simulated groups: no real processes
+# needed, so these tests run in-process.
+
+def test_the_ddp_model_agrees_with_the_real_reducer_on_simulated_groups() -> None:
+    scenario = Scenario(world_size=3, shapes=((4,), (2, 3)), steps=3, bucket_cap_mb=10 / 2**20, seed=1)
+    sim = run_sim(scenario, MEAN)
+    assert sim.failure is None and sim.model_differences == []
+
+
+def test_a_ddp_model_whose_copy_back_flips_a_bit_is_a_fidelity_bug(monkeypatch) -> None:
+    from simcluster.ddp import model
+
+    real_copy = model.copy_bucket
+
+    def flipping(result, params, as_view, where, warnings):  # a broken model: one bit of one element
+        real_copy(result, params, as_view, where, warnings)
+        grad = params[0].grad
+        grad.view(-1)[0] = torch.from_numpy(grad.view(-1)[:1].numpy().view("int32") ^ 1).view(torch.float32)[0]
+
+    monkeypatch.setattr(model, "copy_bucket", flipping)
+    scenario = Scenario(world_size=2, shapes=((4,),), steps=1, seed=2)
+    sim = run_sim(scenario, MEAN)
+    assert sim.failure is None
+    assert sim.model_differences and all("the DDP model (SimDDP" in d for d in sim.model_differences)
+    assert any("step 0 rank 0 param 0 grad" in d for d in sim.model_differences)
+    result = compare(scenario, MEAN, sim, Side("real gloo", grads=sim.grads, calls=sim.calls))
+    assert result.verdict == "fidelity bug" and result.differences == sim.model_differences
+
+
+def test_a_ddp_model_with_the_wrong_bucket_order_is_a_fidelity_bug(monkeypatch) -> None:
+    from simcluster.ddp import model
+
+    real_calls = model.bucket_calls
+
+    def reversed_calls(*args, **kwargs):  # a broken model: buckets called in the opposite order
+        return list(reversed(real_calls(*args, **kwargs)))
+
+    monkeypatch.setattr(model, "bucket_calls", reversed_calls)
+    scenario = Scenario(world_size=2, shapes=((4,), (2, 3)), steps=2, bucket_cap_mb=10 / 2**20, seed=3)
+    sim = run_sim(scenario, MEAN)
+    # step 0 has one bucket (DDP's first bucket is 1 MiB before the rebuild); step 1 has two
+    assert [d.split(": ", 1)[1].split(":")[0] for d in sim.model_differences] == \
+        ["rank 0 hook call #1", "rank 1 hook call #1"], sim.model_differences

@@ -206,6 +206,10 @@ class Side:
     failure: SideFailure | None = None
     seconds: float = 0.0
     calls_known: set[int] | None = None
+    model_differences: list[str] = field(default_factory=list)
+    """On the simulated side: where the DDP model the property search runs
+    (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
+    simulated groups (:func:`run_model`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known is None or rank in self.calls_known
@@ -445,8 +449,60 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     else:
         side.grads = run.grads
     side.calls = calls
+    side.model_differences = _model_differences(scenario, run_model(scenario, hook_fn, state_spec, backend=backend),
+                                                side)
     side.seconds = time.monotonic() - started
     return side
+
+
+def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backend: str = "gloo") -> Side:
+    """The scenario under :class:`~simcluster.ddp.model.SimDDP` — the DDP model the property
+    search runs (simulated reducer, bucketing and copy-back, inline engine, in-order schedule)."""
+    import torch.distributed as dist
+
+    from simcluster.ddp.model import DDPConfig, SimDDP
+    from simcluster.engine.scheduler import InOrder
+    from simcluster.fake.cluster import SimCluster
+
+    calls: dict[int, list[HookCall]] = {}
+    side = Side("sim DDP model")
+    cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend, schedule=InOrder())
+    config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
+                       find_unused_parameters=scenario.find_unused_parameters,
+                       gradient_as_bucket_view=scenario.gradient_as_bucket_view)
+    ddp = SimDDP(cluster, recording(hook, calls, dist.get_rank), list(scenario.shapes), state=state, config=config,
+                 dtype=DTYPES[scenario.dtype])
+    for params in ddp.params:
+        for i, p in enumerate(params):
+            p._simcluster_index = i  # type: ignore[attr-defined] - as GradientModel's, for the call records
+    torch.manual_seed(scenario.seed)
+    for step_grads in scenario.gradients():
+        try:
+            result = ddp.step(step_grads)
+        except Exception as exc:  # noqa: BLE001 - the hook's (or the model's) failure is the outcome
+            side.failure = _sim_failure(exc, calls)
+            break
+        side.grads.append([list(rank) for rank in result.grads])
+    side.calls = calls
+    return side
+
+
+def _model_differences(scenario: Scenario, model: Side, reducer: Side) -> list[str]:
+    """Where the DDP model disagrees with the real reducer on the same simulated groups:
+    gradients and hook calls bitwise when both finished; when both failed, the kind and the
+    innermost error (the model words DDP's errors itself, e.g. as ``CopyBackError``)."""
+    if model.failure is None and reducer.failure is None:
+        diffs = _call_differences(model, reducer, scenario.world_size) + _grad_differences(model, reducer, scenario)
+    elif model.failure is None or reducer.failure is None:
+        failed = model if model.failure is not None else reducer
+        assert failed.failure is not None
+        diffs = [f"only {failed.name} failed: {failed.failure.line()}"]
+    elif model.failure.kind != reducer.failure.kind or root_error(model.failure) != root_error(reducer.failure):
+        diffs = [f"the failures differ: {model.failure.line()} vs {reducer.failure.line()}"]
+    else:
+        diffs = []
+    return [f"the DDP model (SimDDP, what the property search runs) vs the real reducer on simulated groups: {d}"
+            for d in diffs]
 
 
 def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFailure:
@@ -566,6 +622,7 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
             diffs.append(f"the failure messages differ: {sim.name} {s.message!r} vs {real.name} {g.message!r}")
         if s.kind == "raised" and g.kind == "raised":
             diffs += _failed_call_differences(sim, real, scenario.world_size)
+    diffs += sim.model_differences
     verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict)
 
