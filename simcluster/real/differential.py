@@ -67,7 +67,7 @@ import torch
 from simcluster.fake.bucket import make_bucket
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
-from simcluster.real.gloo_runner import GlooCluster, _is_secondary, resolve_target, run_gloo, target_name
+from simcluster.real.gloo_runner import GlooCluster, first_failed_rank, resolve_target, run_gloo, target_name
 from simcluster.usercode.rank_local import RankLocal
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
@@ -405,7 +405,7 @@ def _gloo_failed(err: GlooRunError, sim_outputs: list[Any], sim_error: BaseExcep
     text = "\n".join(line for line in str(err).splitlines() if not line.startswith("reproduce: "))
     notes.append(f"gloo: {text}")
     notes.append(f"reproduce: {reproduce_command(kwargs)}")
-    return [Difference(_first_failed_rank(err), -1, 0, f"the gloo job failed as a whole: {first}")]
+    return [Difference(first_failed_rank(err), -1, 0, f"the gloo job failed as a whole: {first}")]
 
 
 def _differences(sim_outputs: list[Any], gloo_outputs: list[Any], steps: int, world_size: int) -> list[Difference]:
@@ -420,13 +420,6 @@ def _differences(sim_outputs: list[Any], gloo_outputs: list[Any], steps: int, wo
             if detail is not None:
                 differences.append(Difference(r, s, 0, detail))
     return differences
-
-
-def _first_failed_rank(err: GlooRunError) -> int:
-    """The rank whose own failure started it: the first to report one that is not a
-    consequence of another's (a peer's ``Connection closed by peer``); -1 if none failed."""
-    primary = [r for r, text in err.failures.items() if not _is_secondary(text)]
-    return primary[0] if primary else next(iter(err.failures), -1)
 
 
 REPRODUCE_DIR = ".simcluster/differential"

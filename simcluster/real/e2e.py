@@ -42,11 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from simcluster.errors import first_line
+
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "EVENT_PREFIX"]
+           "run_e2e", "EVENT_PREFIX", "RAISED_NOTE"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -266,7 +268,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
         at = last[-1][0] if last else step
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} at step {at}")
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} hook calls {json.dumps(last)}")
-        emit(rank, f"step {at}: raised {type(exc).__name__}: {_first_line(exc)}")
+        emit(rank, f"step {at}: raised {type(exc).__name__}: {first_line(exc)}")
         raise
     return {"grads": grads, "calls": calls.get(rank, [])}
 
@@ -309,11 +311,6 @@ def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterat
     finally:
         for name, original in saved.items():
             setattr(dist, name, original)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 # --------------------------------------------------------------------------- real side (gloo processes)
@@ -361,7 +358,8 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     return side
 
 
-_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
+RAISED_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
+"""The note a failing real rank adds to its exception (:func:`run_rank`): rank, error type, step."""
 _CALLS_NOTE = re.compile(rf"^{EVENT_PREFIX}: rank \d+ hook calls (\[.*\])$", re.MULTILINE)
 
 
@@ -387,18 +385,18 @@ def last_events(text: str, rank: int) -> list[str]:
 
 def real_failure(err: Any, timeout: float) -> SideFailure:
     """A :class:`~simcluster.real.gloo_runner.GlooRunError` as a :class:`SideFailure`."""
-    from simcluster.real.differential import _first_failed_rank
+    from simcluster.real.gloo_runner import first_failed_rank
 
     text = str(err)
     if err.failures:
-        rank = _first_failed_rank(err)
+        rank = first_failed_rank(err)
         own = err.failures[rank]
         events = last_events(text, rank)
         last = f"its last event: {events[-1]}" if events else "no event recorded"
         if "without reporting an error" in own:  # killed by a signal or exited: gloo_runner's wording
             what = own.strip().splitlines()[-1]
             return SideFailure("died", rank, "died", f"{what}; {last}", None, text)
-        note = _NOTE.search(own)
+        note = RAISED_NOTE.search(own)
         error_type = note.group(2) if note else _error_type(own)
         lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
         message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
@@ -475,7 +473,6 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
     for params in ddp.params:
         for i, p in enumerate(params):
             p._simcluster_index = i  # type: ignore[attr-defined] - as GradientModel's, for the call records
-    torch.manual_seed(scenario.seed)
     for step_grads in scenario.gradients():
         try:
             result = ddp.step(step_grads)
@@ -514,7 +511,7 @@ def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFa
     mine = calls.get(rank, [])
     kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
     detail = "".join(traceback.format_exception(exc))
-    return SideFailure(kind, rank, type(exc).__name__, _first_line(exc), mine[-1][0] if mine else None, detail)
+    return SideFailure(kind, rank, type(exc).__name__, first_line(exc), mine[-1][0] if mine else None, detail)
 
 
 # --------------------------------------------------------------------------- comparing

@@ -27,10 +27,7 @@ from typing import Any
 from simcluster.errors import UsageError
 from simcluster.limits import BACKEND_NAMES
 
-__all__ = ["add_parser", "e2e_command", "EXIT_FIDELITY", "scenario_from_args", "exit_code"]
-
-EXIT_FIDELITY = 4
-"""A simulator fidelity bug: the simulation and the real backend disagree (never a hook's verdict)."""
+__all__ = ["add_parser", "e2e_command", "scenario_from_args", "exit_code"]
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -76,10 +73,12 @@ def scenario_from_args(args: argparse.Namespace, world_size: int) -> Any:
 
 
 def exit_code(result: Any) -> int:
-    """0 agree (or unconfirmed), 1 both failed alike, 4 fidelity bug."""
+    """0 agree (or unconfirmed), 1 both failed alike, 4 fidelity bug (the CLI's exit codes)."""
+    from simcluster.cli import EXIT_FAILED, EXIT_FIDELITY, EXIT_OK
+
     if result.verdict == "fidelity bug":
         return EXIT_FIDELITY
-    return 1 if result.hook_failed else 0
+    return EXIT_FAILED if result.hook_failed else EXIT_OK
 
 
 def under_torchrun() -> bool:

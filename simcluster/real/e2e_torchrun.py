@@ -111,12 +111,12 @@ def run_rank_quietly(me: _Rank, payload: dict[str, Any], device: Any) -> dict[st
 
 
 def _error_outcome(me: _Rank, exc: BaseException) -> dict[str, Any]:
-    from simcluster.real.e2e import _NOTE
+    from simcluster.errors import first_line
+    from simcluster.real.e2e import RAISED_NOTE
 
     text = "".join(traceback.format_exception(exc))
-    note = _NOTE.search(text)
-    first = str(exc).strip().splitlines()
-    return {"type": type(exc).__name__, "message": first[0] if first else "", "traceback": text,
+    note = RAISED_NOTE.search(text)
+    return {"type": type(exc).__name__, "message": first_line(exc), "traceback": text,
             "step": int(note.group(3)) if note else None, "last": me.last}
 
 

@@ -64,7 +64,7 @@ from simcluster.names import target_spec
 # resolve_target is part of this module's public API (the children have their own import of it).
 from simcluster.real.gloo_child import _CHILD_CODE, _mp_child, resolve_target  # noqa: F401
 
-__all__ = ["GlooCluster", "run_gloo"]
+__all__ = ["GlooCluster", "run_gloo", "first_failed_rank"]
 
 Target = Callable[[int, int, Any], Any] | str
 
@@ -295,6 +295,13 @@ def _validate(world_size: int, timeout: float, start_method: str) -> None:
 
 def _is_secondary(text: str) -> bool:
     return any(marker in text for marker in _SECONDARY_MARKERS)
+
+
+def first_failed_rank(err: GlooRunError) -> int:
+    """The rank whose own failure started ``err``: the first to report one that is not a
+    consequence of another's (a peer's ``Connection closed by peer``); -1 if none failed."""
+    primary = [r for r, text in err.failures.items() if not _is_secondary(text)]
+    return primary[0] if primary else next(iter(err.failures), -1)
 
 
 def _file_size(path: str) -> int:
