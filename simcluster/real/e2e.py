@@ -56,7 +56,6 @@ EVENT_PREFIX = "simcluster-e2e"
 HookCall = tuple[int, int, bool, tuple[int, ...]]
 """``(step, bucket.index(), bucket.is_last(), parameter indices)`` of one hook call."""
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 _SIM_HUNG = ("DeadlockError", "StuckError")
 
@@ -85,12 +84,17 @@ class Scenario:
     grads: tuple[tuple[tuple[torch.Tensor, ...], ...], ...] | None = None
     label: str = ""
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as a torch dtype (the names are torch's: those of a check's examples)."""
+        return getattr(torch, self.dtype)
+
     def gradients(self) -> list[list[list[torch.Tensor]]]:
         """``[step][rank][param]``, deterministic."""
         if self.grads is not None:
             return [[list(rank) for rank in step] for step in self.grads]
         gen = torch.Generator().manual_seed(self.seed)
-        dtype = DTYPES[self.dtype]
+        dtype = self.torch_dtype
         return [[[torch.randn(shape, generator=gen).to(dtype) for shape in self.shapes]
                  for _ in range(self.world_size)] for _ in range(self.steps)]
 
@@ -235,7 +239,7 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     hook, state_spec = load_hook_and_state(payload["hook"], payload["state"])
     emit = emit or _print_event
     inputs = scenario.inputs()[rank]
-    model = GradientModel(scenario.shapes, DTYPES[scenario.dtype])
+    model = GradientModel(scenario.shapes, scenario.torch_dtype)
     if device is not None:
         model, inputs = model.to(device), [x.to(device) for x in inputs]
     for i, p in enumerate(model.parameters()):
@@ -435,7 +439,7 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     calls: dict[int, list[HookCall]] = {}
     side = Side(f"sim ({backend} model)")
     started = time.monotonic()
-    dtype = DTYPES[scenario.dtype]
+    dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
     try:
         run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
@@ -469,7 +473,7 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
                        find_unused_parameters=scenario.find_unused_parameters,
                        gradient_as_bucket_view=scenario.gradient_as_bucket_view)
     ddp = SimDDP(cluster, recording(hook, calls, dist.get_rank), list(scenario.shapes), state=state, config=config,
-                 dtype=DTYPES[scenario.dtype])
+                 dtype=scenario.torch_dtype)
     for params in ddp.params:
         for i, p in enumerate(params):
             p._simcluster_index = i  # type: ignore[attr-defined] - as GradientModel's, for the call records
@@ -486,20 +490,10 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
 
 def _model_differences(scenario: Scenario, model: Side, reducer: Side) -> list[str]:
     """Where the DDP model disagrees with the real reducer on the same simulated groups:
-    gradients and hook calls bitwise when both finished; when both failed, the kind and the
-    innermost error (the model words DDP's errors itself, e.g. as ``CopyBackError``)."""
-    if model.failure is None and reducer.failure is None:
-        diffs = _call_differences(model, reducer, scenario.world_size) + _grad_differences(model, reducer, scenario)
-    elif model.failure is None or reducer.failure is None:
-        failed = model if model.failure is not None else reducer
-        assert failed.failure is not None
-        diffs = [f"only {failed.name} failed: {failed.failure.line()}"]
-    elif model.failure.kind != reducer.failure.kind or root_error(model.failure) != root_error(reducer.failure):
-        diffs = [f"the failures differ: {model.failure.line()} vs {reducer.failure.line()}"]
-    else:
-        diffs = []
+    :func:`side_differences` without comparing error types and messages (the model words
+    DDP's errors itself, e.g. as ``CopyBackError``)."""
     return [f"the DDP model (SimDDP, what the property search runs) vs the real reducer on simulated groups: {d}"
-            for d in diffs]
+            for d in side_differences(scenario, model, reducer, exact_errors=False)]
 
 
 def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFailure:
@@ -595,9 +589,18 @@ def _step_lines(result: E2EResult) -> list[str]:
 
 
 def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
-    """Compare the two sides bitwise: every step's and rank's gradients, each rank's hook
-    calls, and the failures (same kind, same exception type, same innermost error; for
-    exceptions, the same first line of the message, byte for byte).
+    """Compare the two sides (:func:`side_differences`), and the simulated side's DDP model
+    with the real reducer (:attr:`Side.model_differences`); any difference is a fidelity bug
+    (unconfirmed on a one-rank group)."""
+    diffs = side_differences(scenario, sim, real) + sim.model_differences
+    verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
+    return E2EResult(scenario, hook, sim, real, diffs, verdict)
+
+
+def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors: bool = True) -> list[str]:
+    """Bitwise: every step's and rank's gradients, each rank's hook calls, and the failures
+    (same kind and innermost error; with ``exact_errors`` also the same exception type and,
+    for exceptions, the same first line of the message, byte for byte).
 
     When both sides raised, the hook calls are compared too, as far as both ran
     (:func:`_failed_call_differences`)."""
@@ -613,15 +616,13 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
         s, g = sim.failure, real.failure
         if s.kind == "hung" and g.kind == "hung":
             pass
-        elif s.kind != g.kind or s.error_type != g.error_type or root_error(s) != root_error(g):
+        elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
-        elif s.kind == "raised" and s.message != g.message:
+        elif exact_errors and s.kind == "raised" and s.message != g.message:
             diffs.append(f"the failure messages differ: {sim.name} {s.message!r} vs {real.name} {g.message!r}")
         if s.kind == "raised" and g.kind == "raised":
             diffs += _failed_call_differences(sim, real, scenario.world_size)
-    diffs += sim.model_differences
-    verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
-    return E2EResult(scenario, hook, sim, real, diffs, verdict)
+    return diffs
 
 
 def root_error(failure: SideFailure) -> str:
