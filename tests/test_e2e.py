@@ -420,3 +420,35 @@ def test_a_ddp_model_with_the_wrong_bucket_order_is_a_fidelity_bug(monkeypatch) 
     # step 0 has one bucket (DDP's first bucket is 1 MiB before the rebuild); step 1 has two
     assert [d.split(": ", 1)[1].split(":")[0] for d in sim.model_differences] == \
         ["rank 0 hook call #1", "rank 1 hook call #1"], sim.model_differences
+
+
+# --------------------------------------------------------------------------- hostile hooks, simulated side
+# The simulated side runs in a supervised child: a hook that exits or spins must neither end
+# nor hang the caller (`simcluster e2e` once exited 0, silently, on a hook calling sys.exit(0)).
+
+HOSTILE = '''
+import sys
+
+def exits(state, bucket):
+    sys.exit(0)
+
+def spins(state, bucket):
+    while True:
+        pass
+'''
+
+
+def test_a_hook_calling_sys_exit_is_a_raised_system_exit_on_the_simulated_side(tmp_path: Path) -> None:
+    (tmp_path / "hostile_e2e.py").write_text(HOSTILE)
+    side = run_sim(Scenario(world_size=2, shapes=((4,),), steps=1), f"{tmp_path}/hostile_e2e.py:exits", timeout=30)
+    assert side.failure is not None
+    assert (side.failure.kind, side.failure.error_type, side.failure.message) == ("raised", "SystemExit", "0")
+
+
+def test_a_spinning_hook_makes_the_simulated_side_hung_within_the_timeout(tmp_path: Path) -> None:
+    (tmp_path / "hostile_e2e.py").write_text(HOSTILE)
+    started = time.monotonic()
+    side = run_sim(Scenario(world_size=2, shapes=((4,),), steps=1), f"{tmp_path}/hostile_e2e.py:spins", timeout=3)
+    assert side.failure is not None and side.failure.kind == "hung"
+    assert "did not return within 3 s" in side.failure.message
+    assert time.monotonic() - started < 30

@@ -428,13 +428,42 @@ def _error_type(traceback_text: str) -> str:
 
 def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
             timeout: float = 60.0) -> Side:
-    """The scenario under :func:`~simcluster.ddp.real_ddp.run_real_ddp` (real reducer, simulated groups)."""
+    """The scenario under :func:`~simcluster.ddp.real_ddp.run_real_ddp` (real reducer, simulated
+    groups), and under the DDP model (:func:`run_model`), in a supervised child
+    (:func:`~simcluster.checking.supervisor.run_supervised`): a hook that spins, blocks, calls
+    ``sys.exit`` or ends its process makes this side ``hung`` (after ``timeout`` seconds),
+    ``raised SystemExit`` or ``died`` — as a real rank reports it — and never ends or hangs
+    the caller."""
+    from simcluster.checking.supervisor import run_supervised
+
+    outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, monitor),
+                             deadline=timeout)
+    if outcome.value is not None:
+        return outcome.value
+    side = Side(f"sim ({backend} model)", seconds=outcome.seconds, calls_known=set())
+    if outcome.death is not None:
+        death = outcome.death
+        kind = "hung" if death.kind == "deadline" else "died"
+        side.failure = SideFailure(kind, 0, kind, f"the simulation {death.detail}", None, death.stacks)
+    else:
+        error = outcome.error
+        assert error is not None
+        if not isinstance(error, SystemExit):
+            raise error  # not the hook's: a bug of ours, or a usage error
+        side.failure = _sim_failure(error, {})  # as a real rank reports it: raised SystemExit
+    return side
+
+
+def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, monitor: Any) -> Side:
+    """:func:`run_sim`'s work, in the supervised child; ``monitor`` announces it as one
+    example, so the supervisor's deadline (``timeout``) bounds it from the start."""
     import time
 
     import torch.distributed as dist
 
     from simcluster.ddp.real_ddp import run_real_ddp
 
+    monitor.begin({"scenario": scenario.describe()})
     hook_fn, state_spec = load_hook_and_state(hook, state)
     calls: dict[int, list[HookCall]] = {}
     side = Side(f"sim ({backend} model)")
@@ -454,6 +483,7 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     side.model_differences = _model_differences(scenario, run_model(scenario, hook_fn, state_spec, backend=backend),
                                                 side)
     side.seconds = time.monotonic() - started
+    monitor.end()
     return side
 
 
