@@ -368,3 +368,30 @@ def test_sim_bucket_matches_real_grad_buckets_inside_ddp(gloo_world: Callable[[i
             calls += 1
     assert calls >= 4, "the run covers iteration 0 and several rebuilt buckets"
     assert not diffs, "\n".join(diffs)
+
+
+def test_run_hook_default_parameter_is_one_zero_parameter_made_when_asked_and_kept() -> None:
+    """run_hook's default buckets make their zero parameter lazily (a speed change): what a
+    hook sees must be what an eager one was — one Parameter of the gradient's shape and
+    dtype, all zeros, the same object on every call, gradients() viewing the buffer."""
+    from simcluster import SimCluster
+    from simcluster.fake.bucket import fresh_bucket
+
+    seen: dict[int, list[Any]] = {}
+
+    def hook(state: Any, bucket: Any) -> Any:
+        first, second = bucket.parameters(), bucket.parameters()
+        seen[bucket.index()] = [first, second, bucket.gradients(), repr(bucket)]
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    grad = torch.arange(6, dtype=torch.float64)
+    SimCluster(1).run_hook(hook, [grad])
+    first, second, grads, text = seen[0]
+    assert len(first) == 1 and first[0] is second[0] and first is not second
+    assert isinstance(first[0], torch.nn.Parameter) and first[0].dtype == torch.float64
+    assert first[0].shape == grad.shape and not first[0].any()
+    assert torch.equal(grads[0], grad) and "parameters=1" in text
+    bucket = fresh_bucket(3, torch.ones(4, dtype=torch.float16), is_last=False)
+    assert bucket.get_model_params_for_bucket()[0].dtype == torch.float16

@@ -150,7 +150,7 @@ class SimGradBucket:
 
     def parameters(self) -> list[torch.Tensor]:
         """A new list of the model's own Parameter objects, in buffer order."""
-        return list(self._params)
+        return list(self._parameter_tuple())
 
     def is_last(self) -> bool:
         """True only for the highest bucket index of the iteration."""
@@ -179,7 +179,7 @@ class SimGradBucket:
 
     def get_model_params_for_bucket(self) -> list[torch.Tensor]:
         """Legacy (1.9) ``parameters()``."""
-        return list(self._params)
+        return list(self._parameter_tuple())
 
     def is_the_last_bucket_to_allreduce(self) -> bool:
         """``index == 0``, as torch 1.8/1.9 implemented it (bucket 0 is reduced *first*)."""
@@ -201,10 +201,20 @@ class SimGradBucket:
             )
         object.__setattr__(self, "_buffer", buffer)
 
+    def _parameter_tuple(self) -> tuple[torch.Tensor, ...]:
+        """The parameters, made on first use for a :func:`fresh_bucket` (whose one zero
+        parameter most hooks never ask for: at 1M elements × 8 ranks, making it eagerly
+        cost a 32 MB zero fill per step)."""
+        params = self._params
+        if isinstance(params, _ZerosLike):
+            params = (torch.nn.Parameter(torch.zeros(params.shape, dtype=params.dtype)),)
+            object.__setattr__(self, "_params", params)
+        return params
+
     def _views(self, method: str) -> list[torch.Tensor]:
         buf = self._buffer
         views = []
-        for k, ((offset, numel), p) in enumerate(zip(self._packing, self._params)):
+        for k, ((offset, numel), p) in enumerate(zip(self._packing, self._parameter_tuple())):
             try:
                 views.append(buf[offset : offset + numel].view(p.shape))
             except (RuntimeError, IndexError) as exc:
@@ -249,7 +259,7 @@ class SimGradBucket:
     def __repr__(self) -> str:
         buf = self._buffer
         return (
-            f"SimGradBucket(index={self._index}, is_last={self._is_last}, parameters={len(self._params)}, "
+            f"SimGradBucket(index={self._index}, is_last={self._is_last}, parameters={len(self._parameter_tuple())}, "
             f"buffer=<{buf.dtype} shape={tuple(buf.shape)}>, api={self._api!r})"
         )
 
@@ -299,17 +309,26 @@ def make_bucket(
     return bucket
 
 
+class _ZerosLike:
+    """A :func:`fresh_bucket`'s parameter before anything asked for it: its shape and dtype."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
 def fresh_bucket(index: int, grad: torch.Tensor, *, is_last: bool) -> SimGradBucket:
     """What ``make_bucket(index, [Parameter(zeros_like(grad))], [grad], is_last=is_last)``
     returns, for a flat, detached ``grad`` the caller has already checked
     (:meth:`~simcluster.fake.cluster.SimCluster.run_hook`'s default parameters): the same
-    buffer bits and layout without re-validating what was just made (hot path, see
-    ``docs/speed.md``)."""
+    buffer bits and layout without re-validating what was just made, and the zero
+    parameter made only when the hook asks for it (hot path, see ``docs/speed.md``)."""
     bucket = object.__new__(SimGradBucket)
     setattr_ = object.__setattr__
     setattr_(bucket, "_index", index)
     setattr_(bucket, "_buffer", grad.clone())
-    setattr_(bucket, "_params", (torch.nn.Parameter(torch.zeros_like(grad)),))
+    setattr_(bucket, "_params", _ZerosLike(grad.shape, grad.dtype))
     setattr_(bucket, "_packing", [(0, grad.numel())])
     setattr_(bucket, "_is_last", is_last)
     setattr_(bucket, "_api", "both")

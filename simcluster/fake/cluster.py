@@ -240,7 +240,11 @@ class SimCluster(Runtime):
                 buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
 
         def rank_fn(rank: int) -> Any:
-            states[rank] = self.state_for(rank, state, buckets[rank].parameters())
+            if isinstance(state, StateSpec):  # the bucket's parameters only if the factory takes a model
+                states[rank] = state.resolve(self.contexts.world_groups[rank],
+                                             lambda: LayoutModel(buckets[rank].parameters()))
+            else:
+                states[rank] = self.state_for(rank, state)
             future = hook(states[rank], buckets[rank])
             check_future(future, hook, rank, f"bucket {bucket_index}")
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
