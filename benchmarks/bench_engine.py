@@ -2,7 +2,7 @@
 
     python benchmarks/bench_engine.py [--repeats 3] [--steps 200] [--sizes 64,1000,1000000]
         [--worlds 2,8] [--scaling 2,8,64,256,1024] [--no-gloo] [--no-check] [--no-memory]
-        [--quick] [--json PATH]
+        [--no-default-check] [--quick] [--json PATH]
 
 One *step* = every rank calls torch's ``allreduce_hook`` on its bucket and its future
 resolves. Sections (each figure a median over ``--repeats`` interleaved repeats; a ratio
@@ -24,10 +24,13 @@ sides of a ratio cancels out):
 * **check** — ``simcluster.checking.check.check_hook`` throughput (examples per second) for
   ``allreduce_hook``, ``fp16_compress_hook`` and ``powerSGD_hook`` with their default
   state and tolerance (failing hooks include shrinking).
+* **default check** — wall time of the README's main job, ``simcluster check`` with no
+  TARGET (every torch hook and the reference hooks, default example counts), run as a
+  command in a fresh temporary directory (no example database to replay from).
 
 Absolute times depend on the machine and its load; the ratios are the result.
 ``--json PATH`` writes every figure. ``--quick`` (a few seconds): tiny buckets at W=2
-and 8, one repeat, no gloo, memory or check.
+and 8, one repeat, no gloo, memory, check or default check.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -279,6 +283,28 @@ def check_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def default_check_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    print("\n## default check: `simcluster check` (no TARGET) in a fresh directory, wall time")
+    rows = []
+    for extra in DEFAULT_CHECK_VARIANTS:
+        with tempfile.TemporaryDirectory() as cwd:
+            start = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "simcluster", "check", "--quiet", "--json", "report.json",
+                                  *extra], cwd=cwd, capture_output=True, text=True, timeout=900,
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+            seconds = time.perf_counter() - start
+            reports = json.loads(Path(cwd, "report.json").read_text()) if Path(cwd, "report.json").exists() else []
+        checked = sum(1 for r in reports if r.get("skipped") is None)
+        rows.append({"args": extra, "seconds": seconds, "exit_code": out.returncode, "rows_checked": checked})
+        print(f"simcluster check {' '.join(extra) or '(defaults)'}: {seconds:.1f} s, {checked} rows checked, "
+              f"exit {out.returncode}", flush=True)
+    return rows
+
+
+DEFAULT_CHECK_VARIANTS: list[list[str]] = [[]]
+"""Argument sets the default-check section runs (the README's main job as it is)."""
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -293,6 +319,7 @@ def main() -> None:
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-default-check", action="store_true", help="skip timing the no-TARGET simcluster check")
     parser.add_argument("--quick", action="store_true", help="tiny buckets at W=2, 8 only: a few seconds")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -303,6 +330,7 @@ def main() -> None:
         return
     if args.quick:
         args.repeats, args.sizes, args.no_gloo, args.no_check, args.no_memory, args.scaling = 1, "64", True, True, True, ""
+        args.no_default_check = True
     started = time.time()
     result: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
                               "repeats": args.repeats}
@@ -310,6 +338,7 @@ def main() -> None:
     result["scaling"] = scaling_rows(args) if args.scaling else []
     result["memory"] = [] if args.no_memory else memory_rows(args)
     result["check"] = [] if args.no_check else check_rows(args)
+    result["default_check"] = [] if args.no_default_check else default_check_rows(args)
     result["loadavg_end"] = os.getloadavg()
     result["seconds"] = time.time() - started
     print(f"\nload average {result['loadavg_start'][0]:.1f} -> {result['loadavg_end'][0]:.1f} on {os.cpu_count()} cpus; "
