@@ -11,7 +11,10 @@ sides of a ratio cancels out):
 
 * **step** — per step, for each world W and bucket size n:
   ``floor``, the arithmetic alone in this process (clone each rank's bucket, divide it by
-  W, fold the W buckets, write the result back into each); ``simcluster``,
+  W, fold the W buckets, write the result back into each); ``hook``, torch's own share
+  (each rank's bucket and ``allreduce_hook`` on a process group that completes at once:
+  what any simulator calling the real hook pays; ``hook/thr`` is then the least
+  ``sim/thr`` such a simulator could show); ``simcluster``,
   ``SimCluster(W).run_hook(allreduce_hook, grads)`` on the gloo model (bitwise ring
   order); ``threaded PG``, torch's own ``multi_threaded_pg`` (one thread per rank, kept
   across steps: its best case); ``gloo``, W real gloo processes (time per hook call
@@ -97,6 +100,49 @@ def bench_floor(world: int, n: int, steps: int) -> float:
     return median_time(step, steps)
 
 
+class _InstantWork(dist.Work):
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class _InstantGroup(dist.ProcessGroup):
+    """A process group whose all_reduce completes at once, leaving the tensor as it is."""
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(tensors)
+        return _InstantWork(future)
+
+
+class _Bucket:
+    """All ``allreduce_hook`` asks of a bucket: its buffer."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+
+def bench_hook_floor(world: int, n: int, steps: int) -> float:
+    """torch's own share of a step: each rank's buffer (a clone) and ``allreduce_hook``
+    — its ``div_``, ``dist.all_reduce``'s front end, ``get_future``, ``then`` — on a group
+    that completes at once, then ``wait``. No simulator that calls the real hook on every
+    rank can spend less (the reduction itself is ``floor``'s)."""
+    grads = grads_for(world, n)
+    groups = [_InstantGroup(r, world) for r in range(world)]
+
+    def step() -> None:
+        for rank in range(world):
+            allreduce_hook(groups[rank], _Bucket(grads[rank].clone())).wait()
+
+    return median_time(step, steps)
+
+
 def bench_sim(world: int, n: int, steps: int, backend: str = "gloo") -> float:
     grads = grads_for(world, n)
     cluster = SimCluster(world, seed=0, backend=backend)
@@ -165,24 +211,27 @@ def bench_gloo(world: int, n: int, steps: int) -> float:
 
 def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"\n## step: µs per step, medians of {args.repeats} repeats (ratios: median of per-repeat ratios)")
-    print(f"{'W':>4} {'n':>8} | {'floor':>8} {'simcluster':>10} {'threadedPG':>10} {'gloo':>8} | "
-          f"{'sim/floor':>9} {'sim/thr':>7} {'sim/gloo':>8}")
+    print(f"{'W':>4} {'n':>8} | {'floor':>8} {'hook':>8} {'simcluster':>10} {'threadedPG':>10} {'gloo':>8} | "
+          f"{'sim/floor':>9} {'sim/hook':>8} {'sim/thr':>7} {'sim/gloo':>8} {'hook/thr':>8}")
     rows = []
     for world in _ints(args.worlds):
         for n in _ints(args.sizes):
             steps = args.steps if n < 100_000 else max(10, args.steps // 20)
             reps = []
             for _ in range(args.repeats):
-                rep = {"floor": bench_floor(world, n, steps), "simcluster": bench_sim(world, n, steps),
-                       "threaded_pg": bench_threaded_pg(world, n, steps)}
+                rep = {"floor": bench_floor(world, n, steps), "hook": bench_hook_floor(world, n, steps),
+                       "simcluster": bench_sim(world, n, steps), "threaded_pg": bench_threaded_pg(world, n, steps)}
                 rep["gloo"] = float("nan") if args.no_gloo else bench_gloo(world, n, steps)
                 reps.append(rep)
-            row = _summarise(reps, {"sim/floor": "floor", "sim/threaded_pg": "threaded_pg", "sim/gloo": "gloo"})
+            row = _summarise(reps, {"sim/floor": "floor", "sim/hook": "hook", "sim/threaded_pg": "threaded_pg",
+                                    "sim/gloo": "gloo"})
+            row["hook/threaded_pg"] = statistics.median(r["hook"] / r["threaded_pg"] for r in reps)
             row.update(world=world, n=n)
             rows.append(row)
-            print(f"{world:>4} {n:>8} | {row['floor'] * 1e6:>8.0f} {row['simcluster'] * 1e6:>10.0f} "
-                  f"{row['threaded_pg'] * 1e6:>10.0f} {row['gloo'] * 1e6:>8.0f} | {row['sim/floor']:>9.2f} "
-                  f"{row['sim/threaded_pg']:>7.2f} {row['sim/gloo']:>8.2f}", flush=True)
+            print(f"{world:>4} {n:>8} | {row['floor'] * 1e6:>8.0f} {row['hook'] * 1e6:>8.0f} "
+                  f"{row['simcluster'] * 1e6:>10.0f} {row['threaded_pg'] * 1e6:>10.0f} {row['gloo'] * 1e6:>8.0f} | "
+                  f"{row['sim/floor']:>9.2f} {row['sim/hook']:>8.2f} {row['sim/threaded_pg']:>7.2f} "
+                  f"{row['sim/gloo']:>8.2f} {row['hook/threaded_pg']:>8.2f}", flush=True)
     return rows
 
 
