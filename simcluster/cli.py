@@ -466,6 +466,7 @@ def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
     (:mod:`simcluster.checking.row_pool`); results are put back in row order, so
     ``reports`` is what the in-process loop makes. Interrupted, ``reports`` holds the rows
     finished so far (in row order)."""
+    from contextlib import closing
     from functools import partial
 
     from simcluster.checking.progress import PoolProgress
@@ -482,20 +483,21 @@ def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
         board.started(todo[k] + 1, rows[todo[k]]["name"])
 
     internal = False
-    try:
-        for k, outcome in run_tasks(tasks, jobs=jobs, started=start):
-            n = todo[k]
-            if isinstance(outcome, Broken):
-                progress.clear()
-                _internal_error(rows[n], outcome.detail)
-                internal = True
-                report = _broken_report(rows[n], plans[n], time.perf_counter() - started[n])  # type: ignore[arg-type]
-            else:
-                report = outcome.value
-            if not args.targets:
-                report.target = rows[n]["name"]
-            board.finished(n + 1, rows[n]["name"], f"{report.status} ({report.seconds:.1f}s)")
-            done[n] = report
+    try:  # closing: whatever stops this loop (Ctrl-C while printing included) kills every worker at once
+        with closing(run_tasks(tasks, jobs=jobs, started=start)) as outcomes:
+            for k, outcome in outcomes:
+                n = todo[k]
+                if isinstance(outcome, Broken):
+                    progress.clear()
+                    _internal_error(rows[n], outcome.detail)
+                    internal = True
+                    report = _broken_report(rows[n], plans[n], time.perf_counter() - started[n])  # type: ignore[arg-type]
+                else:
+                    report = outcome.value
+                if not args.targets:
+                    report.target = rows[n]["name"]
+                board.finished(n + 1, rows[n]["name"], f"{report.status} ({report.seconds:.1f}s)")
+                done[n] = report
     finally:
         reports.extend(done[n] for n in sorted(done))
     return internal

@@ -126,6 +126,36 @@ def test_parallel_progress_says_when_each_row_starts_and_ends(capsys: pytest.Cap
         assert lines.index(start) < next(i for i, line in enumerate(lines) if line.startswith(end))
 
 
+def test_one_row_to_check_runs_in_this_process(capsys: pytest.CaptureFixture[str]) -> None:
+    calls = []
+
+    def recording(hook: Any, **options: Any) -> CheckReport:
+        calls.append(os.getpid())
+        return ActingCheck()(hook, **options)
+
+    code, _, _ = run([MEAN, "--jobs", "2"], capsys, recording)
+    assert code == 0 and calls == [os.getpid()]  # a worker's call would not be recorded here
+
+
+def test_parallel_progress_on_a_terminal_names_the_running_rows() -> None:
+    import io
+
+    from simcluster.checking.progress import PoolProgress, ProgressLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    pool = PoolProgress(ProgressLine(screen), total=5, done=1)  # one row skipped
+    pool.started(1, "a_hook")
+    pool.started(2, "b_hook")
+    pool.finished(1, "a_hook", "ok (1.0s)")
+    last = screen.getvalue().split("\r")[-1]
+    assert "\n" not in screen.getvalue()  # rewritten in place
+    assert "2/5 rows done" in last and "a_hook: ok (1.0s)" in last and "running [2] b_hook" in last
+
+
 # -- never a silent pass ------------------------------------------------------------------------
 
 
