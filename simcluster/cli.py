@@ -6,7 +6,8 @@
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS]
-                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--quiet] [--e2e [--e2e-examples N]]
+                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--jobs N] [--quiet]
+                     [--e2e [--e2e-examples N]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                    [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
@@ -34,6 +35,12 @@ spins, blocks, sleeps, calls ``sys.exit``/``os._exit`` or kills its process is a
 *liveness* failure of that hook (exit 1), reported with the rank, step, bucket, the
 stuck code's stack and a replay command — never a hang, never exit 0. ``--deadline``
 (default 60 s) bounds each example.
+
+``check --jobs N`` (default: the CPUs this process may use) checks up to N rows at once,
+each in a forked worker process (:mod:`simcluster.checking.row_pool`); the table, the
+reports, ``--json`` and the exit code are those of ``--jobs 1`` (one row after another in
+this process), whichever row finishes first. A worker that dies is an internal error
+(exit 3), never a passing row.
 
 With no TARGET, ``check`` runs :func:`simcluster.checking.defaults.default_entries` — every hook
 torch ships plus the reference hooks of ``hooks/`` — each with its own state and
@@ -125,6 +132,9 @@ def _add_check_parser(sub: Any) -> None:
     db.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
                     help=f"example database directory (default {DEFAULT_DATABASE})")
     db.add_argument("--no-database", action="store_true", help="do not read or write an example database")
+    check.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="rows checked at once, each in its own worker process (default: the CPUs this "
+                            "process may use; 1: one after another in this process)")
     check.add_argument("--quiet", action="store_true", help="no progress line")
     check.add_argument("--e2e", action="store_true",
                        help="then run real DDP on real gloo processes for a few examples and compare (exit 4: "
@@ -292,7 +302,9 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
 
     Importing a TARGET runs its module's code, which may spin, exit or crash like a hook:
     it is first imported in a supervised child (bounded by ``deadline``); only a module
-    that imported cleanly there is imported here. A TARGET's hook is a
+    that imported cleanly there is imported here. The default run's modules (torch's and
+    simcluster's own) are imported here directly: supervising them would protect nothing
+    and cost their import twice (~1.5 s of the default run, measured). A TARGET's hook is a
     :class:`~simcluster.usercode.rank_local.RankLocal`: each simulated rank gets its own copy of its
     module (and of the ``--isolate`` modules); the default run's hooks (``per_rank=False``:
     torch's and the reference hooks, which keep no module state) are shared."""
@@ -312,18 +324,20 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
                 load_state(row["state"])  # loaded only to fail early; check_hook gets the spec string
         return True
 
-    outcome = run_supervised(load_all, deadline=deadline)
-    if outcome.error is not None:  # a load error (exit 2), or Ctrl-C while importing
-        raise outcome.error
-    if outcome.death is not None:
-        frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]
-        raise TargetLoadError(f"importing the TARGETs {outcome.death.detail}"
-                              + (f" (at {frames[-1]})" if frames else ""))
+    if per_rank:  # user code
+        outcome = run_supervised(load_all, deadline=deadline)
+        if outcome.error is not None:  # a load error (exit 2), or Ctrl-C while importing
+            raise outcome.error
+        if outcome.death is not None:
+            frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]
+            raise TargetLoadError(f"importing the TARGETs {outcome.death.detail}"
+                                  + (f" (at {frames[-1]})" if frames else ""))
     load_all()
 
 
 def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
     options = _options(args)
+    _jobs(args)  # a bad --jobs is exit 2 before any work
     if args.e2e:
         from simcluster.limits import check_int
 
@@ -376,42 +390,116 @@ def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any =
 
 def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dict[str, Any],
               check: CheckFunction, progress: ProgressLine, reports: list[CheckReport]) -> bool:
-    """Check every row into ``reports``; True if simcluster itself broke on one of them."""
+    """Check every row into ``reports`` (in row order); True if simcluster itself broke on one of them.
+
+    ``--jobs 1`` (or a single row to check) runs the rows one after another here; more
+    run them in parallel worker processes (:func:`_run_rows_in_workers`)."""
+    jobs = _jobs(args)
+    plans = [_plan(row, options) for row in rows]
+    if jobs > 1 and sum(isinstance(plan, dict) for plan in plans) > 1:
+        return _run_rows_in_workers(args, rows, plans, check, progress, reports, jobs)
     internal = False
-    for n, row in enumerate(rows, 1):
-        if row["skipped"] is not None:
-            reports.append(CheckReport(target=row["name"], passed=True, properties=[], backends=[],
-                                       skipped=row["skipped"]))
+    for n, (row, plan) in enumerate(zip(rows, plans), 1):
+        if isinstance(plan, CheckReport):
+            reports.append(plan)
             continue
         progress.set_prefix(f"[{n}/{len(rows)}] {row['name']}")
-        backends = tuple(b for b in options["backends"] if row["backends"] is None or b in row["backends"])
-        if not backends:  # a row meant for other backends than the ones asked for
-            reports.append(CheckReport(target=row["name"], passed=True, properties=[], backends=[],
-                                       skipped=f"checked under {', '.join(row['backends'])} only"))
-            continue
-        kwargs = dict(options, backends=backends, target=row["target"], state=row["state"],
-                      tolerance=row["tolerance"], api=row["api"], progress=progress)
-        if row["properties"] is not None:
-            kwargs["properties"] = row["properties"]
-        for optional in ("replay", "isolate"):
-            if kwargs[optional] is None:
-                del kwargs[optional]
         started = time.perf_counter()
         try:
-            report = check(row["hook"], **kwargs)
+            report = check(row["hook"], **plan, progress=progress)
         except UsageError:
             raise
         except Exception:  # noqa: BLE001 - a bug of ours: show it, keep checking the others
             progress.clear()
-            print(f"simcluster: internal error while checking {row['name']}:", file=sys.stderr)
-            traceback.print_exc()
+            _internal_error(row, traceback.format_exc())
             internal = True
-            report = CheckReport(target=row["name"], passed=False, properties=[], backends=list(backends),
-                                 notes=["internal error: see stderr"], seconds=time.perf_counter() - started)
+            report = _broken_report(row, plan, time.perf_counter() - started)
         if not args.targets:
             report.target = row["name"]
         progress.finish(f"{report.status} ({report.seconds:.1f}s)")
         reports.append(report)
+    return internal
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    """``--jobs``, validated (exit 2 out of range); by default the CPUs this process may use."""
+    from simcluster.limits import JOBS, check_int, default_jobs
+
+    return default_jobs() if args.jobs is None else check_int("--jobs", args.jobs, *JOBS)
+
+
+def _plan(row: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | CheckReport:
+    """What checking ``row`` takes: ``check``'s keyword arguments (but ``progress``), or the
+    report of a row that is not checked (skipped by the defaults, or for other backends)."""
+    if row["skipped"] is not None:
+        return CheckReport(target=row["name"], passed=True, properties=[], backends=[], skipped=row["skipped"])
+    backends = tuple(b for b in options["backends"] if row["backends"] is None or b in row["backends"])
+    if not backends:  # a row meant for other backends than the ones asked for
+        return CheckReport(target=row["name"], passed=True, properties=[], backends=[],
+                           skipped=f"checked under {', '.join(row['backends'])} only")
+    kwargs = dict(options, backends=backends, target=row["target"], state=row["state"],
+                  tolerance=row["tolerance"], api=row["api"])
+    if row["properties"] is not None:
+        kwargs["properties"] = row["properties"]
+    for optional in ("replay", "isolate"):
+        if kwargs[optional] is None:
+            del kwargs[optional]
+    return kwargs
+
+
+def _internal_error(row: dict[str, Any], traceback_text: str) -> None:
+    print(f"simcluster: internal error while checking {row['name']}:", file=sys.stderr)
+    sys.stderr.write(traceback_text)
+    sys.stderr.flush()
+
+
+def _broken_report(row: dict[str, Any], plan: dict[str, Any], seconds: float) -> CheckReport:
+    """The row of a check that broke (exit 3): failed, no property verdicts."""
+    return CheckReport(target=row["name"], passed=False, properties=[], backends=list(plan["backends"]),
+                       notes=["internal error: see stderr"], seconds=seconds)
+
+
+def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
+                         plans: list[dict[str, Any] | CheckReport], check: CheckFunction, progress: ProgressLine,
+                         reports: list[CheckReport], jobs: int) -> bool:
+    """``--jobs N``: up to ``jobs`` rows at a time, each in a forked worker
+    (:mod:`simcluster.checking.row_pool`); results are put back in row order, so
+    ``reports`` is what the in-process loop makes. Interrupted, ``reports`` holds the rows
+    finished so far (in row order)."""
+    from contextlib import closing
+    from functools import partial
+
+    from simcluster.checking.progress import PoolProgress
+    from simcluster.checking.row_pool import Broken, run_tasks
+
+    done: dict[int, CheckReport] = {n: plan for n, plan in enumerate(plans) if isinstance(plan, CheckReport)}
+    todo = [n for n, plan in enumerate(plans) if isinstance(plan, dict)]
+    tasks = [partial(check, rows[n]["hook"], **plans[n], progress=None) for n in todo]
+    board = PoolProgress(progress, len(rows), done=len(done))
+    started: dict[int, float] = {}
+
+    def start(k: int) -> None:
+        started[todo[k]] = time.perf_counter()
+        board.started(todo[k] + 1, rows[todo[k]]["name"])
+
+    internal = False
+    try:  # closing: whatever stops this loop (Ctrl-C while printing included) kills every worker at once
+        with closing(run_tasks(tasks, jobs=jobs, started=start)) as outcomes:
+            for k, outcome in outcomes:
+                n = todo[k]
+                if isinstance(outcome, Broken):
+                    progress.clear()
+                    _internal_error(rows[n], outcome.detail)
+                    internal = True
+                    report = _broken_report(rows[n], plans[n], time.perf_counter() - started[n])  # type: ignore[arg-type]
+                else:
+                    report = outcome.value
+                if not args.targets:
+                    report.target = rows[n]["name"]
+                board.finished(n + 1, rows[n]["name"], f"{report.status} ({report.seconds:.1f}s)")
+                done[n] = report
+    finally:
+        reports.extend(done[n] for n in sorted(done))
     return internal
 
 

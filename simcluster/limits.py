@@ -17,6 +17,8 @@ seed           0 … 2**32 − 1       every generator a rank owns (torch, Pytho
 steps          1 … 100             each step is a whole simulated DDP iteration
 examples       1 … 100 000         per backend; Hypothesis keeps them in memory
 deadline       0 < s ≤ 86 400      seconds one example may run (see supervisor)
+jobs           1 … 64              rows checked at once, one worker process each;
+                                   more workers than cores only add memory
 =============  ==================  ===================================================
 
 >>> check_int("--steps", 3, *STEPS)
@@ -37,8 +39,8 @@ from simcluster.errors import UsageError
 
 __all__ = [
     "BACKEND_NAMES",
-    "WORLD_SIZES", "SEEDS", "STEPS", "EXAMPLES", "DEADLINE_MAX", "RANK_OVERHEAD_BYTES",
-    "check_int", "check_deadline", "check_memory", "available_memory",
+    "WORLD_SIZES", "SEEDS", "STEPS", "EXAMPLES", "JOBS", "DEADLINE_MAX", "RANK_OVERHEAD_BYTES",
+    "check_int", "check_deadline", "default_jobs", "check_memory", "available_memory",
 ]
 
 BACKEND_NAMES: tuple[str, ...] = ("gloo", "nccl")
@@ -49,6 +51,7 @@ WORLD_SIZES = (1, 1024)
 SEEDS = (0, 2**32 - 1)
 STEPS = (1, 100)
 EXAMPLES = (1, 100_000)
+JOBS = (1, 64)
 DEADLINE_MAX = 86_400.0
 RANK_OVERHEAD_BYTES = 160 * 1024
 """Memory one simulated rank costs before its gradients (RSS, measured: ~140 KiB at
@@ -61,6 +64,16 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise UsageError(f"{name} {value!r}: must be an integer from {low} to {high:,}")
     return value
+
+
+def default_jobs() -> int:
+    """``check --jobs``' default: the CPUs this process may run on (its affinity mask,
+    which a container or ``taskset`` may narrow), within :data:`JOBS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(JOBS[0], min(JOBS[1], cpus))
 
 
 def check_deadline(value: Any, name: str = "--deadline") -> float:

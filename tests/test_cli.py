@@ -54,6 +54,10 @@ class FakeCheck:
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str], check: FakeCheck | None = None) -> tuple[int, str, str]:
+    """``main(argv)`` with a fake checker; ``check`` runs get ``--jobs 1`` unless given ``--jobs``: the rows
+    are then checked in this process, where the fake records its calls (workers' records stay in them)."""
+    if argv[:1] == ["check"] and "--jobs" not in argv:
+        argv = [*argv, "--jobs", "1"]
     code = main(argv, check=check or FakeCheck())
     out, err = capsys.readouterr()
     return code, out, err

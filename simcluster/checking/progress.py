@@ -5,6 +5,10 @@ run of minutes shows one changing line; elsewhere (a CI log, a pipe) it prints p
 lines, at most one every ``interval`` seconds per row plus one when a new row starts,
 so logs stay short. Progress is for people: nothing in a report depends on it.
 
+Rows checked in parallel (``check --jobs N``) run in worker processes whose own progress
+is not shown; :class:`PoolProgress` tells instead when each row starts and ends, and on
+a terminal which rows are running.
+
 >>> import io
 >>> out = io.StringIO()
 >>> line = ProgressLine(out, interval=0.0)
@@ -23,7 +27,7 @@ import shutil
 import time
 from typing import TextIO
 
-__all__ = ["ProgressLine"]
+__all__ = ["ProgressLine", "PoolProgress"]
 
 
 class ProgressLine:
@@ -53,6 +57,11 @@ class ProgressLine:
         self._last = float("-inf")
         self(text)
 
+    def show(self, line: str) -> None:
+        """Show ``line`` as it is (no prefix), interval or not."""
+        self.prefix = ""
+        self.finish(line)
+
     def __call__(self, text: str) -> None:
         if not self.enabled:
             return
@@ -75,3 +84,48 @@ class ProgressLine:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
             self._shown = False
+
+
+class PoolProgress:
+    """The progress of rows checked in parallel, on a :class:`ProgressLine`.
+
+    Plain lines (a log): ``[3/12] name: starting`` when a row is handed to a worker and
+    ``[3/12] name: FAILED (4.2s)`` when its result arrives — in the order these happen,
+    which is not the rows' order. On a terminal, one line rewritten in place: how many
+    rows are done, the last result, the rows running.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> pool = PoolProgress(ProgressLine(out), total=12)
+    >>> pool.started(3, "allreduce_hook")
+    >>> pool.started(4, "fp16_compress_hook")
+    >>> pool.finished(4, "fp16_compress_hook", "ok (1.5s)")
+    >>> print(out.getvalue(), end="")
+    [3/12] allreduce_hook: starting
+    [4/12] fp16_compress_hook: starting
+    [4/12] fp16_compress_hook: ok (1.5s)
+    """
+
+    def __init__(self, line: ProgressLine, total: int, *, done: int = 0) -> None:
+        self.line = line
+        self.total = total  # rows, skipped ones included (``done`` counts those already done)
+        self.running: dict[int, str] = {}
+        self.done = done
+
+    def started(self, n: int, name: str) -> None:
+        """Row ``n`` (1-based) went to a worker."""
+        self.running[n] = name
+        self._show(f"[{n}/{self.total}] {name}: starting")
+
+    def finished(self, n: int, name: str, text: str) -> None:
+        """Row ``n``'s result arrived; ``text`` is its verdict and time."""
+        self.running.pop(n, None)
+        self.done += 1
+        self._show(f"[{n}/{self.total}] {name}: {text}")
+
+    def _show(self, event: str) -> None:
+        if not self.line.tty:
+            self.line.show(event)
+            return
+        running = ", ".join(f"[{n}] {name}" for n, name in sorted(self.running.items()))
+        self.line.show(f"{self.done}/{self.total} rows done (last: {event})" + (f"; running {running}" if running else ""))

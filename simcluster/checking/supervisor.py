@@ -63,7 +63,7 @@ from simcluster.errors import HookExited
 from simcluster.engine.frames import is_internal, short_path, user_frames
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "stuck_in",
-           "raise_site"]
+           "raise_site", "die_with_parent"]
 
 DEFAULT_DEADLINE = 60.0
 """Seconds one example may take before it is reported stuck (``--deadline``)."""
@@ -155,10 +155,11 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its coverage is the tests' subject
         os.close(read_end)
-        _child(job, Monitor(page), write_end, stack_file.fileno())
+        _child(job, Monitor(page), write_end, stack_file.fileno(), parent)
     os.close(write_end)
     try:
         return _watch(pid, page, read_end, stack_file, deadline, start)
@@ -168,11 +169,12 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
         page.close()
 
 
-def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: int) -> None:  # pragma: no cover
+def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: int,
+           parent: int) -> None:  # pragma: no cover
     real_exit = os._exit
     code = 0
     try:
-        _prepare_child(stack_fd)
+        _prepare_child(stack_fd, parent)
         try:
             message: tuple[str, Any] = ("value", job(monitor))
         except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
@@ -200,13 +202,23 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
         real_exit(code)
 
 
-def _prepare_child(stack_fd: int) -> None:  # pragma: no cover - runs in the child
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked child
+    """In a child forked by ``parent``: have the kernel ``SIGKILL`` this process when its
+    parent ends (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so no child outlives a
+    killed parent. A parent that already ended between the ``fork`` and this call would
+    never send the signal: the child then ends itself at once."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(70)
+
+
+def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - runs in the child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
     faulthandler.enable(file=stack_fd, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
     torch = sys.modules.get("torch")  # only if the caller uses it: importing it here costs seconds

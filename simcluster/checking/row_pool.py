@@ -1,0 +1,192 @@
+"""Checking several rows at once: a small pool of forked worker processes (``check --jobs N``).
+
+The rows of a ``simcluster check`` run are independent — each is one hook's property
+search — and each spends its time on one core (the search of each backend runs in its own
+supervised child, :mod:`simcluster.checking.supervisor`, one after the other). So with
+``--jobs N`` the command line hands up to ``N`` rows at a time to **forked workers**:
+
+1. Tasks start in the order given (row order), greedily: whenever fewer than ``N`` workers
+   run, the next task's worker is forked. A worker runs ``task()`` — a call of
+   :func:`~simcluster.checking.check.check_hook`, which forks its own supervised child per
+   backend as it does in-process; the nesting is the same supervision one level down.
+2. The worker sends back one pickled message through a pipe, then exits: the
+   :class:`~simcluster.checking.report.CheckReport` (:class:`Done`), or what stopped it —
+   a :class:`~simcluster.errors.UsageError` or ``KeyboardInterrupt`` to raise in the
+   parent as an in-process run would, or the traceback text of a bug of ours
+   (:class:`Broken`, exit 3).
+3. The parent waits on every pipe at once (``select``) and reaps every worker
+   (``waitpid``). A worker that ends without a whole message — killed, ``os._exit``, a
+   crash — is :class:`Broken` too, saying how it ended: **never** a passing row.
+
+Results arrive in whatever order the rows finish; :func:`run_tasks` yields each with its
+task's index, and the caller puts them back in row order, so what it prints does not
+depend on which row finished first.
+
+A worker ignores ``SIGINT`` (Ctrl-C is the parent's: the terminal sends it to the whole
+process group) and dies with its parent (:func:`~simcluster.checking.supervisor.die_with_parent`),
+as do the supervised children it forks. When the parent stops for any reason —
+``KeyboardInterrupt``, a usage error a worker sent, the caller closing the generator — it
+``SIGKILL``\\s and reaps every worker still running; their supervised children follow.
+Like the supervised child, a worker runs torch with one intra-op thread (torch's OpenMP
+pool does not survive ``fork``).
+
+    >>> sorted((index, outcome.value) for index, outcome in run_tasks([lambda: 6 * 7, lambda: "x"], jobs=2))
+    [(0, 42), (1, 'x')]
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simcluster.checking.supervisor import die_with_parent
+from simcluster.errors import UsageError
+
+__all__ = ["Done", "Broken", "run_tasks"]
+
+
+@dataclass
+class Done:
+    """A task's return value (for ``check``: its :class:`~simcluster.checking.report.CheckReport`)."""
+
+    value: Any
+
+
+@dataclass
+class Broken:
+    """A task that broke: ``detail`` is the traceback of its exception, or how its worker ended."""
+
+    detail: str
+
+
+@dataclass
+class _Worker:
+    index: int
+    pid: int
+    pipe: int
+    chunks: list[bytes]
+
+
+def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int,
+              started: Callable[[int], None] | None = None) -> Iterator[tuple[int, Done | Broken]]:
+    """Run every task in a forked worker, at most ``jobs`` at a time; yield ``(index, outcome)``
+    as each ends. ``started(index)`` is called (in this process) when a task's worker starts.
+
+    A task's :class:`UsageError` or ``KeyboardInterrupt`` is raised here, after every other
+    worker was killed; so is a ``KeyboardInterrupt`` arriving while waiting.
+    """
+    running: dict[int, _Worker] = {}  # by pipe
+    upcoming = iter(enumerate(tasks))
+    try:
+        while True:
+            while len(running) < jobs and (task := next(upcoming, None)) is not None:
+                # SIGINT waits until the worker is recorded (so killed below), and never reaches it
+                old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    worker = _start(*task, old_mask)
+                    running[worker.pipe] = worker
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                if started is not None:
+                    started(worker.index)
+            if not running:
+                return
+            readable, _, _ = select.select(list(running), [], [])
+            for pipe in readable:
+                chunk = os.read(pipe, 1 << 20)
+                if chunk:
+                    running[pipe].chunks.append(chunk)
+                    continue
+                worker = running.pop(pipe)
+                os.close(pipe)
+                yield worker.index, _finish(worker)
+    finally:  # KeyboardInterrupt, a raised UsageError, the caller stopping early: no worker survives
+        for worker in running.values():
+            _kill(worker)
+
+
+def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
+    """Fork a worker for ``task`` (the caller blocks SIGINT around this; ``mask`` is the
+    signal mask to restore in the worker, once it ignores SIGINT)."""
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the worker; its behaviour is the tests' subject
+        os.close(read_end)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _worker(task, write_end, parent)
+    os.close(write_end)
+    return _Worker(index, pid, read_end, [])
+
+
+def _worker(task: Callable[[], Any], out: int, parent: int) -> None:  # pragma: no cover - runs in the worker
+    """Run ``task``, send its outcome, exit; never return into the caller's code."""
+    code = 0
+    try:
+        die_with_parent(parent)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)
+        try:
+            message: tuple[str, Any] = ("value", task())
+        except (UsageError, KeyboardInterrupt) as exc:  # raised again in the parent
+            message = ("raise", exc)
+        except BaseException:  # noqa: BLE001 - a bug of ours: its traceback goes to the parent
+            message = ("broken", traceback.format_exc())
+        try:
+            data = pickle.dumps(message)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result: a bug of ours too
+            data = pickle.dumps(("broken", f"the worker's result could not be pickled: {exc!r}\n"))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view):]
+    except BaseException:  # noqa: BLE001
+        code = 70
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
+                pass
+        os._exit(code)
+
+
+def _finish(worker: _Worker) -> Done | Broken:
+    """Reap ``worker`` (its pipe reached end of file) and decode what it sent."""
+    _, status = os.waitpid(worker.pid, 0)
+    try:
+        kind, payload = pickle.loads(b"".join(worker.chunks))
+    except Exception:  # noqa: BLE001 - nothing, or a message cut short: the worker died
+        return Broken(f"the worker process (pid {worker.pid}) {_how_it_ended(status)} without sending a result\n")
+    if kind == "raise":
+        raise payload
+    if kind == "broken":
+        return Broken(payload)
+    return Done(payload)
+
+
+def _how_it_ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+        return f"was killed by {name}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def _kill(worker: _Worker) -> None:
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(worker.pid, 0)
+    os.close(worker.pipe)
