@@ -472,6 +472,9 @@ def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
     from simcluster.checking.progress import PoolProgress
     from simcluster.checking.row_pool import Broken, run_tasks
 
+    from simcluster.checking.check import prepare_to_fork
+
+    prepare_to_fork()  # once here, not once per worker
     done: dict[int, CheckReport] = {n: plan for n, plan in enumerate(plans) if isinstance(plan, CheckReport)}
     todo = [n for n, plan in enumerate(plans) if isinstance(plan, dict)]
     tasks = [partial(check, rows[n]["hook"], **plans[n], progress=None) for n in todo]
