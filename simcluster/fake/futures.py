@@ -224,7 +224,7 @@ class SimFuture(torch.futures.Future):
         rank = engine.current_rank
         if rank is not None and engine.running:
             where = "inline" if how == "inline" else (engine.where or "completion")
-            engine.trace.record(CallbackRan, rank, self.label, name, where)
+            engine.trace.log((CallbackRan, (rank, self.label, name, where)))
         run(self)
 
 
