@@ -57,6 +57,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
@@ -308,7 +309,7 @@ class Engine:
         key = self._expected_count
         self._expected_count += 1
         self._expected[key] = (rank, waitable.label, context)
-        waitable.on_done(lambda: self._expected.pop(key, None) and None)
+        waitable.on_done(partial(self._expected.pop, key, None))  # a C call when it completes, no Python frame
 
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
@@ -347,7 +348,9 @@ class Engine:
             call.worker = pool.busy.index(False)  # the lowest free worker
             pool.busy[call.worker] = True
             pool.free -= 1
-            self._mark_executing(inst, call.rank)
+            inst.executing.add(call.rank)  # _mark_executing, inline (once per rank-step)
+            if len(inst.executing) == len(inst.ranks):
+                self._ready.append(inst)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)
@@ -405,12 +408,6 @@ class Engine:
             self._runnable.extend(tasks)
         return True
 
-    def _release(self, pool: _Workers, worker: int) -> None:
-        """A completion on ``worker`` ended: the worker takes the next queued call, if any."""
-        pool.busy[worker] = False
-        pool.free += 1
-        self._start_queued(pool)
-
     # -------------------------------------------------------------- driving
     def _pool_main(self, slot: Slot) -> None:
         while True:
@@ -455,7 +452,10 @@ class Engine:
             return
 
     def _run_task(self, task: _Task) -> None:
-        self._enter(task.rank, task.where)
+        if task.rank != self._rank:  # _enter, inline (twice per rank-step)
+            self._switch(self._rank, task.rank)
+            self._rank = task.rank
+        self._where = task.where
         try:
             if task.arg is _NO_ARG:
                 task.fn()
@@ -471,8 +471,12 @@ class Engine:
             else:
                 self.failures.append((task.rank, task.label, exc))
         finally:
-            if task.pool is not None and not self._aborting:
-                self._release(task.pool, task.worker)
+            pool = task.pool
+            if pool is not None and not self._aborting:  # the worker is free: it takes the next queued call
+                pool.busy[task.worker] = False
+                pool.free += 1
+                if pool.queue:
+                    self._start_queued(pool)
 
     def _enter(self, rank: int, where: str) -> None:
         if rank != self._rank:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -152,21 +153,18 @@ class SimCluster(Runtime):
             replay=self.replay_line,
         )
 
-        def task(rank: int) -> Callable[[], None]:
-            def body() -> None:
+        for rank in range(self.world_size):
+            def body(rank: int = rank) -> None:  # bound per rank by the default (no factory call per rank)
                 values[rank] = rank_fn(rank)
 
-            return body
-
-        for rank in range(self.world_size):
-            engine.spawn(rank, task(rank), f"rank {rank}'s code")
+            engine.spawn(rank, body, f"rank {rank}'s code")
         self.engine = engine
         try:
             with patched_torch(self.contexts, lambda: engine.current_rank, engine):
                 try:
                     engine.run()
                 finally:
-                    self.choices.extend(choice for _, choice in engine.choices)
+                    self.choices.extend(map(itemgetter(1), engine.choices))
         finally:
             self.engine = None
             # a rank that changed a process-wide setting invalidates the run: that story first
