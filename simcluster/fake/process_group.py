@@ -67,6 +67,10 @@ class Runtime(Protocol):
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_ReduceOp = dist.ReduceOp
+_REDUCTIONS: dict[tuple[str, Any, torch.dtype, str], tuple[str, str | None, str]] = {}
+"""``(op, ReduceOp kind, dtype, backend)`` -> ``(reduce-op name, rejection, dtype name)``
+(see :meth:`SimProcessGroup._reduce_signature`)."""
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -191,7 +195,9 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         """Post this rank's part; ``compute`` maps every rank's call (in group order) to
         each rank's ``(value, exception)`` for its future."""
-        engine = self._engine(op)
+        engine = self._runtime.engine
+        if engine is None or not engine.running:
+            engine = self._engine(op)  # raises its UsageError
         backend = self._runtime.backend
         if error is not None:
             if backend.errors_at_call:
@@ -209,7 +215,7 @@ class SimProcessGroup(dist.ProcessGroup):
             signature=("p2p" if channel else op, *signature),
             compute=compute,
             deliver=finished.deliver,
-            dtype=_dtype(tensor) if tensor is not None else "",
+            dtype=(_DTYPE_NAMES.get(tensor.dtype) or _dtype(tensor)) if tensor is not None else "",
             shape=shape,
             nbytes=nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),
             detail=detail,
@@ -221,9 +227,24 @@ class SimProcessGroup(dist.ProcessGroup):
         return SimWork(future, finished, op, backend.get_future_error(op))
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, reduce_op: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
-        name, factor = collectives.reduce_op_name(reduce_op)
-        error = collectives.unsupported_reason(op, name, tensor.dtype, self._runtime.backend.name)
-        return (_dtype(tensor), tuple(tensor.shape), name), name, factor, error
+        """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a reduction.
+
+        The name, the rejection and the dtype's name depend only on ``(op, reduce-op kind,
+        dtype, backend)``: cached per kind (every reduction call is hot); a ``PREMUL_SUM``
+        carries its own factor and is never cached."""
+        dtype = tensor.dtype
+        backend = self._runtime.backend.name
+        key = (op, reduce_op.op, dtype, backend) if type(reduce_op) is _ReduceOp else None
+        known = _REDUCTIONS.get(key) if key is not None else None
+        if known is None:
+            name, factor = collectives.reduce_op_name(reduce_op)
+            known = (name, collectives.unsupported_reason(op, name, dtype, backend), _dtype(tensor))
+            if key is not None and factor is None and name != "PREMUL_SUM":
+                _REDUCTIONS[key] = known
+        else:
+            factor = None
+        name, error, dtype_name = known
+        return (dtype_name, tuple(tensor.shape), name), name, factor, error
 
     # -- reductions -----------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
@@ -549,7 +570,9 @@ class SimProcessGroup(dist.ProcessGroup):
     def _one_tensor(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
         if len(tensors) != 1:
             raise UnsupportedError(f"SimProcessGroup supports one tensor per rank in {op}, got {len(tensors)}")
-        self._check_tensors(op, tensors)
+        t = tensors[0]
+        if type(t) is not torch.Tensor or not t.is_cpu or t.is_sparse:  # the common case decided here (hot)
+            self._check_tensors(op, tensors)
 
     def _list_len(self, op: str, what: str, items: Sequence[Any]) -> None:
         if len(items) != self.size():
