@@ -269,7 +269,8 @@ class Engine:
         """Post ``call`` for the running rank; completes later, when scheduled."""
         if threading.get_ident() not in self._owned:  # the message is built only for a foreign thread
             self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
-        self._check_alive()
+        if self._aborting or self._fatal is not None or self._stop is not None or self._dead or not self.running:
+            self._check_alive()  # raises what fits
         if call.rank != self._rank:
             raise UsageError(
                 f"rank {self._rank}'s code called {call.op} on rank {call.rank}'s process group. Simulated ranks "

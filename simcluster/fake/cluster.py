@@ -238,9 +238,11 @@ class SimCluster(Runtime):
                 buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
 
         def rank_fn(rank: int) -> Any:
-            if isinstance(state, StateSpec):  # the bucket's parameters only if the factory takes a model
-                states[rank] = state.resolve(self.contexts.world_groups[rank],
-                                             lambda: LayoutModel(buckets[rank].parameters()))
+            if isinstance(state, StateSpec):
+                if state.kind != "none":  # "none" resolves to the None already there (hot: no call)
+                    # the bucket's parameters only if the factory takes a model
+                    states[rank] = state.resolve(self.contexts.world_groups[rank],
+                                                 lambda: LayoutModel(buckets[rank].parameters()))
             else:
                 states[rank] = self.state_for(rank, state)
             future = hook(states[rank], buckets[rank])

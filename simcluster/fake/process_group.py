@@ -68,6 +68,7 @@ class Runtime(Protocol):
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ReduceOp = dist.ReduceOp
+_SUM = dist.ReduceOp.SUM
 _REDUCTIONS: dict[tuple[str, Any, torch.dtype, str], tuple[str, str | None, str]] = {}
 """``(op, ReduceOp kind, dtype, backend)`` -> ``(reduce-op name, rejection, dtype name)``
 (see :meth:`SimProcessGroup._reduce_signature`)."""
@@ -226,12 +227,14 @@ class SimProcessGroup(dist.ProcessGroup):
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))
 
-    def _reduce_signature(self, op: str, tensor: torch.Tensor, reduce_op: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
-        """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a reduction.
+    def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
+        """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a
+        reduction called with ``opts`` (its ``reduceOp``; ``SUM`` without one, as :func:`_reduce_op`).
 
         The name, the rejection and the dtype's name depend only on ``(op, reduce-op kind,
         dtype, backend)``: cached per kind (every reduction call is hot); a ``PREMUL_SUM``
         carries its own factor and is never cached."""
+        reduce_op = getattr(opts, "reduceOp", _SUM) if opts is not None else _SUM
         dtype = tensor.dtype
         backend = self._runtime.backend.name
         key = (op, reduce_op.op, dtype, backend) if type(reduce_op) is _ReduceOp else None
@@ -250,7 +253,7 @@ class SimProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._one_tensor("all_reduce", tensors)
         (t,) = tensors
-        sig, name, factor, error = self._reduce_signature("all_reduce", t, _reduce_op(opts))
+        sig, name, factor, error = self._reduce_signature("all_reduce", t, opts)
         backend = self._runtime.backend.name
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
@@ -291,7 +294,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._one_tensor("reduce", tensors)
         (t,) = tensors
         root = opts.rootRank
-        sig, name, factor, error = self._reduce_signature("reduce", t, _reduce_op(opts))
+        sig, name, factor, error = self._reduce_signature("reduce", t, opts)
         backend = self._runtime.backend.name
         root_global = self.spec.ranks[root]
 
@@ -311,7 +314,7 @@ class SimProcessGroup(dist.ProcessGroup):
         out, ins = outputs[0], inputs[0]
         self._check_tensors("reduce_scatter", ins)
         self._list_len("reduce_scatter", "input_list", ins)
-        sig, name, factor, error = self._reduce_signature("reduce_scatter", out, _reduce_op(opts))
+        sig, name, factor, error = self._reduce_signature("reduce_scatter", out, opts)
         return self._reduce_scatter_post("reduce_scatter", out, list(ins), sig, name, factor, error)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
@@ -321,7 +324,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"reduce_scatter_tensor on rank {self.global_rank}: input has {input.numel()} elements, expected "
                 f"output.numel() * world_size = {output.numel() * self.size()}"
             )
-        sig, name, factor, error = self._reduce_signature("reduce_scatter_tensor", output, _reduce_op(opts))
+        sig, name, factor, error = self._reduce_signature("reduce_scatter_tensor", output, opts)
         chunks = list(input.reshape(self.size(), *output.shape).unbind(0))
         return self._reduce_scatter_post("reduce_scatter_tensor", output, chunks, sig, name, factor, error, input)
 
