@@ -195,7 +195,8 @@ class Engine:
         collecting = gc.isenabled()
         gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
-            with self._guard.watching_starts(lambda: self._rank, lambda: self.running):
+            self._guard.start_watching(lambda: self._rank, lambda: self.running)
+            try:
                 home.command = "drive"
                 while True:
                     if home.command == "drive":
@@ -203,6 +204,8 @@ class Engine:
                     if self._done or self._dead:
                         break
                     self._park_watching(home)
+            finally:
+                self._guard.stop_watching()
         finally:
             self.running = False
             if self._rank is not None:

@@ -33,7 +33,7 @@ from simcluster.engine.inline import Engine
 from simcluster.errors import UsageError, add_context_note
 from simcluster.limits import check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
-from simcluster.fake.rank_context import RankContexts, patched_torch
+from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
 from simcluster.fake.reducer import check_future, collect, raise_stored
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
@@ -160,11 +160,14 @@ class SimCluster(Runtime):
             engine.spawn(rank, body, f"rank {rank}'s code")
         self.engine = engine
         try:
-            with patched_torch(self.contexts, lambda: engine.current_rank, engine):
+            patches = install_torch_patches(self.contexts, lambda: engine.current_rank, engine)
+            try:
+                engine.run()
+            finally:
                 try:
-                    engine.run()
-                finally:
                     self.choices.extend(map(itemgetter(1), engine.choices))
+                finally:
+                    restore_torch_patches(patches)
         finally:
             self.engine = None
             # a rank that changed a process-wide setting invalidates the run: that story first
