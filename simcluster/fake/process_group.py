@@ -145,6 +145,17 @@ class SimProcessGroup(dist.ProcessGroup):
         self._runtime = runtime
         self.spec = spec
         self.global_rank = global_rank
+        self._rank_in_group = spec.ranks.index(global_rank)
+        self._size = len(spec.ranks)
+
+    # The values given to torch's constructor above, read without its binding: on a Python
+    # subclass, ProcessGroup.size()/rank() cost ~0.8 us each (measured; 0.1 on a plain
+    # ProcessGroup), and a hook calls size() every step (allreduce_hook's div_).
+    def rank(self) -> int:
+        return self._rank_in_group
+
+    def size(self) -> int:
+        return self._size
 
     @property
     def runtime(self) -> Runtime:
