@@ -335,6 +335,8 @@ _PLAIN_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.f
 
 def _from_raw(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A tensor shaped and strided like ``like`` whose memory window holds ``raw``."""
+    if raw.dtype is like.dtype and like.dim() == 1 and like.dtype in _PLAIN_DTYPES and like.is_contiguous():
+        return raw  # 1-D already (a bucket, the common case): reshape(like.shape) would be a view of it (~2 us)
     if like.is_contiguous() or like.numel() <= 1:
         if like.is_complex():
             return torch.view_as_complex(raw.reshape(-1, 2)).reshape(like.shape)
