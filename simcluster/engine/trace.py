@@ -23,7 +23,7 @@ prints.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
@@ -97,15 +97,15 @@ class Trace:
     """An append-only list of events. Equal seeds give equal traces.
 
     The engine's hot path records an event as its class and fields,
-    ``trace.log((kind, fields))`` (:meth:`record` spelled as the list's own C ``append``:
-    no Python frame per event); the event objects are built only when someone reads
+    ``trace.log((kind, fields))`` (the list's own C ``append``: no Python frame per
+    event); the event objects are built only when someone reads
     :attr:`events` (most runs' traces are never read), in the order they were recorded.
     """
 
     def __init__(self, events: list[Event] | None = None) -> None:
         self._items: list[Event | tuple[type, tuple[object, ...]]] = list(events or [])
         self._built = 0  # items before this index are events already
-        self.log = self._items.append
+        self.log: Callable[[Event | tuple[type, tuple[object, ...]]], None] = self._items.append
         """Append ``(kind, fields)``; ``kind(*fields)`` is built when :attr:`events` is read."""
 
     @property
@@ -127,10 +127,6 @@ class Trace:
         self._items = list(events)
         self._built = len(self._items)
         self.log = self._items.append
-
-    def record(self, kind: type, *fields: object) -> None:
-        """Append ``kind(*fields)``, built lazily (see the class docstring)."""
-        self._items.append((kind, fields))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Trace) and self.events == other.events
