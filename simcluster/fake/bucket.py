@@ -105,7 +105,7 @@ class SimGradBucket:
 
     def __new__(cls, *args: Any, api: Api = "both", **kwargs: Any) -> "SimGradBucket":
         # api="current"/"legacy" buckets are instances of a gated subclass (see _gated_class)
-        return object.__new__(_CLASSES.get(api, cls) if cls is SimGradBucket else cls)
+        return object.__new__(_bucket_class(cls, api))
 
     def __init__(
         self,
@@ -274,20 +274,30 @@ class _Unavailable:
         )
 
 
-def _gated_class(api: Api) -> type[SimGradBucket]:
-    """The subclass a bucket of ``api`` is an instance of: every method of the other
-    generation replaced by an :class:`_Unavailable`. Gating by class, not by a
+def _gated_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
+    """The subclass of ``base`` a bucket of ``api`` is an instance of: every method of the
+    other generation replaced by an :class:`_Unavailable`. Gating by class, not by a
     ``__getattribute__`` override, leaves every attribute read of an ``api="both"``
     bucket (the default, the hot path) at plain slot and method speed."""
     hidden = {name: _Unavailable(name) for name in _AVAILABLE["both"] - _AVAILABLE[api]}
-    cls = type("SimGradBucket", (SimGradBucket,), {"__slots__": (), "__module__": __name__, **hidden})
-    cls.__qualname__ = "SimGradBucket"
+    cls = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__, **hidden})
+    cls.__qualname__ = base.__qualname__
     return cls
 
 
-_CLASSES: dict[str, type[SimGradBucket]] = {"both": SimGradBucket, "current": _gated_class("current"),
-                                            "legacy": _gated_class("legacy")}
-"""The class of a bucket of each ``api``."""
+_GATED_CLASSES: dict[tuple[type[SimGradBucket], str], type[SimGradBucket]] = {}
+
+
+def _bucket_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
+    """The class of a bucket of ``api`` (``base`` itself for ``"both"``; a gated subclass,
+    made once per ``(base, api)``, otherwise). An unknown ``api`` gives ``base``: its
+    constructor then raises the ``UsageError``."""
+    if api == "both" or api not in _AVAILABLE:
+        return base
+    found = _GATED_CLASSES.get((base, api))
+    if found is None:
+        found = _GATED_CLASSES[(base, api)] = _gated_class(base, api)
+    return found
 
 
 def make_bucket(
@@ -324,7 +334,7 @@ def make_bucket(
     with torch.no_grad():
         buffer = torch.cat([g.detach().reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].detach().reshape(-1).clone()
     # Packed here by construction, so the constructor's checks are skipped (hot path).
-    bucket = object.__new__(_CLASSES[api])
+    bucket = object.__new__(_bucket_class(SimGradBucket, api))
     layout = packing(params)
     for name, value in (("_index", index), ("_buffer", buffer), ("_params", params), ("_packing", layout),
                         ("_is_last", is_last), ("_api", api)):
