@@ -395,3 +395,15 @@ def test_run_hook_default_parameter_is_one_zero_parameter_made_when_asked_and_ke
     assert torch.equal(grads[0], grad) and "parameters=1" in text
     bucket = fresh_bucket(3, torch.ones(4, dtype=torch.float16), is_last=False)
     assert bucket.get_model_params_for_bucket()[0].dtype == torch.float16
+
+
+def test_a_subclass_of_the_bucket_keeps_its_class_and_the_api_gating() -> None:
+    class Mine(SimGradBucket):
+        __slots__ = ()
+
+    bucket = Mine(0, torch.zeros(2), [torch.zeros(2)], is_last=True, api="current")
+    assert isinstance(bucket, Mine) and type(bucket).__name__ == "Mine"
+    assert hasattr(bucket, "buffer") and not hasattr(bucket, "get_tensor")
+    with pytest.raises(AttributeError, match=r"GradBucket.get_tensor\(\) exists only in torch 1.7-1.9"):
+        bucket.get_tensor()
+    assert type(Mine(0, torch.zeros(2), [torch.zeros(2)], is_last=True)) is Mine  # api="both": no gating class

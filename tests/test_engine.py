@@ -289,3 +289,28 @@ def test_waiting_on_a_plain_torch_future_made_in_a_hook_is_a_deadlock_not_a_hang
     with pytest.raises(DeadlockError, match=r"blocked in wait\(\) on a torch.futures.Future\(\) made by rank 0 \(gloo-worker WORLD#0\)"):
         SimCluster(2, stuck_timeout=5).run_hook(hook, [torch.ones(2), torch.ones(2)])
     assert torch.futures.Future is plain  # restored after the run
+
+
+def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:
+    import copy
+    import pickle
+
+    from simcluster.engine.trace import Completed, Trace
+
+    original = Trace()
+    original.log((Completed, ("all_reduce", "WORLD", 0, (0, 1), 0, 0, 1)))
+    for other in (copy.deepcopy(original), copy.copy(original), pickle.loads(pickle.dumps(original))):
+        other.log((Completed, ("all_reduce", "WORLD", 1, (0, 1), 1, 0, 1)))
+        assert [e.seq for e in other.of(Completed)] == [0, 1]
+    assert [e.seq for e in original.of(Completed)] == [0]
+
+
+def test_the_seeded_schedule_draws_what_random_randrange_draws() -> None:
+    import random
+
+    from simcluster.engine.scheduler import SeededRandom
+
+    for seed in range(20):
+        ours, theirs = SeededRandom(seed), random.Random(seed)
+        for n in [1, 2, 3, 5, 8, 9, 16, 17, 100] * 10:
+            assert ours.choose(n) == (theirs.randrange(n) if n > 1 else 0)

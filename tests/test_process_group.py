@@ -268,3 +268,13 @@ def test_collective_outside_a_run_is_a_clear_error() -> None:
     pg = SimCluster(2).process_group(0)
     with pytest.raises(Exception, match="outside a simulated run"):
         dist.all_reduce(torch.ones(1), group=pg)
+
+
+def test_size_and_rank_answer_what_torch_was_given_on_every_group() -> None:
+    def body(rank: int) -> list[tuple[int, int, int, int]]:
+        sub = dist.new_group([1, 2])
+        groups = [dist.group.WORLD] + ([sub] if rank in (1, 2) else [])
+        return [(g.size(), g.rank(), dist.ProcessGroup.size(g), dist.ProcessGroup.rank(g)) for g in groups]
+
+    values = SimCluster(3).run(body).values
+    assert values == [[(3, 0, 3, 0)], [(3, 1, 3, 1), (2, 0, 2, 0)], [(3, 2, 3, 2), (2, 1, 2, 1)]]

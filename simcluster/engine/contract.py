@@ -53,7 +53,7 @@ class Waitable(Protocol):
     def on_done(self, resume: Callable[[], None]) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One rank's part of a collective (or point-to-point transfer).
 

@@ -75,10 +75,9 @@ class ThreadGuard:
             "rank's own code path instead)"
         )
 
-    @contextmanager
-    def watching_starts(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> Iterator[None]:
-        """Within the block, ``threading.Thread.start`` from an owned thread (while ``active()``)
-        is noted in :attr:`started` with ``current_rank()``; the real ``start`` is restored after."""
+    def start_watching(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> None:
+        """From now until :meth:`stop_watching`, ``threading.Thread.start`` from an owned thread
+        (while ``active()``) is noted in :attr:`started` with ``current_rank()``."""
         real_start = self._real_start = threading.Thread.start
         guard = self
 
@@ -89,7 +88,17 @@ class ThreadGuard:
             real_start(thread)
 
         threading.Thread.start = start  # type: ignore[method-assign]
+
+    def stop_watching(self) -> None:
+        """Put the real ``threading.Thread.start`` back (see :meth:`start_watching`)."""
+        threading.Thread.start = self._real_start  # type: ignore[method-assign]
+
+    @contextmanager
+    def watching_starts(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> Iterator[None]:
+        """:meth:`start_watching` for the duration of the block (the engine calls the pair
+        directly: no generator frames per run)."""
+        self.start_watching(current_rank, active)
         try:
             yield
         finally:
-            threading.Thread.start = real_start  # type: ignore[method-assign]
+            self.stop_watching()

@@ -57,6 +57,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from operator import attrgetter
 
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
@@ -169,15 +171,9 @@ class Engine:
         """The replay line for everything up to now (computed only when an error needs it)."""
         return self._replay([choice for _, choice in self.choices])
 
-    @property
-    def current_rank(self) -> int | None:
-        """The rank whose code is running now (None outside a run)."""
-        return self._rank
-
-    @property
-    def where(self) -> str:
-        """Where the running code runs: ``"rank <r>"`` or a backend worker's name."""
-        return self._where
+    # Read-only, and read at every callback a future runs (hot): C getters, no Python frame.
+    current_rank = property(attrgetter("_rank"), doc="The rank whose code is running now (None outside a run).")
+    where = property(attrgetter("_where"), doc='Where the running code runs: ``"rank <r>"`` or a backend worker\'s name.')
 
     def spawn(self, rank: int, fn: Callable[[], None], label: str, where: str | None = None) -> None:
         """Queue ``fn`` to run as rank ``rank``'s code; exceptions escaping it are recorded."""
@@ -199,7 +195,8 @@ class Engine:
         collecting = gc.isenabled()
         gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
         try:
-            with self._guard.watching_starts(lambda: self._rank, lambda: self.running):
+            self._guard.start_watching(lambda: self._rank, lambda: self.running)
+            try:
                 home.command = "drive"
                 while True:
                     if home.command == "drive":
@@ -207,6 +204,8 @@ class Engine:
                     if self._done or self._dead:
                         break
                     self._park_watching(home)
+            finally:
+                self._guard.stop_watching()
         finally:
             self.running = False
             if self._rank is not None:
@@ -273,7 +272,8 @@ class Engine:
         """Post ``call`` for the running rank; completes later, when scheduled."""
         if threading.get_ident() not in self._owned:  # the message is built only for a foreign thread
             self.check_thread(f"{call.op} on {call.channel} (rank {call.rank})")
-        self._check_alive()
+        if self._aborting or self._fatal is not None or self._stop is not None or self._dead or not self.running:
+            self._check_alive()  # raises what fits
         if call.rank != self._rank:
             raise UsageError(
                 f"rank {self._rank}'s code called {call.op} on rank {call.rank}'s process group. Simulated ranks "
@@ -308,7 +308,7 @@ class Engine:
         key = self._expected_count
         self._expected_count += 1
         self._expected[key] = (rank, waitable.label, context)
-        waitable.on_done(lambda: self._expected.pop(key, None) and None)
+        waitable.on_done(partial(self._expected.pop, key, None))  # a C call when it completes, no Python frame
 
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
@@ -347,7 +347,9 @@ class Engine:
             call.worker = pool.busy.index(False)  # the lowest free worker
             pool.busy[call.worker] = True
             pool.free -= 1
-            self._mark_executing(inst, call.rank)
+            inst.executing.add(call.rank)  # _mark_executing, inline (once per rank-step)
+            if len(inst.executing) == len(inst.ranks):
+                self._ready.append(inst)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)
@@ -405,12 +407,6 @@ class Engine:
             self._runnable.extend(tasks)
         return True
 
-    def _release(self, pool: _Workers, worker: int) -> None:
-        """A completion on ``worker`` ended: the worker takes the next queued call, if any."""
-        pool.busy[worker] = False
-        pool.free += 1
-        self._start_queued(pool)
-
     # -------------------------------------------------------------- driving
     def _pool_main(self, slot: Slot) -> None:
         while True:
@@ -455,7 +451,10 @@ class Engine:
             return
 
     def _run_task(self, task: _Task) -> None:
-        self._enter(task.rank, task.where)
+        if task.rank != self._rank:  # _enter, inline (twice per rank-step)
+            self._switch(self._rank, task.rank)
+            self._rank = task.rank
+        self._where = task.where
         try:
             if task.arg is _NO_ARG:
                 task.fn()
@@ -471,8 +470,12 @@ class Engine:
             else:
                 self.failures.append((task.rank, task.label, exc))
         finally:
-            if task.pool is not None and not self._aborting:
-                self._release(task.pool, task.worker)
+            pool = task.pool
+            if pool is not None and not self._aborting:  # the worker is free: it takes the next queued call
+                pool.busy[task.worker] = False
+                pool.free += 1
+                if pool.queue:
+                    self._start_queued(pool)
 
     def _enter(self, rank: int, where: str) -> None:
         if rank != self._rank:

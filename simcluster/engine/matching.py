@@ -88,8 +88,8 @@ class Matcher:
         call.seq = seq
         issue = self._issued.get(call.rank, 0)
         self._issued[call.rank] = issue + 1
-        self.trace.record(
-            Posted, call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail
+        self.trace.log(
+            (Posted, (call.rank, call.op, call.channel, seq, issue, call.dtype, call.shape, call.nbytes, call.detail))
         )
         inst = self.open.get((call.channel, seq))
         if inst is None:
@@ -105,7 +105,7 @@ class Matcher:
         """``inst`` completes now: forget it and trace the completion (``choice`` of ``options``
         is the scheduler's pick that completed it; the free-running engine has no choice)."""
         del self.open[(inst.channel, inst.seq)]
-        self.trace.record(Completed, op, inst.channel, inst.seq, inst.ranks, self.completions, choice, options)
+        self.trace.log((Completed, (op, inst.channel, inst.seq, inst.ranks, self.completions, choice, options)))
         self.completions += 1
 
     def pending_ops(self, channel: str) -> list[str]:

@@ -84,9 +84,21 @@ class SeededRandom:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self._rng = random.Random(seed)
+        self._bits = self._rng.getrandbits
 
     def choose(self, n_ready: int) -> int:
-        return self._rng.randrange(n_ready) if n_ready > 1 else 0
+        # random.Random.randrange(n_ready)'s own algorithm (CPython 3.11: the smallest
+        # k-bit draw below n, k = n.bit_length(), redrawn until it fits), written out:
+        # the same choices for a seed, without randrange's two Python frames per choice
+        # (one choice per rank-step in the gloo model), and owned here, so a schedule
+        # does not change if a Python release changes randrange (its docs reserve that).
+        if n_ready <= 1:
+            return 0
+        k = n_ready.bit_length()
+        r = self._bits(k)
+        while r >= n_ready:
+            r = self._bits(k)
+        return r
 
     def describe(self) -> str:
         return f"random(seed={self.seed})"

@@ -23,7 +23,7 @@ prints.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
@@ -96,29 +96,37 @@ class CollectiveSummary:
 class Trace:
     """An append-only list of events. Equal seeds give equal traces.
 
-    The engine's hot path calls :meth:`record` with an event's class and fields; the
-    event objects are built only when someone reads :attr:`events` (most runs' traces
-    are never read), in the order they were recorded.
+    The engine's hot path records an event as its class and fields,
+    ``trace.log((kind, fields))`` (the list's own C ``append``: no Python frame per
+    event); the event objects are built only when someone reads
+    :attr:`events` (most runs' traces are never read), in the order they were recorded.
     """
 
     def __init__(self, events: list[Event] | None = None) -> None:
         self._items: list[Event | tuple[type, tuple[object, ...]]] = list(events or [])
-        self._pending = False
+        self._built = 0  # items before this index are events already
+        self.log: Callable[[Event | tuple[type, tuple[object, ...]]], None] = self._items.append
+        """Append ``(kind, fields)``; ``kind(*fields)`` is built when :attr:`events` is read."""
 
     @property
     def events(self) -> list[Event]:
-        if self._pending:
-            self._items[:] = [item[0](*item[1]) if type(item) is tuple else item for item in self._items]
-            self._pending = False
-        return self._items  # type: ignore[return-value]
+        items = self._items
+        built = min(self._built, len(items))  # (a caller may have shortened the list it was given)
+        if built < len(items):
+            items[built:] = [item[0](*item[1]) if type(item) is tuple else item for item in items[built:]]
+            self._built = len(items)
+        return items  # type: ignore[return-value]
 
     def add(self, event: Event) -> None:
         self._items.append(event)
 
-    def record(self, kind: type, *fields: object) -> None:
-        """Append ``kind(*fields)``, built lazily (see the class docstring)."""
-        self._items.append((kind, fields))
-        self._pending = True
+    def __getstate__(self) -> list[Event]:  # copies and pickles bind their own ``log`` to their own list
+        return self.events
+
+    def __setstate__(self, events: list[Event]) -> None:
+        self._items = list(events)
+        self._built = len(self._items)
+        self.log = self._items.append
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Trace) and self.events == other.events

@@ -73,7 +73,6 @@ _LEGACY = (
 _AVAILABLE = MappingProxyType(
     {"both": frozenset(_CURRENT + _LEGACY), "current": frozenset(_CURRENT), "legacy": frozenset(_LEGACY)}
 )
-_GATED = _AVAILABLE["both"]
 
 
 def packing(parameters: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
@@ -103,6 +102,10 @@ class SimGradBucket:
     """
 
     __slots__ = ("_index", "_buffer", "_params", "_packing", "_is_last", "_api")
+
+    def __new__(cls, *args: Any, api: Api = "both", **kwargs: Any) -> "SimGradBucket":
+        # api="current"/"legacy" buckets are instances of a gated subclass (see _gated_class)
+        return object.__new__(_bucket_class(cls, api))
 
     def __init__(
         self,
@@ -226,18 +229,6 @@ class SimGradBucket:
                 ) from exc
         return views
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in _GATED:
-            api = object.__getattribute__(self, "_api")
-            if name not in _AVAILABLE[api]:
-                index = object.__getattribute__(self, "_index")
-                era = "torch 1.7-1.9 (removed in 1.10)" if name in _LEGACY else "torch >= 1.10"
-                raise GradBucketAttributeError(
-                    f"bucket {index}: GradBucket.{name}() exists only in {era}; this bucket models "
-                    f"api={api!r}. Use api='both' to accept either generation."
-                )
-        return object.__getattribute__(self, name)
-
     def __dir__(self) -> list[str]:
         return sorted(_AVAILABLE[self._api])
 
@@ -262,6 +253,51 @@ class SimGradBucket:
             f"SimGradBucket(index={self._index}, is_last={self._is_last}, parameters={len(self._parameter_tuple())}, "
             f"buffer=<{buf.dtype} shape={tuple(buf.shape)}>, api={self._api!r})"
         )
+
+
+class _Unavailable:
+    """A method the bucket's ``api`` does not have: reading it raises what torch's (or the
+    old era's) GradBucket would, an ``AttributeError`` (so ``hasattr`` is ``False``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, bucket: SimGradBucket | None, owner: type) -> Any:
+        if bucket is None:
+            return self
+        era = "torch 1.7-1.9 (removed in 1.10)" if self.name in _LEGACY else "torch >= 1.10"
+        raise GradBucketAttributeError(
+            f"bucket {bucket._index}: GradBucket.{self.name}() exists only in {era}; this bucket models "
+            f"api={bucket._api!r}. Use api='both' to accept either generation."
+        )
+
+
+def _gated_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
+    """The subclass of ``base`` a bucket of ``api`` is an instance of: every method of the
+    other generation replaced by an :class:`_Unavailable`. Gating by class, not by a
+    ``__getattribute__`` override, leaves every attribute read of an ``api="both"``
+    bucket (the default, the hot path) at plain slot and method speed."""
+    hidden = {name: _Unavailable(name) for name in _AVAILABLE["both"] - _AVAILABLE[api]}
+    cls = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__, **hidden})
+    cls.__qualname__ = base.__qualname__
+    return cls
+
+
+_GATED_CLASSES: dict[tuple[type[SimGradBucket], str], type[SimGradBucket]] = {}
+
+
+def _bucket_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
+    """The class of a bucket of ``api`` (``base`` itself for ``"both"``; a gated subclass,
+    made once per ``(base, api)``, otherwise). An unknown ``api`` gives ``base``: its
+    constructor then raises the ``UsageError``."""
+    if api == "both" or api not in _AVAILABLE:
+        return base
+    found = _GATED_CLASSES.get((base, api))
+    if found is None:
+        found = _GATED_CLASSES[(base, api)] = _gated_class(base, api)
+    return found
 
 
 def make_bucket(
@@ -298,7 +334,7 @@ def make_bucket(
     with torch.no_grad():
         buffer = torch.cat([g.detach().reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].detach().reshape(-1).clone()
     # Packed here by construction, so the constructor's checks are skipped (hot path).
-    bucket = object.__new__(SimGradBucket)
+    bucket = object.__new__(_bucket_class(SimGradBucket, api))
     layout = packing(params)
     for name, value in (("_index", index), ("_buffer", buffer), ("_params", params), ("_packing", layout),
                         ("_is_last", is_last), ("_api", api)):

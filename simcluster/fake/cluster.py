@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from simcluster.engine.inline import Engine
 from simcluster.errors import UsageError, add_context_note
 from simcluster.limits import check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
-from simcluster.fake.rank_context import RankContexts, patched_torch
+from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
 from simcluster.fake.reducer import check_future, collect, raise_stored
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
@@ -152,21 +153,21 @@ class SimCluster(Runtime):
             replay=self.replay_line,
         )
 
-        def task(rank: int) -> Callable[[], None]:
-            def body() -> None:
+        for rank in range(self.world_size):
+            def body(rank: int = rank) -> None:  # bound per rank by the default (no factory call per rank)
                 values[rank] = rank_fn(rank)
 
-            return body
-
-        for rank in range(self.world_size):
-            engine.spawn(rank, task(rank), f"rank {rank}'s code")
+            engine.spawn(rank, body, f"rank {rank}'s code")
         self.engine = engine
         try:
-            with patched_torch(self.contexts, lambda: engine.current_rank, engine):
+            patches = install_torch_patches(self.contexts, lambda: engine.current_rank, engine)
+            try:
+                engine.run()
+            finally:
                 try:
-                    engine.run()
+                    self.choices.extend(map(itemgetter(1), engine.choices))
                 finally:
-                    self.choices.extend(choice for _, choice in engine.choices)
+                    restore_torch_patches(patches)
         finally:
             self.engine = None
             # a rank that changed a process-wide setting invalidates the run: that story first
@@ -240,9 +241,11 @@ class SimCluster(Runtime):
                 buckets.append(make_bucket(bucket_index, params, _split_like(grad, params), is_last=is_last))
 
         def rank_fn(rank: int) -> Any:
-            if isinstance(state, StateSpec):  # the bucket's parameters only if the factory takes a model
-                states[rank] = state.resolve(self.contexts.world_groups[rank],
-                                             lambda: LayoutModel(buckets[rank].parameters()))
+            if isinstance(state, StateSpec):
+                if state.kind != "none":  # "none" resolves to the None already there (hot: no call)
+                    # the bucket's parameters only if the factory takes a model
+                    states[rank] = state.resolve(self.contexts.world_groups[rank],
+                                                 lambda: LayoutModel(buckets[rank].parameters()))
             else:
                 states[rank] = self.state_for(rank, state)
             future = hook(states[rank], buckets[rank])

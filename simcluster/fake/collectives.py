@@ -309,6 +309,9 @@ def _is_dense(t: torch.Tensor) -> bool:
 
 def _as_raw(t: torch.Tensor, backend: str = "gloo") -> torch.Tensor:
     """The flat buffer the backend reduces: memory order, complex as real pairs, bool as bytes."""
+    if type(t) is torch.Tensor and t.dtype in _PLAIN_DTYPES and t.dim() == 1 and not t.requires_grad \
+            and t.is_contiguous():
+        return t  # already that buffer (a bucket, the common case): no detach/reshape views (hot, per rank)
     if t.is_contiguous() or t.numel() <= 1:
         flat = t.detach().reshape(-1)
     elif backend == "gloo" and _is_dense(t):
@@ -325,8 +328,15 @@ def _as_raw(t: torch.Tensor, backend: str = "gloo") -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype == torch.bool else flat
 
 
+_PLAIN_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+"""Dtypes whose raw buffer is the tensor's own elements (not complex, not bool)."""
+
+
 def _from_raw(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A tensor shaped and strided like ``like`` whose memory window holds ``raw``."""
+    if raw.dtype is like.dtype and like.dim() == 1 and like.dtype in _PLAIN_DTYPES and like.is_contiguous():
+        return raw  # 1-D already (a bucket, the common case): reshape(like.shape) would be a view of it (~2 us)
     if like.is_contiguous() or like.numel() <= 1:
         if like.is_complex():
             return torch.view_as_complex(raw.reshape(-1, 2)).reshape(like.shape)
@@ -353,11 +363,12 @@ def _prepare(inputs: Sequence[torch.Tensor], op: str, backend: str, collective: 
     if not inputs:
         raise UsageError(f"{collective}: no inputs (one tensor per rank expected)")
     first = inputs[0]
+    shape, dtype, stride = first.shape, first.dtype, first.stride()
     for r, t in enumerate(inputs):
-        if t.shape != first.shape or t.dtype != first.dtype:
+        if t.shape != shape or t.dtype != dtype:
             raise UsageError(f"{collective}: rank {r} passed {t.dtype}{list(t.shape)}, "
                              f"rank 0 passed {first.dtype}{list(first.shape)}")
-        if t.stride() != first.stride() and not (t.is_contiguous() and first.is_contiguous()):
+        if t.stride() != stride and not (t.is_contiguous() and first.is_contiguous()):
             raise UnsupportedError(f"{collective}: rank {r} passed strides {t.stride()}, rank 0 {first.stride()}; "
                                    "gloo reduces each rank's memory order, so the ranks' results would differ")
     found = rejection(collective, op, first.dtype, backend)
@@ -441,14 +452,13 @@ def _fold_gathered(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     first, n = raw[0], len(raw)
     order = _ring_order(first.numel(), first.element_size(), n)
     as_int = _AS_INT[first.element_size()]
-    rows = torch.stack(raw).view(as_int).gather(0, order).view(first.dtype)
-    acc = rows[0]
+    acc, *rest = torch.stack(raw).view(as_int).gather(0, order).view(first.dtype).unbind(0)  # one call for all rows
     step = _in_place(f)
-    for k in range(1, n):
+    for row in rest:
         if step is not None:
-            step(acc, rows[k])
+            step(acc, row)
         else:
-            acc = f(acc, rows[k])
+            acc = f(acc, row)
     return acc
 
 

@@ -37,6 +37,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,7 +102,8 @@ class SimFuture(torch.futures.Future):
         self._engine = engine
         self._rank = rank
         self.label = label
-        self._callbacks: list[tuple[Callable[["SimFuture"], None], str]] = []
+        # (callback, its name, the ``then`` child it completes, or None for add_done_callback)
+        self._callbacks: list[tuple[Callable[["SimFuture"], Any], str, SimFuture | None]] = []
         self._resumers: list[Callable[[], None]] = []
         self._complete = False
         # Only the free-running engine (simcluster.engine.threaded) completes futures while
@@ -109,10 +111,8 @@ class SimFuture(torch.futures.Future):
         # append" atomic with "mark complete, then take the lists" there.
         self._guard = threading.Lock()
 
-    @property
-    def engine(self) -> "EngineContract":
-        """The engine of the run this future belongs to (it completes it, and waits go through it)."""
-        return self._engine
+    engine = property(attrgetter("_engine"), doc="The engine of the run this future belongs to (it completes it, "
+                      "and waits go through it). A C getter: read once per collective and rank.")
 
     @property
     def rank(self) -> int:
@@ -123,14 +123,14 @@ class SimFuture(torch.futures.Future):
     def done(self) -> bool:
         return self._complete
 
-    def _check_completer(self) -> None:
-        """A future may be completed only by code the engine runs (not by a thread a hook
-        started): otherwise the run's outcome would depend on that thread's timing."""
-        if self._engine.running:
-            self._engine.check_thread(f"completing {self.label}")
+    # A future may be completed only by code the engine runs (not by a thread a hook
+    # started): otherwise the run's outcome would depend on that thread's timing. Checked
+    # inline in set_result/set_exception (twice per collective and rank).
 
     def set_result(self, result: Any) -> None:
-        self._check_completer()
+        engine = self._engine
+        if engine.running:
+            engine.check_thread(f"completing {self.label}")
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -140,7 +140,9 @@ class SimFuture(torch.futures.Future):
         self._finish()
 
     def set_exception(self, result: BaseException) -> None:  # type: ignore[override]
-        self._check_completer()
+        engine = self._engine
+        if engine.running:
+            engine.check_thread(f"completing {self.label}")
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -159,8 +161,8 @@ class SimFuture(torch.futures.Future):
             callbacks, self._callbacks = self._callbacks, []
         for resume in resumers:
             resume()
-        for callback, name in callbacks:
-            self._run_callback(callback, name, "completion")
+        for callback, name, child in callbacks:
+            self._run_callback(callback, name, child, "completion")
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once this future completes (at once if it has): how the engine
@@ -187,45 +189,43 @@ class SimFuture(torch.futures.Future):
 
     # -- chaining -------------------------------------------------------------
     def then(self, callback: Callable[["SimFuture"], Any]) -> "SimFuture":  # type: ignore[override]
-        name = callable_name(callback)
+        name = getattr(callback, "__qualname__", None) or callable_name(callback)  # callable_name's first rule, inline (hot)
         child = SimFuture(self._engine, self._rank, f"then({name}) of {self.label}")
-
-        def run(parent: SimFuture) -> None:
-            try:
-                result = callback(parent)
-            except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future
-                child.set_exception(callback_error(exc))
-            else:
-                child.set_result(result)
-
-        self._register(run, name)
+        self._register(callback, name, child)
         return child
 
     def add_done_callback(self, callback: Callable[["SimFuture"], None]) -> None:  # type: ignore[override]
-        name = callable_name(callback)
+        self._register(callback, getattr(callback, "__qualname__", None) or callable_name(callback), None)
 
-        def run(parent: SimFuture) -> None:
-            try:
-                callback(parent)
-            except Exception as exc:  # noqa: BLE001 - torch logs and swallows it
-                _log.error("Got the following error when running the callback: %s: %s", type(exc).__name__, exc)
-
-        self._register(run, name)
-
-    def _register(self, run: Callable[["SimFuture"], None], name: str) -> None:
+    def _register(self, callback: Callable[["SimFuture"], Any], name: str, child: SimFuture | None) -> None:
         with self._guard:
             if not self._complete:
-                self._callbacks.append((run, name))
+                self._callbacks.append((callback, name, child))
                 return
-        self._run_callback(run, name, "inline")
+        self._run_callback(callback, name, child, "inline")
 
-    def _run_callback(self, run: Callable[["SimFuture"], None], name: str, how: str) -> None:
+    def _run_callback(self, callback: Callable[["SimFuture"], Any], name: str, child: SimFuture | None,
+                      how: str) -> None:
+        """Trace and run one callback: a ``then`` callback completes ``child`` with its
+        result (or with :func:`callback_error`, as torch stores it); an
+        ``add_done_callback`` one (``child`` None) has an exception logged and swallowed."""
         engine = self._engine
         rank = engine.current_rank
         if rank is not None and engine.running:
             where = "inline" if how == "inline" else (engine.where or "completion")
-            engine.trace.record(CallbackRan, rank, self.label, name, where)
-        run(self)
+            engine.trace.log((CallbackRan, (rank, self.label, name, where)))
+        if child is None:
+            try:
+                callback(self)
+            except Exception as exc:  # noqa: BLE001 - torch logs and swallows it
+                _log.error("Got the following error when running the callback: %s: %s", type(exc).__name__, exc)
+            return
+        try:
+            result = callback(self)
+        except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future
+            child.set_exception(callback_error(exc))
+        else:
+            child.set_result(result)
 
 
 class DoneFlag:
@@ -268,7 +268,11 @@ class DoneFlag:
             self._future.set_exception(exc)
         else:
             self._future.set_result(value)
-        self.set()
+        with self._guard:  # set(), inline (once per collective and rank)
+            self._complete = True
+            resumers, self._resumers = self._resumers, []
+        for resume in resumers:
+            resume()
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""

@@ -28,7 +28,6 @@ after a run torch's global distributed state is exactly as before.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,7 +40,7 @@ from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
 
-__all__ = ["RankWorld", "RankContexts", "patched_torch"]
+__all__ = ["RankWorld", "RankContexts", "patched_torch", "install_torch_patches", "restore_torch_patches"]
 
 _GENERATOR = torch.default_generator
 """What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
@@ -127,6 +126,9 @@ class RankContexts:
         self.generators = RankGenerators(world_size, seed, rng)
         self.modules: list[dict[str, Any]] = [{} for _ in range(world_size)]
         self.audit = SettingsAudit()
+        self.future_class: tuple[type, list[Any]] | None = None
+        """This cluster's ``torch.futures.Future`` stand-in and the one-slot holder naming the
+        run's engine (see :func:`user_future_class`; made on the first run)."""
 
     # -- swapping ---------------------------------------------------------------
     def switch(self, old: int | None, new: int | None) -> None:
@@ -192,26 +194,28 @@ def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:
     return Future
 
 
-_future_classes: "weakref.WeakKeyDictionary[RankContexts, tuple[type, list[Any]]]" = weakref.WeakKeyDictionary()
-"""Per cluster: its ``Future`` class and the one-slot holder naming the run's engine."""
-
-
 def _future_class_for(contexts: RankContexts, engine: Any) -> type:
-    found = _future_classes.get(contexts)
+    """``contexts``' ``Future`` class (made on its first run), now naming ``engine``."""
+    found = contexts.future_class
     if found is None:
         holder: list[Any] = [None]
-        found = _future_classes[contexts] = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0]), holder)
+        found = contexts.future_class = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0]), holder)
     found[1][0] = engine
     return found[0]
 
 
-@contextlib.contextmanager
-def patched_torch(
+Patches = tuple[list[tuple[Any, str, Any]], Any]
+"""What :func:`install_torch_patches` replaced: ``(owner, name, original)`` entries and the generators' originals."""
+
+
+def install_torch_patches(
     contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
-) -> Iterator[None]:
+) -> Patches:
     """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
     the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
-    ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.patched_generators`), for one run."""
+    ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`);
+    :func:`restore_torch_patches` puts back what this returns. :func:`patched_torch` is the
+    same pair as a context manager; a run calls the pair directly (no generator frames, hot)."""
 
     def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
         rank = current_rank()
@@ -229,14 +233,36 @@ def patched_torch(
     if engine is not None:
         saved.append((torch.futures, "Future", torch.futures.Future))
         replacements.append(_future_class_for(contexts, engine))
-    generators = None
     try:
         for (owner, name, _), replacement in zip(saved, replacements):
             setattr(owner, name, replacement)
-        generators = install_generators()  # patched_generators() without a nested context manager (hot path)
+        return saved, install_generators()
+    except BaseException:
+        _restore(saved)
+        raise
+
+
+def restore_torch_patches(patches: Patches) -> None:
+    """Put back everything :func:`install_torch_patches` replaced."""
+    saved, generators = patches
+    try:
+        restore_generators(generators)
+    finally:
+        _restore(saved)
+
+
+def _restore(saved: list[tuple[Any, str, Any]]) -> None:
+    for owner, name, original in saved:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def patched_torch(
+    contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
+) -> Iterator[None]:
+    """:func:`install_torch_patches` for the duration of the block."""
+    patches = install_torch_patches(contexts, current_rank, engine)
+    try:
         yield
     finally:
-        if generators is not None:
-            restore_generators(generators)
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+        restore_torch_patches(patches)

@@ -229,7 +229,8 @@ class SettingsAudit:
         """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
         if _all_settings() != self._all:
             self._check_settings(rank)
-        if _filters() != self._filter_key:
+        filters = warnings.filters  # _filters(), inline (at every rank switch)
+        if (len(filters), filters[0] if filters else None) != self._filter_key:
             self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
                                  f"{len(warnings.filters)} filters, first {warnings.filters[:1]!r}"))
             warnings.filters[:] = self._filters
