@@ -350,8 +350,8 @@ def default_check_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-DEFAULT_CHECK_VARIANTS: list[list[str]] = [[]]
-"""Argument sets the default-check section runs (the README's main job as it is)."""
+DEFAULT_CHECK_VARIANTS: list[list[str]] = [[], ["--jobs", "1"]]
+"""Argument sets the default-check section runs: the README's main job as it is (rows on every CPU), and one row at a time."""
 
 
 def _ints(text: str) -> list[int]:
