@@ -224,18 +224,20 @@ class SettingsAudit:
     stops running; undoes a change at once and remembers the first one for the report."""
 
     def __init__(self) -> None:
-        self._values: list[Any] = []
+        self._all: tuple[Any, ...] = ()
         self._filters: list[Any] = []
         self._environ: dict[Any, Any] = {}
         self.changes: list[tuple[str, int, str, str]] = []  # (setting, rank, before, after)
 
     def start(self) -> None:
-        self._all = _all_settings()
-        self._values = list(self._all)  # the same values _SETTINGS' getters read (through torch's wrappers)
-        self._filters = list(warnings.filters)
-        self._filter_key = _filters()
+        """Snapshot every watched setting (once per run, when the first rank enters)."""
+        self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
+        filters = warnings.filters
+        self._filters = list(filters)
+        self._filter_key = (len(filters), filters[0] if filters else None)  # _filters(), inline
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
-        self.changes = []
+        if self.changes:  # a new list only after a run that saw a change (the report keeps the old one)
+            self.changes = []
 
     def check(self, rank: int) -> None:
         """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
@@ -255,7 +257,7 @@ class SettingsAudit:
                 os.environ[os.environ.decodekey(key)] = os.environ.decodevalue(value)  # type: ignore[attr-defined]
 
     def _check_settings(self, rank: int) -> None:
-        for (name, get, put), before in zip(_SETTINGS, self._values):
+        for (name, get, put), before in zip(_SETTINGS, self._all):
             now = get()
             if now != before:
                 self.changes.append((name, rank, repr(before), repr(now)))
