@@ -136,6 +136,13 @@ class SimCluster(Runtime):
         rank and the replay line attached as notes (failures on several ranks are
         listed in the notes of the lowest rank's).
         """
+        values, trace, start, replay = self._run(rank_fn)
+        return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay)
+
+    def _run(self, rank_fn: Callable[[int], Any]) -> tuple[list[Any], Trace, int, Callable[[], str]]:
+        """:meth:`run` without its result object: the values, the trace, where the run's
+        choices start in :attr:`choices` and its replay function (``run_hook`` builds its
+        own result from these, so a hook step makes one result object, not two)."""
         if self.engine is not None:
             raise UsageError("SimCluster.run is not re-entrant: a run is already in progress on this cluster")
         trace = Trace()
@@ -179,7 +186,7 @@ class SimCluster(Runtime):
 
         if engine.failures:
             self._raise_failures(engine, replay())
-        return RunResult(values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay)
+        return values, trace, start, replay
 
     def _raise_failures(self, engine: Engine, replay: str) -> None:
         failures = sorted(engine.failures, key=lambda f: f[0])
@@ -252,10 +259,10 @@ class SimCluster(Runtime):
             check_future(future, hook, rank, f"bucket {bucket_index}")
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
 
-        result = self.run(rank_fn)
-        raise_stored(outputs, self.world_size, bucket_index, result.replay_fn)
+        values, trace, start, replay = self._run(rank_fn)
+        raise_stored(outputs, self.world_size, bucket_index, replay)
         return HookRun(
-            values=result.values, trace=result.trace, schedule=result.schedule, replay_fn=result.replay_fn,
+            values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay,
             outputs=outputs, buckets=buckets, states=states,
         )
 
