@@ -129,6 +129,8 @@ class RankContexts:
         self.future_class: tuple[type, list[Any]] | None = None
         """This cluster's ``torch.futures.Future`` stand-in and the one-slot holder naming the
         run's engine (see :func:`user_future_class`; made on the first run)."""
+        self.new_group_patch: tuple[Callable[..., Any], list[Any]] | None = None
+        """This cluster's simulated ``dist.new_group`` and its holder of the run's current rank (first run)."""
 
     # -- swapping ---------------------------------------------------------------
     def switch(self, old: int | None, new: int | None) -> None:
@@ -204,8 +206,26 @@ def _future_class_for(contexts: RankContexts, engine: Any) -> type:
     return found[0]
 
 
-Patches = tuple[list[tuple[Any, str, Any]], Any]
-"""What :func:`install_torch_patches` replaced: ``(owner, name, original)`` entries and the generators' originals."""
+Patches = tuple[tuple[Any, ...], Any]
+"""What :func:`install_torch_patches` replaced: the five originals (``c10d.new_group``,
+``dist.new_group``, ``collect_all``, ``wait_all``, ``Future``) and the generators' originals."""
+
+
+def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any]]:
+    """``contexts``' simulated ``dist.new_group`` (made once per cluster) and the one-slot
+    holder of the run's ``current_rank`` callable it asks (set by each install)."""
+    found = contexts.new_group_patch
+    if found is None:
+        holder: list[Any] = [None]
+
+        def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
+            rank = holder[0]()
+            if rank is None:
+                raise UsageError("dist.new_group was called outside a simulated rank while a run is in progress")
+            return contexts.new_group(rank, None if ranks is None else list(ranks))
+
+        found = contexts.new_group_patch = (new_group, holder)
+    return found
 
 
 def install_torch_patches(
@@ -215,27 +235,18 @@ def install_torch_patches(
     the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
     ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`);
     :func:`restore_torch_patches` puts back what this returns. :func:`patched_torch` is the
-    same pair as a context manager; a run calls the pair directly (no generator frames, hot)."""
-
-    def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
-        rank = current_rank()
-        if rank is None:
-            raise UsageError("dist.new_group was called outside a simulated rank while a run is in progress")
-        return contexts.new_group(rank, None if ranks is None else list(ranks))
-
-    saved = [
-        (c10d, "new_group", c10d.new_group),
-        (dist, "new_group", dist.new_group),
-        (torch.futures, "collect_all", torch.futures.collect_all),
-        (torch.futures, "wait_all", torch.futures.wait_all),
-    ]
-    replacements: list[Any] = [new_group, new_group, futures.collect_all, futures.wait_all]
-    if engine is not None:
-        saved.append((torch.futures, "Future", torch.futures.Future))
-        replacements.append(_future_class_for(contexts, engine))
+    same pair as a context manager; a run calls the pair directly (no generator frames, no
+    loop: five attribute stores, the replacements made once per cluster — hot)."""
+    new_group, holder = _new_group_for(contexts)
+    holder[0] = current_rank
+    futures_module = torch.futures
+    saved = (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
+             futures_module.Future)
     try:
-        for (owner, name, _), replacement in zip(saved, replacements):
-            setattr(owner, name, replacement)
+        c10d.new_group = dist.new_group = new_group
+        futures_module.collect_all, futures_module.wait_all = futures.collect_all, futures.wait_all
+        if engine is not None:
+            futures_module.Future = _future_class_for(contexts, engine)
         return saved, install_generators()
     except BaseException:
         _restore(saved)
@@ -251,9 +262,10 @@ def restore_torch_patches(patches: Patches) -> None:
         _restore(saved)
 
 
-def _restore(saved: list[tuple[Any, str, Any]]) -> None:
-    for owner, name, original in saved:
-        setattr(owner, name, original)
+def _restore(saved: tuple[Any, ...]) -> None:
+    futures_module = torch.futures
+    (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
+     futures_module.Future) = saved
 
 
 @contextlib.contextmanager
