@@ -116,6 +116,16 @@ class Engine:
     swaps per-rank state (torch's world, RNG) there.
     """
 
+    # Slotted: a run makes one engine and sets ~40 attributes on it; a dict instance grows
+    # its dict past the shared-keys size on each construction (~1 µs: docs/speed.md).
+    __slots__ = (
+        "scheduler", "trace", "choices", "_replay", "_switch", "_workers_per_channel", "_worker_name",
+        "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_finished_seq",
+        "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
+        "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
+        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads",
+    )
+
     def __init__(
         self,
         *,
