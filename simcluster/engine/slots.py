@@ -21,6 +21,8 @@ __all__ = ["Slot", "SlotPool"]
 class Slot:
     """An OS thread the engine can park and wake (a binary semaphore per thread)."""
 
+    __slots__ = ("index", "lock", "command", "abort", "thread")
+
     def __init__(self, index: int, thread: threading.Thread | None = None,
                  target: Callable[["Slot"], None] | None = None) -> None:
         self.index = index
@@ -53,7 +55,7 @@ class SlotPool:
     def take_home(self) -> Slot:
         """The calling thread's slot: it drives first."""
         self.home = Slot(-1, thread=threading.current_thread())
-        self._guard.own(self.home.thread)
+        self._guard.owned.add(threading.get_ident())  # own(), for the running thread (its ident is known)
         return self.home
 
     def take_idle(self) -> Slot:
@@ -72,6 +74,8 @@ class SlotPool:
 
     def stop(self) -> None:
         """End every idle pool thread and wait for each (the home slot is the caller's)."""
+        if not self.idle:  # the common end of a run: no pool thread was needed
+            return
         idle = [slot for slot in self.idle if slot.index >= 0]
         for slot in idle:
             slot.command = "stop"
