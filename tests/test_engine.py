@@ -266,6 +266,10 @@ def test_bad_arguments_are_usage_errors() -> None:
         SimCluster(2, backend="mpi")
     with pytest.raises(UsageError, match="grads has 1 tensors; the cluster has 2 ranks"):
         SimCluster(2).run_hook(lambda s, bucket: None, [torch.ones(1)])
+    with pytest.raises(UsageError, match=r"same shape and dtype .* got rank 0: float32\[2\], rank 1: float32\[3\]"):
+        SimCluster(2).run_hook(lambda s, bucket: None, [torch.ones(2), torch.ones(3)])
+    with pytest.raises(UsageError, match=r"rank 1: float64\[2\], rank 2: float32\[2\]"):
+        SimCluster(3).run_hook(lambda s, bucket: None, [torch.ones(2), torch.ones(2, dtype=torch.float64), torch.ones(2)])
     with pytest.raises(UsageError, match="schedule="):
         SimCluster(2, schedule="sideways")
 

@@ -289,12 +289,13 @@ class SimCluster(Runtime):
             if not isinstance(g, torch.Tensor):
                 raise UsageError(f"grads[{rank}] is a {type(g).__name__}, not a tensor")
             out.append(g if g.dim() == 1 and not g.requires_grad else g.detach().reshape(-1))  # flat already: as is
-        shapes = {tuple(g.shape) for g in out}
-        if len(shapes) > 1 or len({g.dtype for g in out}) > 1:
-            raise UsageError(
-                "every rank's gradient must have the same shape and dtype (DDP's buckets match across ranks), got "
-                + ", ".join(f"rank {r}: {str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for r, g in enumerate(out))
-            )
+        shape, dtype = out[0].shape, out[0].dtype  # every rank's against rank 0's (a plain loop, no sets: per step)
+        for g in out:
+            if g.shape != shape or g.dtype != dtype:
+                raise UsageError(
+                    "every rank's gradient must have the same shape and dtype (DDP's buckets match across ranks), got "
+                    + ", ".join(f"rank {r}: {str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for r, g in enumerate(out))
+                )
         return out
 
 

@@ -115,9 +115,9 @@ class StateSpec:
         if isinstance(spec, StateSpec):
             return spec
         if spec is None or (isinstance(spec, str) and spec == "none"):
-            return cls("none")
+            return _NONE if cls is StateSpec else cls("none")  # frozen: one shared instance (made per step: hot)
         if isinstance(spec, str) and spec == "group":
-            return cls("group", name="group")
+            return _GROUP if cls is StateSpec else cls("group", name="group")
         if isinstance(spec, str):
             if load is None:
                 raise UsageError(f"state={spec!r} is not a state spec here: use None, 'group' or a factory")
@@ -145,3 +145,7 @@ class StateSpec:
         named = any(p.name == "model" and p.kind == inspect.Parameter.KEYWORD_ONLY
                     for p in inspect.signature(self.factory).parameters.values())
         return self.factory(group, model=module) if named else self.factory(group, module)
+
+
+_NONE = StateSpec("none")
+_GROUP = StateSpec("group", name="group")
