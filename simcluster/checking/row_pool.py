@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simcluster.checking.supervisor import die_with_parent
+from simcluster.checking.supervisor import die_with_parent, end_process, fork_child, write_all
 from simcluster.errors import UsageError
 
 __all__ = ["Done", "Broken", "run_tasks"]
@@ -115,17 +115,12 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int,
 def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
     """Fork a worker for ``task`` (the caller blocks SIGINT around this; ``mask`` is the
     signal mask to restore in the worker, once it ignores SIGINT)."""
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the worker; its behaviour is the tests' subject
-        os.close(read_end)
+    def body(out: int, parent: int) -> None:  # pragma: no cover - the worker; its behaviour is the tests' subject
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        _worker(task, write_end, parent)
-    os.close(write_end)
+        _worker(task, out, parent)
+
+    pid, read_end = fork_child(body)
     return _Worker(index, pid, read_end, [])
 
 
@@ -147,18 +142,11 @@ def _worker(task: Callable[[], Any], out: int, parent: int) -> None:  # pragma: 
             data = pickle.dumps(message)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result: a bug of ours too
             data = pickle.dumps(("broken", f"the worker's result could not be pickled: {exc!r}\n"))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(out, view):]
+        write_all(out, data)
     except BaseException:  # noqa: BLE001
         code = 70
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
-                pass
-        os._exit(code)
+        end_process(code)
 
 
 def _finish(worker: _Worker) -> Done | Broken:

@@ -62,7 +62,8 @@ from typing import Any
 from simcluster.errors import HookExited
 from simcluster.engine.frames import is_internal, short_path, user_frames
 
-__all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "format_stack", "stuck_in",
+__all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
+           "end_process", "format_stack", "stuck_in",
            "raise_site", "die_with_parent"]
 
 DEFAULT_DEADLINE = 60.0
@@ -152,6 +153,20 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
     start = time.monotonic()
     page = mmap.mmap(-1, _PAGE)
     stack_file = tempfile.TemporaryFile()
+    pid, read_end = fork_child(lambda out, parent: _child(job, Monitor(page), out, stack_file.fileno(), parent))
+    try:
+        return _watch(pid, page, read_end, stack_file, deadline, start)
+    finally:
+        os.close(read_end)
+        stack_file.close()
+        page.close()
+
+
+def fork_child(body: Callable[[int, int], None]) -> tuple[int, int]:
+    """Fork with a pipe from child to parent: the child runs ``body(write_fd, parent_pid)``,
+    which must end the process (:func:`end_process`) and never return into the caller's
+    code; the parent gets ``(child_pid, read_fd)``. Buffered output is flushed first, so
+    the child does not print the parent's pending lines a second time."""
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -159,14 +174,27 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; its coverage is the tests' subject
         os.close(read_end)
-        _child(job, Monitor(page), write_end, stack_file.fileno(), parent)
+        body(write_end, parent)
     os.close(write_end)
-    try:
-        return _watch(pid, page, read_end, stack_file, deadline, start)
-    finally:
-        os.close(read_end)
-        stack_file.close()
-        page.close()
+    return pid, read_end
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a pipe takes it in pieces)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def end_process(code: int, exit: Callable[[int], Any] = os._exit) -> None:
+    """Flush what this forked process printed, then end it at once with ``code`` (no
+    ``atexit`` handlers or interpreter teardown: they belong to the parent's program)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
+            pass
+    exit(code)
 
 
 def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: int,
@@ -187,19 +215,11 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
             data = pickle.dumps(message)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
             data = pickle.dumps(("error", RuntimeError(f"unpicklable result from the supervised child: {exc!r}")))
-        view = memoryview(data)
-        while view:
-            written = os.write(out, view)
-            view = view[written:]
+        write_all(out, data)
     except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
         code = 70
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
-                pass
-        real_exit(code)
+        end_process(code, real_exit)
 
 
 def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked child
