@@ -473,9 +473,9 @@ def _fold_per_chunk(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, 
         if lo >= hi:
             continue
         seg = out[lo:hi]
-        if step is not None:
-            out_bits[lo:hi].copy_(raw[(c - 1) % n].view(as_int)[lo:hi])
-            for k in range(2, n + 1):
+        if step is not None:  # the first step written straight into the result: no copy of its operand
+            f(raw[(c - 1) % n][lo:hi], raw[(c - 2) % n][lo:hi], out=seg)
+            for k in range(3, n + 1):
                 step(seg, raw[(c - k) % n][lo:hi])
         else:
             acc = raw[(c - 1) % n][lo:hi]
