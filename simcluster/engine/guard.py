@@ -5,7 +5,7 @@ the caller's and its pool's. A thread a hook starts is not a rank; its collectiv
 waits and future completions are rejected at once with
 :class:`~simcluster.errors.ForeignThreadError` (:meth:`ThreadGuard.check`), so no
 result ever depends on that thread's timing. While a run is in progress,
-:meth:`ThreadGuard.watching_starts` notes every thread rank code starts, so a deadlock
+:meth:`ThreadGuard.start_watching` notes every thread rank code starts, so a deadlock
 report can say that a thread the hook started is not a simulated rank.
 
 :func:`is_stop_request` tells a request to stop the whole program (Ctrl-C, pytest's
@@ -15,8 +15,7 @@ outcomes) from a hook's own failure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from simcluster.errors import ForeignThreadError
 
@@ -44,7 +43,7 @@ class ThreadGuard:
     """The set of threads that may run rank code, and the threads rank code started.
 
     ``started`` holds ``(rank, description)`` for each thread started by an owned thread
-    while :meth:`watching_starts` is active (rank ``-1``: started outside any rank's code).
+    while watching (:meth:`start_watching` until :meth:`stop_watching`) (rank ``-1``: started outside any rank's code).
     """
 
     def __init__(self) -> None:
@@ -92,13 +91,3 @@ class ThreadGuard:
     def stop_watching(self) -> None:
         """Put the real ``threading.Thread.start`` back (see :meth:`start_watching`)."""
         threading.Thread.start = self._real_start  # type: ignore[method-assign]
-
-    @contextmanager
-    def watching_starts(self, current_rank: Callable[[], int | None], active: Callable[[], bool]) -> Iterator[None]:
-        """:meth:`start_watching` for the duration of the block (the engine calls the pair
-        directly: no generator frames per run)."""
-        self.start_watching(current_rank, active)
-        try:
-            yield
-        finally:
-            self.stop_watching()

@@ -17,18 +17,17 @@ code about to run belongs to another rank, :class:`RankContexts` swaps:
 * and, for the rank leaving, a check that it changed no process-wide setting
   (:class:`~simcluster.usercode.rank_state.SettingsAudit`).
 
-:func:`patched_torch` installs, for the duration of a run only, simulated versions
+:func:`install_torch_patches` installs, for the duration of a run only, simulated versions
 of the torch functions whose real versions would escape the simulation
 (``dist.new_group`` — real group creation needs a store and a barrier;
 ``torch.futures.collect_all``/``wait_all`` — they return plain C++ futures whose
-``wait`` would block the run's only thread). Everything is restored on exit, so
-after a run torch's global distributed state is exactly as before.
+``wait`` would block the run's only thread); :func:`restore_torch_patches` puts
+everything back, so after a run torch's global distributed state is exactly as before.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +39,7 @@ from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
 
-__all__ = ["RankWorld", "RankContexts", "patched_torch", "install_torch_patches", "restore_torch_patches"]
+__all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches"]
 
 _GENERATOR = torch.default_generator
 """What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
@@ -234,9 +233,8 @@ def install_torch_patches(
     """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
     the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
     ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`);
-    :func:`restore_torch_patches` puts back what this returns. :func:`patched_torch` is the
-    same pair as a context manager; a run calls the pair directly (no generator frames, no
-    loop: five attribute stores, the replacements made once per cluster — hot)."""
+    :func:`restore_torch_patches` puts back what this returns (five attribute stores each
+    way, the replacements made once per cluster: a run's set-up is hot)."""
     new_group, holder = _new_group_for(contexts)
     holder[0] = current_rank
     futures_module = torch.futures
@@ -266,15 +264,3 @@ def _restore(saved: tuple[Any, ...]) -> None:
     futures_module = torch.futures
     (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
      futures_module.Future) = saved
-
-
-@contextlib.contextmanager
-def patched_torch(
-    contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
-) -> Iterator[None]:
-    """:func:`install_torch_patches` for the duration of the block."""
-    patches = install_torch_patches(contexts, current_rank, engine)
-    try:
-        yield
-    finally:
-        restore_torch_patches(patches)

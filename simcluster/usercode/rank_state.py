@@ -36,15 +36,14 @@ import operator
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from simcluster.errors import SharedSettingError
 
-__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "patched_generators"]
+__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
     import numpy.random as _np_random
@@ -154,7 +153,7 @@ same instance and function), so what is put back behaves as what was there."""
 
 def install_generators() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Install the per-rank dispatchers of ``random`` and ``numpy.random``; returns what
-    :func:`restore_generators` puts back (the hot-path form of :func:`patched_generators`)."""
+    :func:`restore_generators` puts back (a run calls the pair around its ranks' code)."""
     saved = []
     for index, (namespace, dispatchers, names, get) in enumerate(_BY_MODULE):
         originals = get(namespace)
@@ -170,16 +169,6 @@ def restore_generators(saved: list[tuple[dict[str, Any], dict[str, Any]]]) -> No
     """Put back the originals :func:`install_generators` replaced."""
     for namespace, originals in saved:
         namespace.update(originals)
-
-
-@contextmanager
-def patched_generators() -> Iterator[None]:
-    """Install the per-rank dispatchers of ``random`` and ``numpy.random`` for one run."""
-    saved = install_generators()
-    try:
-        yield
-    finally:
-        restore_generators(saved)
 
 
 # --------------------------------------------------------------------------- settings
