@@ -40,13 +40,13 @@ import os
 import pickle
 import select
 import signal
-import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simcluster.checking.supervisor import die_with_parent, end_process, fork_child, write_all
+from simcluster.checking.supervisor import (die_with_parent, end_process, fork_child, how_it_ended, kill_and_reap,
+                                            one_torch_thread, write_all)
 from simcluster.errors import UsageError
 
 __all__ = ["Done", "Broken", "run_tasks"]
@@ -129,9 +129,7 @@ def _worker(task: Callable[[], Any], out: int, parent: int) -> None:  # pragma: 
     code = 0
     try:
         die_with_parent(parent)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(1)
+        one_torch_thread()
         try:
             message: tuple[str, Any] = ("value", task())
         except (UsageError, KeyboardInterrupt) as exc:  # raised again in the parent
@@ -155,7 +153,7 @@ def _finish(worker: _Worker) -> Done | Broken:
     try:
         kind, payload = pickle.loads(b"".join(worker.chunks))
     except Exception:  # noqa: BLE001 - nothing, or a message cut short: the worker died
-        return Broken(f"the worker process (pid {worker.pid}) {_how_it_ended(status)} without sending a result\n")
+        return Broken(f"the worker process (pid {worker.pid}) {how_it_ended(status)} without sending a result\n")
     if kind == "raise":
         raise payload
     if kind == "broken":
@@ -163,18 +161,6 @@ def _finish(worker: _Worker) -> Done | Broken:
     return Done(payload)
 
 
-def _how_it_ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-        return f"was killed by {name}"
-    return f"exited with code {os.WEXITSTATUS(status)}"
-
-
 def _kill(worker: _Worker) -> None:
-    try:
-        os.kill(worker.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.waitpid(worker.pid, 0)
+    kill_and_reap(worker.pid)
     os.close(worker.pipe)

@@ -63,7 +63,7 @@ from simcluster.errors import HookExited
 from simcluster.engine.frames import is_internal, short_path, user_frames
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
-           "end_process", "format_stack", "stuck_in",
+           "end_process", "one_torch_thread", "how_it_ended", "kill_and_reap", "format_stack", "stuck_in",
            "raise_site", "die_with_parent"]
 
 DEFAULT_DEADLINE = 60.0
@@ -236,14 +236,39 @@ def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked
         os._exit(70)
 
 
+def one_torch_thread() -> None:  # pragma: no cover - runs in a forked child
+    """In a forked child: run torch with one intra-op thread (its OpenMP pool does not
+    survive ``fork``: a parallel region would hang). Only if the caller imported torch:
+    importing it here would cost seconds."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def how_it_ended(status: int) -> str:
+    """A reaped process's end, from its ``waitpid`` status: ``"was killed by SIGKILL"``,
+    ``"exited with code 3"``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return f"was killed by {signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f'signal {sig}'}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def kill_and_reap(pid: int) -> int:
+    """``SIGKILL`` process ``pid`` (it may have ended already) and reap it; its status."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return os.waitpid(pid, 0)[1]
+
+
 def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
     faulthandler.enable(file=stack_fd, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
-    torch = sys.modules.get("torch")  # only if the caller uses it: importing it here costs seconds
-    if torch is not None:
-        torch.set_num_threads(1)
+    one_torch_thread()
 
     def exit_is_a_finding(status: int = 0) -> None:
         raise HookExited(f"os._exit({status}) was called: on a real cluster this rank's process ends here")
@@ -290,11 +315,9 @@ def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: floa
         if kind == "error":
             return Outcome(error=payload, seconds=seconds)
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        detail = f"was killed by {signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"was killed by signal {sig}"
-        kind = "signal"
+        detail, kind = how_it_ended(status), "signal"
     else:
-        detail, kind = f"exited with code {os.WEXITSTATUS(status)} without reporting", "exited"
+        detail, kind = f"{how_it_ended(status)} without reporting", "exited"
     stack_file.flush()
     stacks = os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
     return Outcome(death=_death(page, kind, f"it {detail}", stacks), seconds=seconds)
@@ -315,11 +338,7 @@ def _dump_and_kill(pid: int, stack_file: Any) -> str:
             if now and now == size:
                 break
             size = now
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.waitpid(pid, 0)
+    kill_and_reap(pid)
     return os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
 
 
