@@ -268,11 +268,7 @@ class DoneFlag:
             self._future.set_exception(exc)
         else:
             self._future.set_result(value)
-        with self._guard:  # set(), inline (once per collective and rank)
-            self._complete = True
-            resumers, self._resumers = self._resumers, []
-        for resume in resumers:
-            resume()
+        self.set()
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""

@@ -68,7 +68,6 @@ class Runtime(Protocol):
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ReduceOp = dist.ReduceOp
-_SUM = dist.ReduceOp.SUM
 _REDUCTIONS: dict[tuple[str, Any, torch.dtype, str], tuple[str, str | None, str]] = {}
 """``(op, ReduceOp kind, dtype, backend)`` -> ``(reduce-op name, rejection, dtype name)``
 (see :meth:`SimProcessGroup._reduce_signature`)."""
@@ -240,12 +239,12 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
         """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a
-        reduction called with ``opts`` (its ``reduceOp``; ``SUM`` without one, as :func:`_reduce_op`).
+        reduction called with ``opts`` (its ``reduceOp``; ``SUM`` without one: :func:`_reduce_op`).
 
         The name, the rejection and the dtype's name depend only on ``(op, reduce-op kind,
         dtype, backend)``: cached per kind (every reduction call is hot); a ``PREMUL_SUM``
         carries its own factor and is never cached."""
-        reduce_op = getattr(opts, "reduceOp", _SUM) if opts is not None else _SUM
+        reduce_op = _reduce_op(opts)
         dtype = tensor.dtype
         backend = self._runtime.backend.name
         key = (op, reduce_op.op, dtype, backend) if type(reduce_op) is _ReduceOp else None
