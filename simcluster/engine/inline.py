@@ -357,9 +357,7 @@ class Engine:
             call.worker = pool.busy.index(False)  # the lowest free worker
             pool.busy[call.worker] = True
             pool.free -= 1
-            inst.executing.add(call.rank)  # _mark_executing, inline (once per rank-step)
-            if len(inst.executing) == len(inst.ranks):
-                self._ready.append(inst)
+            self._mark_executing(inst, call.rank)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)
@@ -461,10 +459,7 @@ class Engine:
             return
 
     def _run_task(self, task: _Task) -> None:
-        if task.rank != self._rank:  # _enter, inline (twice per rank-step)
-            self._switch(self._rank, task.rank)
-            self._rank = task.rank
-        self._where = task.where
+        self._enter(task.rank, task.where)
         try:
             if task.arg is _NO_ARG:
                 task.fn()
