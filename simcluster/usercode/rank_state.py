@@ -221,9 +221,8 @@ class SettingsAudit:
     def start(self) -> None:
         """Snapshot every watched setting (once per run, when the first rank enters)."""
         self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
-        filters = warnings.filters
-        self._filters = list(filters)
-        self._filter_key = (len(filters), filters[0] if filters else None)  # _filters(), inline
+        self._filters = list(warnings.filters)
+        self._filter_key = _filters()
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         if self.changes:  # a new list only after a run that saw a change (the report keeps the old one)
             self.changes = []
@@ -232,8 +231,7 @@ class SettingsAudit:
         """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
         if _all_settings() != self._all:
             self._check_settings(rank)
-        filters = warnings.filters  # _filters(), inline (at every rank switch)
-        if (len(filters), filters[0] if filters else None) != self._filter_key:
+        if _filters() != self._filter_key:
             self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
                                  f"{len(warnings.filters)} filters, first {warnings.filters[:1]!r}"))
             warnings.filters[:] = self._filters
