@@ -33,6 +33,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -633,7 +634,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
     for exceptions, the same first line of the message, byte for byte).
 
     When both sides raised, the hook calls are compared too, as far as both ran
-    (:func:`_failed_call_differences`)."""
+    (:func:`_call_differences`)."""
     diffs: list[str] = []
     if sim.failure is None and real.failure is None:
         diffs += _call_differences(sim, real, scenario.world_size)
@@ -651,7 +652,8 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         elif exact_errors and s.kind == "raised" and s.message != g.message:
             diffs.append(f"the failure messages differ: {sim.name} {s.message!r} vs {real.name} {g.message!r}")
         if s.kind == "raised" and g.kind == "raised":
-            diffs += _failed_call_differences(sim, real, scenario.world_size)
+            steps = [f.step for f in (s, g) if f.step is not None]
+            diffs += _call_differences(sim, real, scenario.world_size, min(steps) if steps else 0)
     return diffs
 
 
@@ -663,27 +665,17 @@ def root_error(failure: SideFailure) -> str:
     return named[-1] if named else failure.error_type
 
 
-def _call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
-    out = []
-    for r in range(world_size):
-        a, b = sim.calls.get(r, []), real.calls.get(r, [])
-        if a != b:
-            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            out.append(f"rank {r} hook call #{k}: sim {_call(a, k)} vs real {_call(b, k)}")
-    return out
+def _call_differences(sim: Side, real: Side, world_size: int, failed_at: float = math.inf) -> list[str]:
+    """Each rank's hook calls on both sides, for the ranks whose record both have.
 
-
-def _failed_call_differences(sim: Side, real: Side, world_size: int) -> list[str]:
-    """The hook calls of two sides that both raised, per rank whose record both have.
-
-    Every call of a step before the earliest failing step must match exactly (both sides
-    finished those steps). From that step on, where each side stopped is a matter of
-    timing (a peer's failure reaches a rank sooner or later, in the simulation's threads
-    as between real processes), so one record may be shorter — but the calls both made
-    must be the same: the first call that differs is a disagreement.
+    Sides that finished (``failed_at`` infinite) must have made the same calls. For two
+    sides that both raised, ``failed_at`` is the earliest failing step: every call of a
+    step before it must match exactly (both sides finished those steps). From that step
+    on, where each side stopped is a matter of timing (a peer's failure reaches a rank
+    sooner or later, in the simulation's threads as between real processes), so one record
+    may be shorter — but the calls both made must be the same: the first call that differs
+    is a disagreement.
     """
-    steps = [f.step for f in (sim.failure, real.failure) if f is not None and f.step is not None]
-    failed_at = min(steps) if steps else 0
     out = []
     for r in range(world_size):
         if not (sim.knows_calls(r) and real.knows_calls(r)):
