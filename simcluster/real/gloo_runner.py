@@ -199,8 +199,7 @@ class _World:
         """
         deadline = time.monotonic() + limit if deadline is None else deadline
         got: dict[int, Any] = {}
-        failures: dict[int, str] = {}
-        order: list[int] = []  # ranks in the order their failure arrived
+        failures: dict[int, str] = {}  # in the order the failures arrived
         while len(got) + len(failures) < self.world_size:
             waiting = {self.conns[r]: r for r in range(self.world_size) if r not in got and r not in failures}
             remaining = deadline - time.monotonic()
@@ -219,11 +218,10 @@ class _World:
                     self.phase[rank] = "the closing barrier (its fn returned; a peer's did not, or collectives are unmatched)"
                 elif kind in ("error", "died"):
                     failures[rank] = data
-                    order.append(rank)
                     deadline = min(deadline, time.monotonic() + _GRACE_AFTER_FAILURE)
         if failures or len(got) < self.world_size:
             unfinished = [r for r in range(self.world_size) if r not in got and r not in failures]
-            error = self._error(what, limit, failures, order, unfinished)
+            error = self._error(what, limit, failures, unfinished)
             self.kill()
             raise error
         return [got[r] for r in range(self.world_size)]
@@ -248,9 +246,9 @@ class _World:
             return ""
         return "\n".join(text.rstrip().splitlines()[-lines:])
 
-    def _error(self, what: str, limit: float, failures: dict[int, str], order: list[int], unfinished: list[int]) -> GlooRunError:
-        primary = [r for r in order if not _is_secondary(failures[r])] or order[:1]
-        secondary = [r for r in order if r not in primary]
+    def _error(self, what: str, limit: float, failures: dict[int, str], unfinished: list[int]) -> GlooRunError:
+        primary = _primary_ranks(failures)
+        secondary = [r for r in failures if r not in primary]
         if primary:
             parts = [f"{what} failed on a world of {self.world_size} gloo ranks: rank {primary[0]} failed first"]
         else:
@@ -297,11 +295,17 @@ def _is_secondary(text: str) -> bool:
     return any(marker in text for marker in _SECONDARY_MARKERS)
 
 
+def _primary_ranks(failures: dict[int, str]) -> list[int]:
+    """The ranks whose failure is their own (not a consequence of another's, such as a
+    peer's ``Connection closed by peer``), in the order they reported; if every failure
+    is such a consequence, the first to report."""
+    return [r for r, text in failures.items() if not _is_secondary(text)] or list(failures)[:1]
+
+
 def first_failed_rank(err: GlooRunError) -> int:
-    """The rank whose own failure started ``err``: the first to report one that is not a
-    consequence of another's (a peer's ``Connection closed by peer``); -1 if none failed."""
-    primary = [r for r, text in err.failures.items() if not _is_secondary(text)]
-    return primary[0] if primary else next(iter(err.failures), -1)
+    """The rank whose own failure started ``err`` (:func:`_primary_ranks`); -1 if none failed."""
+    primary = _primary_ranks(err.failures)
+    return primary[0] if primary else -1
 
 
 def _file_size(path: str) -> int:
