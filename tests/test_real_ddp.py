@@ -334,3 +334,16 @@ def test_same_gradients_bits_and_hook_calls_as_real_gloo(world_size: int,
                     assert (a is None) == (b is None), f"case {c}, rank {rank}, iteration {k}, param {i}"
                     if a is not None:
                         assert torch.equal(a, b), f"case {c}, rank {rank}, iteration {k}, param {i}: bits differ"
+
+
+def test_hook_and_setup_together_are_refused_before_any_model_is_built() -> None:
+    built: list[int] = []
+
+    def model() -> torch.nn.Module:
+        built.append(1)
+        return torch.nn.Linear(2, 2)
+
+    with pytest.raises(UsageError, match="pass hook= or setup=, not both"):
+        run_real_ddp(model, [[torch.ones(2)]] * 2, world_size=2, iterations=1,
+                     hook=lambda state, bucket: None, setup=lambda ddp, group: None)
+    assert built == []

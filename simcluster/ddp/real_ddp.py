@@ -236,7 +236,7 @@ def run_real_ddp(
     naming what each rank thread was doing; never hangs, leaves no thread running
     (except one blocked on something simcluster cannot fail, named in the error).
     """
-    _check_arguments(world_size, iterations, inputs_per_rank)
+    _check_arguments(world_size, iterations, inputs_per_rank, hook, setup)
     model_backend = backend_model(backend)
     # DDP's constructor imports torch._dynamo on first use (~1 s): do it here, not in a
     # rank thread, so the watchdog does not mistake the import for a hang.
@@ -253,8 +253,6 @@ def run_real_ddp(
                          find_unused_parameters=find_unused_parameters,
                          gradient_as_bucket_view=gradient_as_bucket_view))
     engine.on_abort(lambda: _fail_pending(run.returned))
-    if setup is not None and hook is not None:
-        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
 
     with _per_thread_world(_WorldProxy(worlds, c10d._world, engine)):
         try:
@@ -268,7 +266,8 @@ def run_real_ddp(
     return RealDDPRun(hook_calls=run.hook_calls, grads=run.grads, trace=trace, initial=run.initial, params=run.after)
 
 
-def _check_arguments(world_size: int, iterations: int, inputs_per_rank: Sequence[Sequence[torch.Tensor]]) -> None:
+def _check_arguments(world_size: int, iterations: int, inputs_per_rank: Sequence[Sequence[torch.Tensor]],
+                     hook: Any, setup: Any) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise UsageError(f"world_size={world_size!r} must be a positive int")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
@@ -278,6 +277,8 @@ def _check_arguments(world_size: int, iterations: int, inputs_per_rank: Sequence
             f"inputs_per_rank must hold world_size={world_size} sequences of at least iterations={iterations} "
             f"inputs each (rank -> iteration -> input), got lengths {[len(xs) for xs in inputs_per_rank]}"
         )
+    if setup is not None and hook is not None:
+        raise UsageError("run_real_ddp: pass hook= or setup=, not both")
 
 
 def _world_groups(engine: ThreadedEngine, model_backend: BackendModel,
