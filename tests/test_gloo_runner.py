@@ -159,3 +159,34 @@ def test_bad_targets_and_payloads_fail_before_any_process_starts() -> None:
         run_gloo(collective_job, 2, payloads=[1])
     with pytest.raises(UsageError, match="world_size"):
         GlooCluster(0)
+
+
+_START_FORK_SERVER = """
+import multiprocessing, multiprocessing.forkserver as forkserver, sys
+if sys.argv[1] == "prepared":
+    from simcluster.real.gloo_runner import _short_multiprocessing_temp_dir
+    _short_multiprocessing_temp_dir()
+multiprocessing.get_context("forkserver")
+forkserver.ensure_running()
+print("listening at", forkserver._forkserver._forkserver_address)
+"""
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_the_fork_server_starts_under_a_long_tmpdir(tmp_path: Path, prepared: bool) -> None:
+    """multiprocessing puts the fork server's Unix socket under TMPDIR; a path over 107
+    bytes cannot be bound. The runner moves only that socket's directory to a short temp
+    dir; without it (the control case) the server fails as it used to in `simcluster e2e`."""
+    import subprocess
+    import sys
+
+    long_dir = tmp_path / ("x" * 60) / ("y" * 60)
+    long_dir.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", _START_FORK_SERVER, "prepared" if prepared else "bare"],
+                          env=dict(os.environ, TMPDIR=str(long_dir)), capture_output=True, text=True, timeout=120)
+    if prepared:
+        assert done.returncode == 0, done.stderr
+        address = done.stdout.split("listening at ", 1)[1].strip()
+        assert len(address) <= 107 and not address.startswith(str(long_dir))
+    else:
+        assert done.returncode != 0 and "AF_UNIX path too long" in done.stderr

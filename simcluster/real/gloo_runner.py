@@ -174,6 +174,7 @@ class _World:
                     # gloo_child._serve covers its objects, so each job's gc.collect() stays ~1 ms
                     # instead of ~0.1-0.25 s once a job has built a DDP.
                     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "numpy"])
+                    _short_multiprocessing_temp_dir()
                 conn, theirs_conn = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=_mp_child, name=f"simcluster-gloo-rank{rank}", daemon=True,
                                    args=(rank, self.world_size, store, self.log_path(rank), theirs_conn,
@@ -280,6 +281,50 @@ class _World:
             conn.close()
         self.children, self.conns = [], []
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# A Unix socket's path holds at most 107 bytes (``sun_path`` is 108 with the NUL).
+_SOCKET_PATH_LIMIT = 107
+# What multiprocessing appends to its temp dir for the fork server's socket:
+# "/pymp-XXXXXXXX/listener-XXXXXXXX" (8 random characters each).
+_LISTENER_SUFFIX = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+
+
+def _short_multiprocessing_temp_dir() -> None:
+    """Make sure multiprocessing's fork server can bind its socket.
+
+    The fork server listens on a Unix socket in ``multiprocessing.util.get_temp_dir()``,
+    a ``pymp-*`` directory made under ``tempfile.gettempdir()`` the first time it is asked
+    for. Under a long ``TMPDIR`` (pytest's ``tmp_path``, CI sandboxes) the socket's path
+    passes 107 bytes and the server dies with ``OSError: AF_UNIX path too long``. So,
+    before the server first starts, the directory is made under the first short,
+    writable system temp dir instead (it is removed at exit like multiprocessing's own).
+    Only that directory moves: the world's store and logs stay under ``TMPDIR``. If
+    multiprocessing already chose a long directory (something else asked first), this
+    raises :class:`UsageError` naming the fix rather than failing inside the server.
+    (Measured: Python 3.11's ``multiprocessing.forkserver`` binds
+    ``<get_temp_dir()>/listener-XXXXXXXX``; see docs/gloo-facts.md.)
+    """
+    from multiprocessing import util
+
+    base = tempfile.gettempdir()
+    if len(base) + _LISTENER_SUFFIX > _SOCKET_PATH_LIMIT:
+        short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm")
+                      if len(d) + _LISTENER_SUFFIX <= _SOCKET_PATH_LIMIT and os.access(d, os.W_OK | os.X_OK)), None)
+        if short is None:
+            raise UsageError(f"the temp dir {base!r} is too long for multiprocessing's fork server socket and no "
+                             f"short one is writable: set TMPDIR to a shorter directory or use "
+                             f"start_method='subprocess'")
+        base = short
+    saved = tempfile.tempdir
+    tempfile.tempdir = base
+    try:
+        chosen = util.get_temp_dir()  # made once per process, then cached by multiprocessing
+    finally:
+        tempfile.tempdir = saved
+    if len(chosen) + len("/listener-xxxxxxxx") > _SOCKET_PATH_LIMIT:
+        raise UsageError(f"multiprocessing's temp dir {chosen!r} is too long for its fork server socket: "
+                         f"set TMPDIR to a shorter directory or use start_method='subprocess'")
 
 
 def _validate(world_size: int, timeout: float, start_method: str) -> None:
