@@ -409,6 +409,9 @@ def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dic
             report = check(row["hook"], **plan, progress=progress)
         except UsageError:
             raise
+        except KeyboardInterrupt as stop:  # which row first, then where its code was (as with --jobs N)
+            stop.__notes__ = [f"simcluster: {row['name']} was being checked", *getattr(stop, "__notes__", ())]
+            raise
         except Exception:  # noqa: BLE001 - a bug of ours: show it, keep checking the others
             progress.clear()
             _internal_error(row, traceback.format_exc())
@@ -487,7 +490,7 @@ def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
 
     internal = False
     try:  # closing: whatever stops this loop (Ctrl-C while printing included) kills every worker at once
-        with closing(run_tasks(tasks, jobs=jobs, started=start)) as outcomes:
+        with closing(run_tasks(tasks, jobs=jobs, started=start, names=[rows[n]["name"] for n in todo])) as outcomes:
             for k, outcome in outcomes:
                 n = todo[k]
                 if isinstance(outcome, Broken):

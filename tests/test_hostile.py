@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,6 +239,8 @@ def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process():
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert "interrupted" in err
+    assert f"{target('spins')} was being checked" in err  # which row, then where its code was
+    assert "the checked code was here when this arrived:" in err and re.search(r"hooks\.py:3[23] in spins", err), err
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no process of the run's group is left

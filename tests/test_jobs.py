@@ -221,6 +221,65 @@ def test_ctrl_c_with_two_workers_exits_130_and_leaves_no_process(tmp_path: Path)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err and out == ""
+    # where each row's checked code was, row by row, as --jobs 1 says it for its one row
+    spins, sleeps = err.index(f"{HOSTILE}:spins was being checked"), err.index(f"{HOSTILE}:sleeps was being checked")
+    assert spins < sleeps, err
+    assert re.search(r"hooks\.py:3[23] in spins", err[spins:sleeps]), err
+    assert "hooks.py:37 in sleeps" in err[sleeps:] and "time.sleep(10_000)" in err[sleeps:], err
     assert json.loads(path.read_text()) == []
     time.sleep(0.5)  # the grandchildren's parent-death signal
     assert not [pid for pid in seen if alive(pid)], seen
+
+
+# -- run_tasks on Ctrl-C: each running worker says where it was -----------------------------------
+
+
+def _sleeps_then_says_where() -> None:
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt as stop:
+        stop.add_note("it was sleeping")
+        raise
+
+
+def _will_not_answer() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # as code stuck in C would, it never sees the question
+    time.sleep(60)
+
+
+def _interrupt_when(count: int) -> Any:
+    started: list[int] = []
+
+    def started_one(index: int) -> None:
+        started.append(index)
+        if len(started) == count:  # every worker runs: now "Ctrl-C" arrives in the parent
+            raise KeyboardInterrupt
+
+    return started_one
+
+
+def test_ctrl_c_asks_every_running_worker_where_it_was() -> None:
+    from simcluster.checking.row_pool import run_tasks
+
+    before = descendants()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        list(run_tasks([_sleeps_then_says_where, _sleeps_then_says_where, _sleeps_then_says_where], jobs=2,
+                       started=_interrupt_when(2), names=["first", "second", "third"]))
+    assert info.value.__notes__ == ["simcluster: first was being checked", "it was sleeping",
+                                    "simcluster: second was being checked", "it was sleeping"]
+    assert time.monotonic() - began < 30  # answered at once, not after the tasks' 60 s
+    assert descendants() <= before
+
+
+def test_a_worker_that_does_not_answer_is_named_and_killed_after_the_grace() -> None:
+    from simcluster.checking.row_pool import INTERRUPT_GRACE, run_tasks
+
+    before = descendants()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        list(run_tasks([_will_not_answer, _sleeps_then_says_where], jobs=2, started=_interrupt_when(2)))
+    assert info.value.__notes__ == ["simcluster: task 0 was being checked", "(its worker did not answer in time)",
+                                    "simcluster: task 1 was being checked", "it was sleeping"]
+    assert INTERRUPT_GRACE <= time.monotonic() - began < INTERRUPT_GRACE + 30
+    assert descendants() <= before

@@ -24,9 +24,16 @@ depend on which row finished first.
 
 A worker ignores ``SIGINT`` (Ctrl-C is the parent's: the terminal sends it to the whole
 process group) and dies with its parent (:func:`~simcluster.checking.supervisor.die_with_parent`),
-as do the supervised children it forks. When the parent stops for any reason —
-``KeyboardInterrupt``, a usage error a worker sent, the caller closing the generator — it
-``SIGKILL``\\s and reaps every worker still running; their supervised children follow.
+as do the supervised children it forks. On Ctrl-C the parent asks every running worker
+where its checked code is: it sends ``SIGUSR2``, which raises ``KeyboardInterrupt`` in the
+worker exactly where Ctrl-C lands in a ``--jobs 1`` run — the supervisor then collects
+its child's stack and sends the interrupt back with that stack as a note — and waits at
+most :data:`INTERRUPT_GRACE` seconds for the answers (a second Ctrl-C stops waiting).
+The parent's ``KeyboardInterrupt`` then carries, for each running task in task order, a
+note naming it (``names``) followed by its worker's notes. When the parent stops for any
+reason — ``KeyboardInterrupt``, a usage error a worker sent, the caller closing the
+generator — it ``SIGKILL``\\s and reaps every worker still running; their supervised
+children follow.
 Like the supervised child, a worker runs torch with one intra-op thread (torch's OpenMP
 pool does not survive ``fork``).
 
@@ -40,6 +47,7 @@ import os
 import pickle
 import select
 import signal
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,7 +57,12 @@ from simcluster.checking.supervisor import (die_with_parent, end_process, fork_c
                                             one_torch_thread, write_all)
 from simcluster.errors import UsageError
 
-__all__ = ["Done", "Broken", "run_tasks"]
+__all__ = ["Done", "Broken", "run_tasks", "INTERRUPT_GRACE"]
+
+INTERRUPT_GRACE = 3.0
+"""Seconds the parent waits, after Ctrl-C, for the running workers to say where their
+checked code was (a worker's supervisor itself allows 1 s for its child's stack dump)."""
+_WHERE_SIGNAL = signal.SIGUSR2  # parent -> worker: "raise KeyboardInterrupt where you are"
 
 
 @dataclass
@@ -74,13 +87,15 @@ class _Worker:
     chunks: list[bytes]
 
 
-def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int,
-              started: Callable[[int], None] | None = None) -> Iterator[tuple[int, Done | Broken]]:
+def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int, started: Callable[[int], None] | None = None,
+              names: Sequence[str] | None = None) -> Iterator[tuple[int, Done | Broken]]:
     """Run every task in a forked worker, at most ``jobs`` at a time; yield ``(index, outcome)``
     as each ends. ``started(index)`` is called (in this process) when a task's worker starts.
 
     A task's :class:`UsageError` or ``KeyboardInterrupt`` is raised here, after every other
-    worker was killed; so is a ``KeyboardInterrupt`` arriving while waiting.
+    worker was killed; so is a ``KeyboardInterrupt`` arriving while waiting — with a note
+    per running task (``names[index]``, default ``task <index>``) and what its worker said
+    about where it was.
     """
     running: dict[int, _Worker] = {}  # by pipe
     upcoming = iter(enumerate(tasks))
@@ -107,9 +122,58 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int,
                 worker = running.pop(pipe)
                 os.close(pipe)
                 yield worker.index, _finish(worker)
+    except KeyboardInterrupt as stop:
+        _ask_where(running, stop, names)
+        raise
     finally:  # KeyboardInterrupt, a raised UsageError, the caller stopping early: no worker survives
         for worker in running.values():
             _kill(worker)
+
+
+def _ask_where(running: dict[int, _Worker], stop: KeyboardInterrupt, names: Sequence[str] | None) -> None:
+    """Ctrl-C in the parent: have every running worker raise ``KeyboardInterrupt`` where it
+    is and send it back, then add to ``stop`` one note per task (in task order) with what
+    its worker said. Workers that answer are reaped and leave ``running``; the rest are
+    killed by the caller. Bounded by :data:`INTERRUPT_GRACE`; a second Ctrl-C ends the wait."""
+    for worker in running.values():
+        try:
+            os.kill(worker.pid, _WHERE_SIGNAL)
+        except ProcessLookupError:
+            pass
+    answered: dict[int, list[str]] = {}
+    limit = time.monotonic() + INTERRUPT_GRACE
+    try:
+        while running and (left := limit - time.monotonic()) > 0:
+            readable, _, _ = select.select(list(running), [], [], left)
+            for pipe in readable:
+                chunk = os.read(pipe, 1 << 20)
+                if chunk:
+                    running[pipe].chunks.append(chunk)
+                    continue
+                worker = running.pop(pipe)
+                os.close(pipe)
+                answered[worker.index] = _notes_of(worker)
+    except KeyboardInterrupt:  # pressed again: stop waiting, report what arrived
+        pass
+    for worker in running.values():
+        answered[worker.index] = ["(its worker did not answer in time)"]
+    for index in sorted(answered):
+        name = names[index] if names is not None else f"task {index}"
+        stop.add_note(f"simcluster: {name} was being checked")
+        for note in answered[index]:
+            stop.add_note(note)
+
+
+def _notes_of(worker: _Worker) -> list[str]:
+    """Reap a worker that answered the interrupt; the notes of the ``KeyboardInterrupt`` it sent."""
+    os.waitpid(worker.pid, 0)
+    try:
+        kind, payload = pickle.loads(b"".join(worker.chunks))
+    except Exception:  # noqa: BLE001 - it died without a whole answer
+        return []
+    if kind == "raise" and isinstance(payload, KeyboardInterrupt):
+        return list(getattr(payload, "__notes__", ()))
+    return []  # it finished its task just then; the run is interrupted all the same
 
 
 def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
@@ -117,11 +181,16 @@ def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
     signal mask to restore in the worker, once it ignores SIGINT)."""
     def body(out: int, parent: int) -> None:  # pragma: no cover - the worker; its behaviour is the tests' subject
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(_WHERE_SIGNAL, _interrupted)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _worker(task, out, parent)
 
     pid, read_end = fork_child(body)
     return _Worker(index, pid, read_end, [])
+
+
+def _interrupted(signum: int, frame: Any) -> None:  # pragma: no cover - runs in the worker
+    raise KeyboardInterrupt
 
 
 def _worker(task: Callable[[], Any], out: int, parent: int) -> None:  # pragma: no cover - runs in the worker
