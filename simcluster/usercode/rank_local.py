@@ -35,6 +35,7 @@ A hook passed as a plain function object is not copied: its module is shared by 
 
 from __future__ import annotations
 
+import copy
 import importlib.machinery
 import os
 import sys
@@ -139,6 +140,16 @@ class RankLocal:
     def portable_spec(self) -> str:
         """The spec with a file's path made absolute (for another process with another cwd)."""
         return self.spec if self._path is None else f"{self._path}:{self._attr}"
+
+    def portable(self) -> RankLocal:
+        """This callable spelled by :attr:`portable_spec` (a file's path absolute), as
+        ``RankLocal(self.portable_spec)`` would be, without loading the spec again."""
+        if self.portable_spec == self.spec:
+            return self
+        twin = copy.copy(self)
+        twin.spec = self.portable_spec
+        twin._key = f"{twin.spec}|{','.join(self.isolate)}"
+        return twin
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         modules = CURRENT.modules
