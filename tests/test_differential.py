@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from simcluster.hooks import catalogue
+from simcluster.real import differential
 from simcluster.real.differential import Raised, compare_outcomes, compare_with_gloo
 from simcluster.errors import UsageError
 from simcluster.real.gloo_runner import GlooCluster
@@ -157,6 +159,31 @@ def test_reference_hooks_agree_bitwise(entry: catalogue.CatalogueEntry, world: i
                                    cluster=worlds[world])
         assert_equal(report)
         assert not any(isinstance(o, Raised) for step in report.gloo_outputs for rank in step for o in rank)
+
+
+# ---------------------------------------------------------------- state factories
+
+_STATES = Path(__file__).parent / "differential_states.py"
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("hook,state", [
+    (_DEFAULT + "allreduce_hook", f"{_STATES.parent}/../{_STATES.parent.name}/{_STATES.name}:group_state"),
+    (default_hooks.allreduce_hook, "differential_states:group_state"),
+], ids=["fresh-file-spec", "shared-module-spec"])
+def test_a_state_factory_spec_is_loaded_once(hook: Any, state: str, world2: GlooCluster,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[str] = []
+    loader = differential._state_loader
+
+    def counting(fresh: bool) -> Any:
+        load = loader(fresh)
+        return lambda spec: (loads.append(spec), load(spec))[1]
+
+    monkeypatch.setattr(differential, "_state_loader", counting)
+    report = compare_with_gloo(hook, random_steps(2, 57, steps=2), state=state, world_size=2, cluster=world2)
+    assert_equal(report)
+    assert loads == [state]  # the simulation uses the load that named the factory for the gloo side
 
 
 # ---------------------------------------------------------------- exceptions

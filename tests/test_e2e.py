@@ -27,7 +27,8 @@ import torch
 from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
-from simcluster.real.e2e import Scenario, Side, SideFailure, compare, root_error, run_e2e, run_real, run_sim
+from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, root_error, run_e2e, run_real,
+                                 run_sim)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -225,7 +226,7 @@ def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> No
     scenario = Scenario(2, ((3,), (2,)), steps=3)
     wrapped = "Got the following error when running the callback: IndexError: boom"
 
-    def side(name: str, calls: dict[int, list], step: int = 1, known: set[int] | None = None) -> Side:
+    def side(name: str, calls: dict[int, list], step: int = 1, known: bool = True) -> Side:
         return Side(name, calls=calls, failure=SideFailure("raised", 0, "RuntimeError", wrapped, step),
                     calls_known=known)
 
@@ -244,8 +245,17 @@ def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> No
     assert compare(scenario, MEAN, side("sim", both), side("real", short)).differences == [
         "rank 1 hook call #1: sim step 0 bucket 0 (last) params [0] vs real no call"]
     # A rank whose real record is unknown (it hung or died) is not compared, and shows "?".
-    unknown = compare(scenario, MEAN, side("sim", both), side("real", {0: both[0]}, known={0}))
+    unknown = compare(scenario, MEAN, side("sim", both), side("real", {0: both[0]}, known=False))
     assert unknown.agree and "real hooks ? grads" in unknown.format()
+
+
+def test_note_failed_calls_keeps_the_noted_ranks_and_marks_the_others_unknown() -> None:
+    real = Side("real gloo", calls={0: [(0, 0, True, (0,))]})
+    noted = "RuntimeError: boom\nsimcluster-e2e: rank 1 hook calls [[0, 1, false, [1]], [1, 0, true, [0]]]"
+    note_failed_calls(real, {1: noted, 2: "RuntimeError: no note (it failed outside the run)"})
+    assert real.calls == {0: [(0, 0, True, (0,))], 1: [(0, 1, False, (1,)), (1, 0, True, (0,))]}
+    assert [real.knows_calls(r) for r in range(4)] == [True, True, False, False]
+    assert Side("sim").knows_calls(3)  # a side that finished knows every rank's calls
 
 
 # --------------------------------------------------------------------------- check --e2e

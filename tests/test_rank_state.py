@@ -71,6 +71,18 @@ def test_each_cluster_is_a_fresh_set_of_processes() -> None:
     assert hook.shared.__globals__["_calls"] == shared_calls  # the shared module untouched
 
 
+def test_portable_spells_a_file_spec_by_its_absolute_path_and_runs_the_same_copies() -> None:
+    roundabout = RankLocal(f"{HOOKS}/../{HOOKS.name}/counter_dtype.py:hook")
+    portable = roundabout.portable()
+    assert portable.spec == f"{(HOOKS / 'counter_dtype.py').resolve()}:hook" == roundabout.portable_spec
+    assert roundabout.spec.startswith(f"{HOOKS}/../")  # the original keeps its spelling
+    grads = [torch.ones(3), torch.ones(3)]
+    dtypes = [SimCluster(2).run_hook(portable, grads).trace.collectives()[0].dtype for _ in range(3)]
+    assert dtypes == ["float32"] * 3  # a fresh copy per cluster, as RankLocal(portable_spec) gives
+    module = RankLocal("simcluster.hooks.reference:mean_allreduce_hook")
+    assert module.portable() is module
+
+
 def test_hook_and_state_factory_of_one_file_share_the_rank_copy(tmp_path: Path) -> None:
     source = tmp_path / "paired.py"
     source.write_text(

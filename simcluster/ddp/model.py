@@ -217,10 +217,12 @@ class SimDDP:
         """
         local = self._check_grads(grads)
         it, calls = self.iteration, self.layout()
-        futures: list[list[Any]] = [[] for _ in range(self.cluster.world_size)]
+        world = self.cluster.world_size
+        futures: list[list[Any]] = [[] for _ in range(world)]
+        bucket_api = "legacy" if self.config.api == "legacy" else "current"
 
         def rank_fn(rank: int) -> None:
-            self._backward_on_rank(rank, it, calls, local[rank], futures[rank])
+            self._backward_on_rank(rank, it, calls, local[rank], futures[rank], bucket_api=bucket_api, world=world)
 
         try:
             result = self.cluster.run(rank_fn)
@@ -236,14 +238,14 @@ class SimDDP:
         )
 
     def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
-                          futures: list[Any]) -> None:
+                          futures: list[Any], *, bucket_api: str, world: int) -> None:
         """Rank ``rank``'s part of one backward pass: set up its state on first use, call the
         hook for every bucket (``futures`` gets what each call returned), then wait on them
-        all as the reducer does."""
+        all as the reducer does. ``bucket_api`` (the buckets' API) and ``world`` (the world
+        size) are the same for every rank: :meth:`step` works them out once per backward."""
         if self.groups[rank] is None:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
-        bucket_api = "legacy" if self.config.api == "legacy" else "current"
         for pos, call in enumerate(calls):
             bucket = make_bucket(
                 call.index, [params[i] for i in call.params], [local[i] for i in call.params],
@@ -260,7 +262,6 @@ class SimDDP:
                 raise
             check_future(future, self.hook, rank, where)
             futures.append(future)
-        world = self.cluster.world_size
         for call, future in zip(calls, futures):
             collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
 

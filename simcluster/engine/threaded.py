@@ -96,6 +96,7 @@ class _Workers:
     def _main(self, name: str) -> None:
         engine = self.engine
         engine.bind_thread(self.rank, name)
+        key = (self.rank, name)  # what set_status() would read back from the thread binding, per call
         while True:
             with self.cond:
                 self.idle += 1
@@ -106,14 +107,14 @@ class _Workers:
                     return
                 task = self.queue.popleft()
                 # marked running before the queue is seen empty: never "idle" with work in hand
-                engine.set_status("running a completion")
+                engine._set_status(key, "running a completion")
             try:
                 task()
             except RunAborted:
                 pass
             except BaseException as exc:  # noqa: BLE001 - reported by run()
                 engine.record_failure(self.rank, f"completion on {name}", exc)
-            engine.set_status("idle")
+            engine._set_status(key, "idle")
 
 
 class ThreadedEngine:

@@ -169,14 +169,26 @@ def _state_loader(fresh: bool) -> Callable[[str], Callable[..., Any]]:
     return (lambda spec: RankLocal(spec, what="state factory")) if fresh else resolve_target
 
 
-def _portable_state(state: Any, fresh: bool) -> str:
-    """``state=`` as the gloo processes receive it: ``"none"``, ``"group"`` or an importable name."""
-    parsed = StateSpec.parse(state, load=_state_loader(fresh))
+def _states(state: Any, fresh: bool) -> tuple[str, StateSpec]:
+    """``state=`` twice: as the gloo processes receive it (``"none"``, ``"group"`` or an
+    importable name) and as the simulation uses it (a :class:`StateSpec`).
+
+    A factory spec string is loaded once, here, and the simulation uses that load (a
+    per-rank :class:`RankLocal` spelled by its portable name, as the children spell it).
+    A factory object travels by its importable name, which the simulation loads as the
+    children do (per rank when ``fresh``).
+    """
+    load = _state_loader(fresh)
+    parsed = StateSpec.parse(state, load=load)
     if parsed.kind != "factory":
-        return parsed.kind
-    if isinstance(parsed.factory, RankLocal):
-        return parsed.factory.portable_spec
-    return state if isinstance(state, str) else importable_name(state)
+        return parsed.kind, parsed
+    if isinstance(state, str):
+        if isinstance(parsed.factory, RankLocal):
+            portable = parsed.factory.portable()
+            return portable.spec, StateSpec.parse(portable, name=portable.spec)
+        return state, parsed
+    name = parsed.factory.portable_spec if isinstance(parsed.factory, RankLocal) else importable_name(state)
+    return name, StateSpec.parse(name, load=load)
 
 
 def _fresh_copies(payload: dict[str, Any]) -> tuple[Callable[..., Any], StateSpec]:
@@ -240,14 +252,12 @@ def _seed_numpy(seed: int) -> None:
     numpy.random.seed(seed % 2**32)
 
 
-def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], spec: str, world_size: int,
-             shapes: Sequence[tuple[int, ...]] | None, seed: int,
-             fresh: bool = False) -> tuple[list[list[list[Any]]], BaseException | None]:
+def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], state_spec: StateSpec, world_size: int,
+             shapes: Sequence[tuple[int, ...]] | None, seed: int) -> tuple[list[list[list[Any]]], BaseException | None]:
     """Every step on ``SimCluster(backend="gloo", schedule="in_order")``; stops at an engine error."""
     from simcluster.fake.cluster import SimCluster
 
     cluster = SimCluster(world_size, seed=seed, backend="gloo", schedule="in_order")
-    state_spec = StateSpec.parse(spec, load=_state_loader(fresh))
     kept: list[Any] = [None] * world_size
 
     def first_state(pg: Any, model: Any) -> Any:
@@ -361,13 +371,13 @@ def compare_with_gloo(
     else:
         name = importable_name(hook)
         hook_fn = hook  # type: ignore[assignment]
-    spec = _portable_state(state, fresh)
+    spec, state_spec = _states(state, fresh)
     steps = _check_steps(grads_per_step, world_size)
     if cluster is not None and cluster.world_size != world_size:
         raise UsageError(f"cluster has world_size={cluster.world_size}, but world_size={world_size} was asked for")
     notes = [f"sim: SimCluster(world_size={world_size}, seed={seed}, backend='gloo', schedule='in_order')"]
 
-    sim_outputs, sim_error = _run_sim(hook_fn, steps, spec, world_size, parameters_shapes, seed, fresh)
+    sim_outputs, sim_error = _run_sim(hook_fn, steps, state_spec, world_size, parameters_shapes, seed)
     payloads = [{"hook": name, "state": spec, "shapes": parameters_shapes, "seed": seed, "fresh": fresh,
                  "grads": [step[r] for step in steps]} for r in range(world_size)]
     gloo_outputs: list[list[list[Any]]] = []

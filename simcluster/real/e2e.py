@@ -37,7 +37,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -204,22 +204,23 @@ class Side:
     """One side's outcome: ``grads[step][rank][param]`` and ``calls[rank]`` when it
     finished, ``failure`` when it did not (``calls`` then holds what was recorded: on
     the real side, what each rank that raised listed in its exception's note —
-    :func:`noted_calls`). ``calls_known``: the ranks whose record is complete up to where
-    they stopped (``None``: every rank; a real rank that hung or died has none)."""
+    :func:`noted_calls`). ``calls_known``: every rank's record is complete up to where it
+    stopped; ``False`` after :func:`note_failed_calls`: only the ranks listed in ``calls``
+    have one (a real rank that hung or died has none)."""
 
     name: str
     grads: list[list[list[torch.Tensor | None]]] = field(default_factory=list)
     calls: dict[int, list[HookCall]] = field(default_factory=dict)
     failure: SideFailure | None = None
     seconds: float = 0.0
-    calls_known: set[int] | None = None
+    calls_known: bool = True
     model_differences: list[str] = field(default_factory=list)
     """On the simulated side: where the DDP model the property search runs
     (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
     simulated groups (:func:`run_model`)."""
 
     def knows_calls(self, rank: int) -> bool:
-        return self.calls_known is None or rank in self.calls_known
+        return self.calls_known or rank in self.calls
 
 
 # --------------------------------------------------------------------------- one real rank
@@ -354,8 +355,7 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
             per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
     except GlooRunError as err:
         side.failure = real_failure(err, timeout)
-        side.calls = {r: calls for r, text in err.failures.items() if (calls := noted_calls(text)) is not None}
-        side.calls_known = set(side.calls)
+        note_failed_calls(side, err.failures)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
         side.calls = {r: [tuple(c) for c in per_rank[r]["calls"]] for r in range(scenario.world_size)}
@@ -380,6 +380,17 @@ def noted_calls(traceback_text: str) -> list[HookCall] | None:
     if match is None:
         return None
     return [(int(s), int(b), bool(last), tuple(int(p) for p in params)) for s, b, last, params in json.loads(match.group(1))]
+
+
+def note_failed_calls(side: Side, tracebacks: Mapping[int, str]) -> None:
+    """On a real side that failed: record the hook calls each rank that raised listed in
+    its exception's note (:func:`noted_calls`; ``tracebacks``: rank -> its traceback text),
+    and mark the record partial — only the ranks in ``side.calls`` are compared, since a
+    rank that hung or died left no note (:attr:`Side.calls_known`)."""
+    for rank, text in tracebacks.items():
+        if (calls := noted_calls(text)) is not None:
+            side.calls[rank] = calls
+    side.calls_known = False
 
 
 def last_events(text: str, rank: int) -> list[str]:
@@ -441,7 +452,7 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
                              deadline=timeout)
     if outcome.value is not None:
         return outcome.value
-    side = Side(f"sim ({backend} model)", seconds=outcome.seconds, calls_known=set())
+    side = Side(f"sim ({backend} model)", seconds=outcome.seconds, calls_known=False)
     if outcome.death is not None:
         death = outcome.death
         kind = "hung" if death.kind == "deadline" else "died"

@@ -150,7 +150,7 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
 
 
 def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> int:
-    from simcluster.real.e2e import Side, compare, noted_calls, run_sim
+    from simcluster.real.e2e import Side, compare, note_failed_calls, run_sim
     from simcluster.real.e2e_cli import exit_code
 
     outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
@@ -159,11 +159,8 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     if real.failure is None:
         real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
-    for r, o in outcomes.items():  # a rank that raised lists its calls in its exception's note
-        if "error" in o and (noted := noted_calls(o["error"]["traceback"])) is not None:
-            real.calls[r] = noted
     if real.failure is not None:
-        real.calls_known = set(real.calls)
+        note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
     sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout)
     result = compare(scenario, args.target, sim, real)
     print(result.format(), flush=True)

@@ -35,6 +35,7 @@ A hook passed as a plain function object is not copied: its module is shared by 
 
 from __future__ import annotations
 
+import copy
 import importlib.machinery
 import os
 import sys
@@ -46,7 +47,8 @@ from typing import Any
 from simcluster.errors import TargetLoadError, UsageError
 from simcluster.fake.state import StateSpec
 from simcluster.usercode.rank_state import CURRENT
-from simcluster.usercode.targets import _file_path, _import_module, _is_file, _module_name_for, _split, exec_file, load_target
+from simcluster.usercode.targets import (exec_file, file_path, import_module, is_file_spec, load_target, module_name_for,
+                                         split_spec)
 
 __all__ = ["RankLocal", "as_rank_local", "rank_local_state", "parse_isolate", "SHARED_PACKAGES"]
 
@@ -122,9 +124,9 @@ class RankLocal:
         self.spec, self.what = spec, what
         self.isolate = parse_isolate(isolate)
         self.shared = load_target(spec, what=what)
-        where, self._attr = _split(spec, what)
-        self._path: Path | None = _file_path(where, spec, what) if _is_file(where) else None
-        self._module = _module_name_for(self._path) if self._path is not None else where
+        where, self._attr = split_spec(spec, what)
+        self._path: Path | None = file_path(where, spec, what) if is_file_spec(where) else None
+        self._module = module_name_for(self._path) if self._path is not None else where
         self.per_rank = self._path is not None or _copyable(where)
         self._key = f"{spec}|{','.join(self.isolate)}"
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -139,6 +141,16 @@ class RankLocal:
     def portable_spec(self) -> str:
         """The spec with a file's path made absolute (for another process with another cwd)."""
         return self.spec if self._path is None else f"{self._path}:{self._attr}"
+
+    def portable(self) -> RankLocal:
+        """This callable spelled by :attr:`portable_spec` (a file's path absolute), as
+        ``RankLocal(self.portable_spec)`` would be, without loading the spec again."""
+        if self.portable_spec == self.spec:
+            return self
+        twin = copy.copy(self)
+        twin.spec = self.portable_spec
+        twin._key = f"{twin.spec}|{','.join(self.isolate)}"
+        return twin
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         modules = CURRENT.modules
@@ -198,7 +210,7 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
         if path is not None:
             module = exec_file(name, path, spec, what, loader=_CachedSourceLoader(name, str(path)))
         else:
-            module = _import_module(name, spec, what)
+            module = import_module(name, spec, what)
         for n in names:
             if n not in modules and n in sys.modules:
                 modules[n] = sys.modules[n]

@@ -50,6 +50,12 @@ __all__ = [
     "parse_world_sizes",
     "parse_shapes",
     "legacy_aliases",
+    "split_spec",
+    "is_file_spec",
+    "import_module",
+    "file_path",
+    "module_name_for",
+    "exec_file",
 ]
 
 
@@ -74,7 +80,13 @@ def legacy_aliases() -> Iterator[None]:
             delattr(dist, "_GradBucket")
 
 
-def _split(spec: str, what: str) -> tuple[str, str]:
+def split_spec(spec: str, what: str) -> tuple[str, str]:
+    """``(where, name)`` of a TARGET spec: the module or file before the last colon, the
+    (possibly dotted) attribute name after it; a malformed spec is a :class:`TargetLoadError`.
+
+    >>> split_spec("path/to/hooks.py:Hooks.mean", "TARGET")
+    ('path/to/hooks.py', 'Hooks.mean')
+    """
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise TargetLoadError(
@@ -85,11 +97,15 @@ def _split(spec: str, what: str) -> tuple[str, str]:
     return where, name
 
 
-def _is_file(where: str) -> bool:
+def is_file_spec(where: str) -> bool:
+    """Whether a spec's ``where`` names a file (ends in ``.py`` or has a path separator)
+    rather than an importable module."""
     return where.endswith(".py") or "/" in where or "\\" in where
 
 
-def _import_module(where: str, spec: str, what: str) -> ModuleType:
+def import_module(where: str, spec: str, what: str) -> ModuleType:
+    """``importlib.import_module(where)`` with the legacy aliases in place
+    (:func:`legacy_aliases`); any failure is a one-line :class:`TargetLoadError` naming ``spec``."""
     try:
         with legacy_aliases():
             return importlib.import_module(where)
@@ -101,14 +117,16 @@ def _import_module(where: str, spec: str, what: str) -> ModuleType:
         raise TargetLoadError(f"{what} {spec!r}: importing {where} raised {first_line(exc, typed=True)}") from None
 
 
-def _module_name_for(path: Path) -> str:
+def module_name_for(path: Path) -> str:
     """A stable, unique module name for a file (the same file always gets the same name)."""
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     stem = re.sub(r"\W", "_", path.stem)
     return f"simcluster_target_{stem}_{digest}"
 
 
-def _file_path(where: str, spec: str, what: str) -> Path:
+def file_path(where: str, spec: str, what: str) -> Path:
+    """The absolute, resolved path of the file ``where`` (``~`` expanded); a missing file is
+    a :class:`TargetLoadError` naming ``spec``."""
     path = Path(where).expanduser()
     if not path.is_file():
         raise TargetLoadError(f"{what} {spec!r}: file not found: {where}")
@@ -116,8 +134,8 @@ def _file_path(where: str, spec: str, what: str) -> Path:
 
 
 def _load_file(where: str, spec: str, what: str) -> ModuleType:
-    path = _file_path(where, spec, what)
-    name = _module_name_for(path)
+    path = file_path(where, spec, what)
+    name = module_name_for(path)
     if name in sys.modules:  # loaded before in this process: same file, same module
         return sys.modules[name]
     return exec_file(name, path, spec, what)
@@ -163,8 +181,8 @@ def load_target(spec: str, *, what: str = "TARGET") -> Callable[..., Any]:
     """
     if not isinstance(spec, str):
         raise TargetLoadError(f"{what} {spec!r} (type={type(spec).__name__}) must be a string")
-    where, name = _split(spec, what)
-    module = _load_file(where, spec, what) if _is_file(where) else _import_module(where, spec, what)
+    where, name = split_spec(spec, what)
+    module = _load_file(where, spec, what) if is_file_spec(where) else import_module(where, spec, what)
     obj: Any = module
     for part in name.split("."):
         try:
