@@ -36,3 +36,17 @@ def hangs_at_step_1_on_rank_1(state, bucket):
     if _real_step() == 1 and dist.get_rank() == 1:
         time.sleep(3600)
     return _mean(bucket)
+
+
+def returns_a_failing_collective(state, bucket):
+    """BAND on float gradients, its future returned as it is: gloo fails it at wait()."""
+    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()
+
+
+def completes_with_set_exception(state, bucket):
+    """The hook's own future, completed with set_exception: DDP gets the exception as the value."""
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_exception(RuntimeError("given up"))
+    return fut

@@ -104,3 +104,8 @@ def callback_indexes_gloo_list(state, bucket):
     out = torch.empty(world * bucket.buffer().numel())
     fut = dist.all_gather_into_tensor(out, bucket.buffer(), async_op=True).get_future()
     return fut.then(lambda f: f.value()[world].view(world, -1).mean(0))
+
+
+def returns_band_future(state, bucket):
+    """BAND on float gradients: gloo rejects it at wait(); the hook returns that future as is."""
+    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()

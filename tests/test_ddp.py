@@ -377,6 +377,37 @@ def test_set_exception_is_cast_like_a_value() -> None:
         ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
 
 
+def _band_future(state: Any, bucket: Any) -> torch.futures.Future:
+    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()
+
+
+def test_the_future_of_a_failed_collective_raises_its_own_error() -> None:
+    """gloo fails BAND on floats at wait() (docs/gloo-facts.md §2). A hook returning that
+    collective's future hands DDP an *errored* future: real DDP raises the collective's
+    error from backward(), not the "Unable to cast" of a set_exception future (above)."""
+    ddp = SimDDP(SimCluster(2, seed=0, backend="gloo"), _band_future, TRAP_SHAPES)
+    with pytest.raises(RuntimeError, match=r"^Cannot use ReduceOp.BAND with non-integral dtype\n") as info:
+        ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    assert not isinstance(info.value, CopyBackError)
+    assert any("the hook's future is that of a collective that failed" in n for n in info.value.__notes__)
+
+
+def test_errored_futures_are_told_from_set_exception_ones() -> None:
+    """SimFuture.errored: true for a failed collective's future and for a then-child whose
+    callback raised (C++ errors both), false for a future completed with set_exception."""
+    def rank_fn(rank: int) -> tuple[bool, bool, bool]:
+        failed = dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, async_op=True).get_future()
+        child = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: _raise(ValueError("x")))
+        own = torch.futures.Future()
+        own.set_exception(ValueError("y"))
+        for fut in (failed, child):
+            with pytest.raises(Exception):
+                fut.wait()
+        return failed.errored, child.errored, own.errored
+
+    assert SimCluster(2, backend="gloo").run(rank_fn).values == [(True, True, False)] * 2
+
+
 @pytest.mark.parametrize(("returned", "message"), [
     (lambda b: b.buffer(), r"must return a torch.futures.Future object, but got torch.Tensor"),
     (lambda b: [b.buffer()], r"must return a torch.futures.Future object, but got builtins.list"),

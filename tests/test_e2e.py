@@ -132,6 +132,22 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None
     assert "≠" not in text
 
 
+@pytest.mark.parametrize("hook, message", [
+    # gloo fails the collective at wait(): real DDP raises its error from backward() as it is
+    ("returns_a_failing_collective", "Cannot use ReduceOp.BAND with non-integral dtype"),
+    # a future completed with set_exception holds the exception as its value: the reducer cannot cast it
+    ("completes_with_set_exception", "Unable to cast given up to Tensor"),
+])
+def test_a_failed_future_reaches_the_reducer_as_on_real_gloo(census, hook: str, message: str) -> None:
+    """Errored (a failed collective) and completed-with-an-exception futures differ for DDP's
+    reducer; the simulation must make the same difference, under the real reducer and SimDDP."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:{hook}", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure.message == result.sim.failure.message == message, result.format()
+    assert result.real.failure.error_type == result.sim.failure.error_type == "RuntimeError"
+
+
 # --------------------------------------------------------------------------- faults
 
 

@@ -248,3 +248,19 @@ def test_not_callable_message_reads_right(tmp_path: Path) -> None:
         load_target(f"{tmp_path}/values.py:COUNT")
     with pytest.raises(TargetLoadError, match="NAME is a str, not callable"):
         load_target(f"{tmp_path}/values.py:NAME")
+
+
+def test_a_backend_rejecting_the_op_at_wait_is_a_contract_failure_at_the_call(capsys: pytest.CaptureFixture[str],
+                                                                              tmp_path: Path) -> None:
+    """The rejection reaches DDP through the hook's (errored) future: the report says the
+    collective's own error, as real DDP raises it, judges it *contract* as a rejection at
+    the call is, and points at the user line that made the call."""
+    code, out, data = _check(capsys, tmp_path, "returns_band_future", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "5")
+    assert code == 1
+    failure = data["failures"][0]
+    assert failure["property"] == "contract"
+    assert "Cannot use ReduceOp.BAND with non-integral dtype" in out and "Unable to cast" not in out
+    line = _line("op=dist.ReduceOp.BAND")
+    assert f"at {HOOKS}:{line} in returns_band_future" in out
+    assert failure["details"]["line"] == f"{HOOKS}:{line}"

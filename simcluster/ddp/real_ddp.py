@@ -61,7 +61,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
-from simcluster.fake.futures import SimFuture, callback_exception
+from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, callback_exception
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankWorld
 from simcluster.fake.state import StateSpec
@@ -153,7 +153,7 @@ def _per_thread_world(proxy: _WorldProxy) -> Iterator[None]:
 
 
 def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter], calls: list[HookCall],
-               iteration: list[int], returned: list[torch.futures.Future]) -> Callable[..., Any]:
+               iteration: list[int], returned: list[torch.futures.Future], bridged: list[str]) -> Callable[..., Any]:
     """The hook as registered: records the bucket DDP passed, then calls ``hook``.
 
     ``functools.wraps`` gives it ``hook``'s name and signature, so DDP's registration
@@ -168,13 +168,13 @@ def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter]
         if isinstance(future, torch.futures.Future):
             returned.append(future)
         if isinstance(future, SimFuture):
-            return for_reducer(future)
+            return for_reducer(future, bridged)
         return future
 
     return recorded_hook
 
 
-def for_reducer(future: SimFuture) -> torch._C.Future:
+def for_reducer(future: SimFuture, bridged: list[str] | None = None) -> torch._C.Future:
     """The future the C++ reducer waits on for a hook's :class:`SimFuture`: derived from it
     with the C++ base class's ``then``, so it completes in the same call that completes
     ``future`` (the engine keeps the order) and its outcome is what real torch's would be:
@@ -185,21 +185,43 @@ def for_reducer(future: SimFuture) -> torch._C.Future:
       ``RuntimeError: Got the following error when running the callback: …`` as on real
       gloo (a Python future cannot be errored: its exception would be the *value*, and the
       reducer would say ``Unable to cast …``);
+    * for the future of a collective that failed (``SimFuture.errored``; gloo fails
+      ``PREMUL_SUM`` and bitwise ops on floats at ``wait()``): its error re-raised, so C++
+      marks this future errored. Real DDP raises the collective's own error from
+      ``backward()``; Python can only error a C++ future through a callback, whose message
+      C++ prefixes with ``Got the following error when running the callback: ``. So the
+      text C++ will make is appended to ``bridged``, and :func:`unbridged` turns the
+      reducer's error back into the collective's (the prefix is this bridge's, not torch's);
     * for one user code completed with ``set_exception``: the exception object as the value,
       as real torch stores it (the reducer then says ``Unable to cast …``, docs/ddp-facts.md).
     """
-    return torch._C.Future.then(future, _value_or_callback_error)
+    return torch._C.Future.then(future, functools.partial(_value_or_error, bridged))
 
 
-def _value_or_callback_error(future: SimFuture) -> Any:
+def _value_or_error(bridged: list[str] | None, future: SimFuture) -> Any:
     # The C++ value: this runs inside the C++ completion, before SimFuture marks itself done.
     try:
         return torch._C.Future.value(future)
     except Exception as err:  # noqa: BLE001 - decided below: re-raised or kept as the value
         original = callback_exception(err)
-        if original is None:
+        if original is not None:
+            raise original from None
+        if not future.errored:
             return err
-        raise original from None
+        if bridged is not None:
+            bridged.append(f"{CALLBACK_ERROR}: {type(err).__name__}: {err}")
+        raise
+
+
+def unbridged(error: RuntimeError, bridged: Sequence[str]) -> RuntimeError | None:
+    """The collective's own error, as real DDP raises it from ``backward()``, for a reducer
+    error that :func:`for_reducer` made by re-raising a failed collective's error (one of
+    the texts in ``bridged``); ``None`` for any other error."""
+    text = str(error)
+    for made in bridged:
+        if text == made or text.startswith(made + "\n"):
+            return RuntimeError(made.split(": ", 2)[2])
+    return None
 
 
 def run_real_ddp(
@@ -308,6 +330,7 @@ class _Training:
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in models]
         self.hook_calls: list[list[HookCall]] = [[] for _ in range(world_size)]
         self.returned: list[torch.futures.Future] = []
+        self.bridged: list[str] = []  # failed collectives' errors re-raised by for_reducer (any rank)
         self.grads: list[list[list[torch.Tensor | None]]] = [[[] for _ in range(world_size)]
                                                               for _ in range(iterations)]
         self.after: list[list[list[torch.Tensor]]] = [[[] for _ in range(world_size)] for _ in range(iterations)]
@@ -342,7 +365,7 @@ class _Training:
             rank_state = self.state_spec.resolve(self.groups[rank], self.models[rank])
         if rank_hook is not None:
             ddp.register_comm_hook(rank_state, _recording(rank_hook, self.params[rank], self.hook_calls[rank],
-                                                          iteration, self.returned))
+                                                          iteration, self.returned, self.bridged))
         return step
 
     def _iterate(self, ddp: DistributedDataParallel, rank: int, k: int, step: Callable[[], Any] | None) -> None:
@@ -351,7 +374,13 @@ class _Training:
         self.engine.set_status(f"forward of iteration {k}")
         loss = ddp(self.inputs_per_rank[rank][k]).sum()
         self.engine.set_status(f"in backward() of iteration {k} (the C++ reducer waits on hook futures here)")
-        loss.backward()
+        try:
+            loss.backward()
+        except RuntimeError as err:
+            real = unbridged(err, self.bridged)
+            if real is None:
+                raise
+            raise real from None  # what real DDP raises: the failed collective's own error
         self.grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params]
         if step is not None:
             self.engine.set_status(f"optimizer step of iteration {k}")

@@ -48,7 +48,7 @@ from simcluster.names import callable_name
 if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
 
-__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception"]
+__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception", "CALLBACK_ERROR"]
 
 _log = logging.getLogger("simcluster")
 _C_FUTURE_INIT = torch._C.Future.__init__
@@ -57,6 +57,10 @@ _C_FUTURE_INIT = torch._C.Future.__init__
 _C_SET_RESULT = torch._C.Future.set_result
 _C_VALUE = torch._C.Future.value
 _C_WAIT = torch._C.Future.wait
+
+
+CALLBACK_ERROR = "Got the following error when running the callback"
+"""How torch's C++ ``then`` begins the message of a callback's exception (then ``: <Type>: <msg>``)."""
 
 
 def callback_error(exc: BaseException) -> RuntimeError:
@@ -70,7 +74,7 @@ def callback_error(exc: BaseException) -> RuntimeError:
     frames = traceback.extract_tb(tb.tb_next if tb is not None else None)
     at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     error = RuntimeError(
-        f"Got the following error when running the callback: {type(exc).__name__}: {exc}\n\nAt:\n{at}"
+        f"{CALLBACK_ERROR}: {type(exc).__name__}: {exc}\n\nAt:\n{at}"
     )
     error.__cause__ = exc
     error._simcluster_callback_exception = exc  # type: ignore[attr-defined] - see callback_exception
@@ -106,6 +110,7 @@ class SimFuture(torch.futures.Future):
         self._callbacks: list[tuple[Callable[["SimFuture"], Any], str, SimFuture | None]] = []
         self._resumers: list[Callable[[], None]] = []
         self._complete = False
+        self._errored = False
         # Only the free-running engine (simcluster.engine.threaded) completes futures while
         # other threads register callbacks; the lock makes "check pending, then
         # append" atomic with "mark complete, then take the lists" there.
@@ -150,6 +155,22 @@ class SimFuture(torch.futures.Future):
             )
         super().set_exception(result)
         self._finish()
+
+    def set_error(self, error: BaseException) -> None:
+        """Complete this future *errored*, as C++ does when a collective fails or a ``then``
+        callback raises: ``wait()``/``value()`` raise ``error`` (as after ``set_exception``)
+        and :attr:`errored` is true. The difference matters to DDP's C++ reducer: it raises
+        an errored future's error from ``backward()``, while a future completed with
+        ``set_exception`` holds the exception as its *value*, which the reducer fails to
+        cast to a tensor (measured, docs/ddp-facts.md). Python has no way to error a C++
+        future; the simulator's completions use this."""
+        self._errored = True
+        self.set_exception(error)
+
+    @property
+    def errored(self) -> bool:
+        """True once completed by :meth:`set_error` (a failed collective, a raising callback)."""
+        return self._errored
 
     def _finish(self) -> None:
         # Waiters are queued first (they run after this code finishes or parks), then
@@ -218,12 +239,12 @@ class SimFuture(torch.futures.Future):
             try:
                 callback(self)
             except Exception as exc:  # noqa: BLE001 - torch logs and swallows it
-                _log.error("Got the following error when running the callback: %s: %s", type(exc).__name__, exc)
+                _log.error(CALLBACK_ERROR + ": %s: %s", type(exc).__name__, exc)
             return
         try:
             result = callback(self)
-        except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future
-            child.set_exception(callback_error(exc))
+        except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future, errored
+            child.set_error(callback_error(exc))
         else:
             child.set_result(result)
 
@@ -265,7 +286,7 @@ class DoneFlag:
         as the completion task, so no closure is made per collective and rank."""
         value, exc = outcome
         if exc is not None:
-            self._future.set_exception(exc)
+            self._future.set_error(exc)
         else:
             self._future.set_result(value)
         self.set()

@@ -23,6 +23,7 @@ Not supported (each raises :class:`~simcluster.errors.UnsupportedError` naming i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -32,6 +33,7 @@ import torch.distributed as dist
 
 from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
+from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
 
@@ -213,7 +215,8 @@ class SimProcessGroup(dist.ProcessGroup):
         if error is not None:
             if backend.errors_at_call:
                 raise BackendError(error)
-            compute = _rejected(error)  # the collective runs, and fails at wait() on every rank
+            # the collective runs, and fails at wait() on every rank; its error names this call's line
+            compute = _rejected(error, stack_user_frames(sys._getframe(1)))
         future = SimFuture(engine, self.global_rank, "")
         finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
@@ -595,12 +598,18 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
 
-def _rejected(error: str) -> Callable[[dict[int, Call]], dict[int, Any]]:
+def _rejected(error: str, frames: list[Frame]) -> Callable[[dict[int, Call]], dict[int, Any]]:
     """A collective the backend rejects at ``wait()`` (gloo: ``PREMUL_SUM``, bitwise ops on
-    floats): it completes, leaves the data alone, and every rank's future holds the error."""
+    floats): it completes, leaves the data alone, and every rank's future holds the error
+    (one per rank), carrying ``frames`` — the user code that posted the call — for reports."""
 
     def compute(calls: dict[int, Call]) -> dict[int, Any]:
-        return {r: (None, RuntimeError(error)) for r in calls}
+        out = {}
+        for r in calls:
+            exc = BackendError(error)  # a RuntimeError, as real gloo's is
+            exc.simcluster_frames = frames  # type: ignore[attr-defined] - see engine.frames.user_frames
+            out[r] = (None, exc)
+        return out
 
     return compute
 

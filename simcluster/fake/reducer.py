@@ -36,14 +36,11 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import packing
-from simcluster.fake.futures import SimFuture
-from simcluster.errors import CopyBackError, HookContractError, SimClusterError, add_context_note
+from simcluster.fake.futures import CALLBACK_ERROR, SimFuture
+from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name
 
 __all__ = ["check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
-
-_CALLBACK_ERROR = "Got the following error when running the callback"
-
 
 def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
     """Real DDP requires the hook to return a ``torch.futures.Future``: anything else is
@@ -123,12 +120,13 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
         value = future.value()
     except Exception as exc:  # noqa: BLE001 - classified below, as the reducer sees it
         outputs.append(exc)
-        if isinstance(exc, SimClusterError):  # a modelled backend failure of the collective
-            add_context_note(exc, f"simcluster: the hook's future failed ({where})")
-            raise
-        if isinstance(exc, RuntimeError) and str(exc).startswith(_CALLBACK_ERROR):
+        if isinstance(exc, RuntimeError) and str(exc).startswith(CALLBACK_ERROR):
             raise CopyBackError(f"{exc}\n  simcluster: {where}: a then-callback of the hook raised; "
                                 "real DDP raises this error from backward()") from exc
+        if isinstance(future, SimFuture) and future.errored:  # e.g. gloo rejecting the op at wait()
+            add_context_note(exc, f"simcluster: {where}: the hook's future is that of a collective that failed; "
+                                  "real DDP raises the collective's error from backward()")
+            raise
         raise CopyBackError(
             f"Unable to cast {exc} to Tensor\n  simcluster: {where}: the future was completed with "
             f"set_exception({type(exc).__name__}(...)); real DDP treats the exception as the result and fails "

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import first_line
+from simcluster.errors import SimClusterError, first_line
 
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
@@ -547,7 +547,19 @@ def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFa
     mine = calls.get(rank, [])
     kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
     detail = "".join(traceback.format_exception(exc))
-    return SideFailure(kind, rank, type(exc).__name__, first_line(exc), mine[-1][0] if mine else None, detail)
+    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), mine[-1][0] if mine else None, detail)
+
+
+def _as_real_type(exc: BaseException) -> str:
+    """The name of the exception type real torch would raise in ``exc``'s place: simcluster's
+    own errors stand for a built-in one they derive from (``BackendError`` and
+    ``CopyBackError`` are ``RuntimeError``\\s, as real gloo's and real DDP's are); the
+    simulator's hang and deadlock reports keep their own names."""
+    if not isinstance(exc, SimClusterError):
+        return type(exc).__name__
+    real = next((c for c in type(exc).__mro__ if c.__module__ == "builtins" and c not in (Exception, BaseException,
+                                                                                          object)), None)
+    return real.__name__ if real is not None else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- comparing
