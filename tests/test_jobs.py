@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -234,51 +235,59 @@ def test_ctrl_c_with_two_workers_exits_130_and_leaves_no_process(tmp_path: Path)
 # -- run_tasks on Ctrl-C: each running worker says where it was -----------------------------------
 
 
-def _sleeps_then_says_where() -> None:
+def _sleeps_then_says_where(running: Path) -> None:
     try:
+        (running / str(os.getpid())).touch()
         time.sleep(60)
     except KeyboardInterrupt as stop:
         stop.add_note("it was sleeping")
         raise
 
 
-def _will_not_answer() -> None:
+def _will_not_answer(running: Path) -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # as code stuck in C would, it never sees the question
+    (running / str(os.getpid())).touch()
     time.sleep(60)
 
 
-def _interrupt_when(count: int) -> Any:
+def _interrupt_when(count: int, running: Path) -> Any:
+    """A ``started`` callback: once ``count`` workers started and their tasks run, "Ctrl-C"."""
     started: list[int] = []
 
     def started_one(index: int) -> None:
         started.append(index)
-        if len(started) == count:  # every worker runs: now "Ctrl-C" arrives in the parent
+        if len(started) == count:
+            limit = time.monotonic() + 60
+            while len(list(running.iterdir())) < count and time.monotonic() < limit:
+                time.sleep(0.02)
             raise KeyboardInterrupt
 
     return started_one
 
 
-def test_ctrl_c_asks_every_running_worker_where_it_was() -> None:
+def test_ctrl_c_asks_every_running_worker_where_it_was(tmp_path: Path) -> None:
     from simcluster.checking.row_pool import run_tasks
 
     before = descendants()
     began = time.monotonic()
+    task = partial(_sleeps_then_says_where, tmp_path)
     with pytest.raises(KeyboardInterrupt) as info:
-        list(run_tasks([_sleeps_then_says_where, _sleeps_then_says_where, _sleeps_then_says_where], jobs=2,
-                       started=_interrupt_when(2), names=["first", "second", "third"]))
+        list(run_tasks([task, task, task], jobs=2, started=_interrupt_when(2, tmp_path),
+                       names=["first", "second", "third"]))
     assert info.value.__notes__ == ["simcluster: first was being checked", "it was sleeping",
                                     "simcluster: second was being checked", "it was sleeping"]
     assert time.monotonic() - began < 30  # answered at once, not after the tasks' 60 s
     assert descendants() <= before
 
 
-def test_a_worker_that_does_not_answer_is_named_and_killed_after_the_grace() -> None:
+def test_a_worker_that_does_not_answer_is_named_and_killed_after_the_grace(tmp_path: Path) -> None:
     from simcluster.checking.row_pool import INTERRUPT_GRACE, run_tasks
 
     before = descendants()
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as info:
-        list(run_tasks([_will_not_answer, _sleeps_then_says_where], jobs=2, started=_interrupt_when(2)))
+        list(run_tasks([partial(_will_not_answer, tmp_path), partial(_sleeps_then_says_where, tmp_path)], jobs=2,
+                       started=_interrupt_when(2, tmp_path)))
     assert info.value.__notes__ == ["simcluster: task 0 was being checked", "(its worker did not answer in time)",
                                     "simcluster: task 1 was being checked", "it was sleeping"]
     assert INTERRUPT_GRACE <= time.monotonic() - began < INTERRUPT_GRACE + 30

@@ -102,8 +102,9 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int, started: Callabl
     try:
         while True:
             while len(running) < jobs and (task := next(upcoming, None)) is not None:
-                # SIGINT waits until the worker is recorded (so killed below), and never reaches it
-                old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                # SIGINT waits until the worker is recorded (so killed below), and never reaches it;
+                # the worker starts with the where-are-you signal blocked until its handler is in
+                old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, _WHERE_SIGNAL})
                 try:
                     worker = _start(*task, old_mask)
                     running[worker.pipe] = worker
@@ -177,13 +178,11 @@ def _notes_of(worker: _Worker) -> list[str]:
 
 
 def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
-    """Fork a worker for ``task`` (the caller blocks SIGINT around this; ``mask`` is the
-    signal mask to restore in the worker, once it ignores SIGINT)."""
+    """Fork a worker for ``task`` (the caller blocks SIGINT and ``SIGUSR2`` around this;
+    ``mask`` is the signal mask to restore in the worker, once it ignores SIGINT and
+    handles ``SIGUSR2``)."""
     def body(out: int, parent: int) -> None:  # pragma: no cover - the worker; its behaviour is the tests' subject
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(_WHERE_SIGNAL, _interrupted)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        _worker(task, out, parent)
+        _worker(task, out, parent, mask)
 
     pid, read_end = fork_child(body)
     return _Worker(index, pid, read_end, [])
@@ -193,13 +192,16 @@ def _interrupted(signum: int, frame: Any) -> None:  # pragma: no cover - runs in
     raise KeyboardInterrupt
 
 
-def _worker(task: Callable[[], Any], out: int, parent: int) -> None:  # pragma: no cover - runs in the worker
+def _worker(task: Callable[[], Any], out: int, parent: int, mask: Any) -> None:  # pragma: no cover - in the worker
     """Run ``task``, send its outcome, exit; never return into the caller's code."""
     code = 0
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(_WHERE_SIGNAL, _interrupted)
         die_with_parent(parent)
         one_torch_thread()
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a where-are-you sent meanwhile arrives here
             message: tuple[str, Any] = ("value", task())
         except (UsageError, KeyboardInterrupt) as exc:  # raised again in the parent
             message = ("raise", exc)
