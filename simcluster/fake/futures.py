@@ -308,7 +308,15 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
     """Simulated ``torch.futures.collect_all``: a SimFuture of the list of input futures.
 
     torch's own returns a plain C++ future whose ``wait`` would block the run's only
-    thread; inside a run this version is patched in its place.
+    thread; inside a run this version is patched in its place. What it does, as torch's
+    (measured on torch 2.13, docs/collectives.md §9):
+
+    * it completes with the list once every input has completed;
+    * an *errored* input (a failed collective, a raising ``then`` callback:
+      :attr:`SimFuture.errored`) errors it with that input's error as soon as that input
+      completes — the first to error wins — even while other inputs are pending;
+    * otherwise, if an input holds an exception (``set_exception``), its ``wait()`` and
+      ``value()`` raise the first such input's exception in list order.
     """
     sims = [f for f in futures if isinstance(f, SimFuture)]
     if not sims:
@@ -318,10 +326,19 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
     remaining = [len(futures)]
     items = list(futures)
 
-    def one_done(_: Any) -> None:
+    def one_done(fut: Any) -> None:
+        if out.done():  # an errored input completed it already
+            return
+        if isinstance(fut, SimFuture) and fut.errored:
+            out.set_error(_exception_of(fut))
+            return
         remaining[0] -= 1
         if remaining[0] == 0:
-            out.set_result(items)
+            raised = next((e for e in map(_exception_of, items) if e is not None), None)
+            if raised is not None:
+                out.set_exception(raised)
+            else:
+                out.set_result(items)
 
     for fut in items:
         if isinstance(fut, SimFuture):
@@ -333,6 +350,15 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
                 "collect_all mixing simulated futures with a pending plain torch Future is not supported"
             )
     return out
+
+
+def _exception_of(fut: torch.futures.Future) -> BaseException | None:
+    """The exception a completed future's ``value()`` raises, or None."""
+    try:
+        fut.value()
+    except Exception as exc:  # noqa: BLE001 - the answer
+        return exc
+    return None
 
 
 def wait_all(futures: Sequence[torch.futures.Future]) -> list[Any]:

@@ -1,0 +1,137 @@
+"""Simulated futures against torch's own: ``collect_all``/``wait_all`` over failed inputs.
+
+torch's future semantics need no gloo: each test first asks **real torch** (plain
+``torch.futures.Future`` objects, completed by the test) how a combination behaves, then runs
+the same combination inside a simulated run, where the futures are ``SimFuture``\\ s
+completed by the simulator, and requires the same behaviour. A failed collective's future
+and a ``then`` child whose callback raised are *errored* in C++; a future completed with
+``set_exception`` holds the exception as its value (``SimFuture.errored`` tells them apart).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simcluster import SimCluster
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+def _outcome(fut: torch.futures.Future) -> tuple[str, str]:
+    """``("raised", message's first line)`` or ``("value", type names of the list's items)``."""
+    try:
+        value = fut.wait()
+    except Exception as exc:  # noqa: BLE001 - the answer
+        return "raised", str(exc).splitlines()[0]
+    return "value", ",".join(type(v).__name__ for v in value)
+
+
+def _failed_collective() -> torch.futures.Future:
+    """Inside a run: gloo fails BAND on floats at wait() (an errored future)."""
+    return dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, async_op=True).get_future()
+
+
+def test_an_errored_input_errors_collect_all_at_once_as_in_torch() -> None:
+    # real torch: an errored input (a callback raised) errors the aggregate while another input is pending
+    source, pending = torch.futures.Future(), torch.futures.Future()
+    errored = source.then(lambda f: _raise(ValueError("in the callback")))
+    real = torch.futures.collect_all([pending, errored])
+    source.set_result(0)
+    assert real.done() and not pending.done()
+    assert _outcome(real) == ("raised", "Got the following error when running the callback: ValueError: in the callback")
+
+    def rank_fn(rank: int) -> tuple[bool, tuple[str, str]]:
+        pending = torch.futures.Future()
+        failed = _failed_collective()
+        agg = torch.futures.collect_all([pending, failed])
+        try:
+            failed.wait()
+        except RuntimeError:
+            pass
+        done_early = agg.done()
+        pending.set_result(None)  # let the run end with nothing pending
+        return done_early, _outcome(agg)
+
+    for done_early, outcome in SimCluster(2, backend="gloo").run(rank_fn).values:
+        assert done_early
+        assert outcome == ("raised", "Cannot use ReduceOp.BAND with non-integral dtype")
+
+
+def test_the_first_errored_input_wins_as_in_torch() -> None:
+    first, second = torch.futures.Future(), torch.futures.Future()
+    e1 = first.then(lambda f: _raise(ValueError("one")))
+    e2 = second.then(lambda f: _raise(ValueError("two")))
+    real = torch.futures.collect_all([e1, e2])
+    second.set_result(0)  # e2 errors first
+    first.set_result(0)
+    assert _outcome(real)[1].endswith("ValueError: two")
+
+    def rank_fn(rank: int) -> tuple[str, str]:
+        a, b = torch.futures.Future(), torch.futures.Future()
+        ea = a.then(lambda f: _raise(ValueError("one")))
+        eb = b.then(lambda f: _raise(ValueError("two")))
+        agg = torch.futures.collect_all([ea, eb])
+        b.set_result(0)
+        a.set_result(0)
+        return _outcome(agg)
+
+    for outcome in SimCluster(1).run(rank_fn).values:
+        assert outcome[0] == "raised" and outcome[1].endswith("ValueError: two"), outcome
+
+
+def test_set_exception_inputs_raise_in_list_order_once_all_complete_as_in_torch() -> None:
+    x, y, pending = torch.futures.Future(), torch.futures.Future(), torch.futures.Future()
+    real = torch.futures.collect_all([x, y, pending])
+    y.set_exception(ValueError("y, completed first"))
+    x.set_exception(ValueError("x, first in the list"))
+    assert not real.done()  # no early completion for set_exception inputs
+    pending.set_result(1)
+    assert _outcome(real) == ("raised", "x, first in the list")
+
+    def rank_fn(rank: int) -> tuple[bool, tuple[str, str]]:
+        x, y, pending = torch.futures.Future(), torch.futures.Future(), torch.futures.Future()
+        agg = torch.futures.collect_all([x, y, pending])
+        y.set_exception(ValueError("y, completed first"))
+        x.set_exception(ValueError("x, first in the list"))
+        early = agg.done()
+        pending.set_result(1)
+        return early, _outcome(agg)
+
+    assert SimCluster(2).run(rank_fn).values == [(False, ("raised", "x, first in the list"))] * 2
+
+
+def test_values_give_the_list_of_futures_and_wait_all_their_values() -> None:
+    a, b = torch.futures.Future(), torch.futures.Future()
+    a.set_result(1)
+    b.set_result(2)
+    real = _outcome(torch.futures.collect_all([a, b]))
+    assert real == ("value", "Future,Future")
+
+    def rank_fn(rank: int) -> tuple[tuple[str, str], list[Any]]:
+        t = torch.full((2,), float(rank + 1))
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        own = torch.futures.Future()
+        own.set_result("mine")
+        agg = torch.futures.collect_all([fut, own])
+        outcome = ("value", ",".join("Future" for _ in agg.wait()))  # SimFutures stand in for torch's
+        return outcome, torch.futures.wait_all([fut, own])
+
+    for outcome, values in SimCluster(2).run(rank_fn).values:
+        assert outcome == real
+        assert torch.equal(values[0][0], torch.full((2,), 3.0)) and values[1] == "mine"
+
+
+def test_wait_all_raises_an_errored_inputs_error() -> None:
+    def rank_fn(rank: int) -> str:
+        try:
+            torch.futures.wait_all([_failed_collective()])
+        except RuntimeError as exc:
+            return str(exc).splitlines()[0]
+        return "no error"
+
+    assert SimCluster(2, backend="gloo").run(rank_fn).values == ["Cannot use ReduceOp.BAND with non-integral dtype"] * 2
