@@ -199,3 +199,20 @@ def test_error_feedback_catches_a_growing_lag() -> None:
     msg = P.error_feedback(growing, means, drain_from=5, lag=4.0)
     assert msg is not None and "grows" in msg
     assert P.error_feedback([ones] * 5, means, drain_from=5, lag=4.0) is None
+
+
+def test_averages_says_when_a_failure_is_within_a_half_precision_tolerance() -> None:
+    """A hook compressing to float16 checked at fp32: the report names the tolerance its
+    format needs; a result off by more than float16 rounding gets no such hint."""
+    inputs = [[torch.tensor([0.9401059746742249, 3.0])], [torch.tensor([0.5, -1.25])]]
+    mean = (inputs[0][0].double() + inputs[1][0].double()) / 2
+    as_fp16 = [[mean.half().float()], [mean.half().float()]]
+    summed = [[mean.float() * 2], [mean.float() * 2]]
+    assert "within --tolerance fp16" in (P.averages(as_fp16, inputs, "fp32") or "")
+    # a mean of 1 + 2^-8: bfloat16 rounds it to 1.0, further off than float16's bound allows
+    coarse = [[torch.tensor([1.0])], [torch.tensor([1.0078125])]]
+    as_bf16 = [[torch.tensor([1.00390625]).bfloat16().float()]] * 2
+    assert "within --tolerance bf16" in (P.averages(as_bf16, coarse, "fp32") or "")
+    failure = P.averages(summed, inputs, "fp32")
+    assert failure is not None and "within --tolerance" not in failure
+    assert P.averages(as_fp16, inputs, "fp16") is None

@@ -166,8 +166,22 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
                     more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
                     return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
                             f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
-                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
+                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more
+                            + _looser_hint(tol, results, inputs, groups))
     return None
+
+
+def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
+    """When a result fails a full-precision tolerance but every result is within a
+    half-precision one, say so: the usual cause is a hook that compresses to float16 or
+    bfloat16 on purpose, checked without the ``--tolerance`` its format needs."""
+    if tol.kind not in ("exact", "fp32"):
+        return ""
+    for looser in ("fp16", "bf16"):
+        if averages(results, inputs, looser, groups) is None:
+            return (f"\n(every result is within --tolerance {looser}: if the hook compresses to "
+                    f"{'float16' if looser == 'fp16' else 'bfloat16'} on purpose, check it with --tolerance {looser})")
+    return ""
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
