@@ -58,6 +58,21 @@ def test_bad_explain_options_are_one_line_usage_errors(argv: list[str], capsys: 
     assert code == 2 and len(err.strip().splitlines()) == 1 and out == ""
 
 
+def test_a_failure_names_the_hooks_own_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the error arose, as user code: here the hook's collective call (gloo fails BAND
+    on floats at wait(); the error reaches DDP through the hook's future), not torch's
+    ``raise_error`` in the future module."""
+    (tmp_path / "band.py").write_text(
+        "import torch.distributed as dist\n"
+        "def h(state, bucket):\n"
+        "    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()\n")
+    code, out, _ = run(["explain", f"{tmp_path}/band.py:h", "--world-size", "2"], capsys)
+    assert code == 1
+    where = out[out.index("where (innermost last):"):].splitlines()
+    assert "band.py:3 in h: return dist.all_reduce(" in where[1]
+    assert "raise_error" not in out
+
+
 def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnostic(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "mixed.py").write_text(

@@ -30,13 +30,13 @@ True
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
+from simcluster.engine.frames import user_frames
 from simcluster.engine.trace import Trace
 from simcluster.names import callable_name
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
@@ -149,15 +149,16 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
 
 
 def format_failure(exc: BaseException) -> list[str]:
-    """The whole diagnostic: type and full message, every note, and the last frames of the
-    traceback outside simcluster (the hook's own lines)."""
+    """The whole diagnostic: type and full message, every note, and the last frames of user
+    code it arose at (:func:`~simcluster.engine.frames.user_frames`: the hook's own lines,
+    also for an error a failed collective or a callback carried to DDP)."""
     lines = [f"{type(exc).__name__}: {line}" if i == 0 else line
              for i, line in enumerate(str(exc).strip().splitlines() or [""])]
     lines += [n for note in getattr(exc, "__notes__", []) for n in str(note).splitlines()]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/simcluster/" not in f.filename]
+    frames = user_frames(exc, limit=4)
     if frames:
         lines.append("where (innermost last):")
-        lines += [f"  {f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames[-4:]]
+        lines += [f"  {frame}" for frame in frames]
     return lines
 
 
