@@ -109,3 +109,23 @@ def callback_indexes_gloo_list(state, bucket):
 def returns_band_future(state, bucket):
     """BAND on float gradients: gloo rejects it at wait(); the hook returns that future as is."""
     return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()
+
+
+def broadcasts_from_callbacks(state, bucket):
+    """Posts its second collective from the first one's callback: with two buckets in flight,
+    callbacks run in each rank's completion order, so the broadcasts pair up across buckets."""
+    t = bucket.buffer()
+    result = torch.futures.Future()
+
+    def after_sum(f):
+        second = dist.broadcast(t, src=0, async_op=True).get_future()
+        second.then(lambda g: result.set_result(t.div_(dist.get_world_size())))
+
+    dist.all_reduce(t, async_op=True).get_future().then(after_sum)
+    return result
+
+
+def adds_its_rank(state, bucket):
+    """Replicas disagree whatever the schedule."""
+    t = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].add_(dist.get_rank()))

@@ -264,3 +264,21 @@ def test_a_backend_rejecting_the_op_at_wait_is_a_contract_failure_at_the_call(ca
     line = _line("op=dist.ReduceOp.BAND")
     assert f"at {HOOKS}:{line} in returns_band_future" in out
     assert failure["details"]["line"] == f"{HOOKS}:{line}"
+
+
+def test_an_order_dependent_failure_says_the_in_order_schedule_passes(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "broadcasts_from_callbacks", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree", "--params", "5,5", "--examples", "400")
+    assert code == 1
+    failure = data["failures"][0]
+    assert failure["property"] == "replicas_agree" and failure["schedule"]
+    assert "with every collective completing in order this step passes" in failure["message"]
+
+
+def test_a_failure_whatever_the_order_gets_no_order_hint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "adds_its_rank", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree", "--params", "5,5")
+    assert code == 1
+    assert data["failures"][0]["property"] == "replicas_agree"
+    assert "completing in order" not in out

@@ -43,7 +43,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from simcluster.checking import properties as P
-from simcluster.checking.judge import ORDER, exit_head, keeps_residual, run_example
+from simcluster.checking.judge import ORDER, exit_head, keeps_residual, order_hint, run_example
 from simcluster.checking.options import Options, make_options
 from simcluster.checking.render import death_failure, failure
 from simcluster.checking.replay import decode_example, encode_example
@@ -262,7 +262,7 @@ def prepare_to_fork() -> None:
 
 # --------------------------------------------------------------------------- the search
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
-    return failure(opts, v.prop, str(v), v.info, steps)
+    return failure(opts, v.prop, str(v) + order_hint(opts, v), v.info, steps)
 
 
 def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int) -> None:

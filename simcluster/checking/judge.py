@@ -37,7 +37,7 @@ from simcluster.errors import (
 )
 from simcluster.fake.cluster import SimCluster
 
-__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "ORDER"]
+__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "ORDER"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
 """The order the oracles are applied in (and distinct bugs are reported in)."""
@@ -206,6 +206,31 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
     msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order], f"the schedule {taken}")
     if msg:
         fail("schedule_independence", msg)
+
+
+def order_hint(opts: Options, violation: Violation) -> str:
+    """For a reported *replicas_agree* or *averages* failure found under a drawn schedule:
+    if the same example passes that step with every collective completing in order, a line
+    saying the result depends on completion order (else ``''``). Run once per reported
+    failure, not during the search: one more simulation of the example."""
+    info = violation.info
+    if violation.prop not in ("replicas_agree", "averages") or not info.get("schedule") or info.get("error"):
+        return ""
+    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    grads, _ = _inputs(opts, example)
+    in_order, error, at, _ = simulate(opts, example, backend, "in_order", grads)
+    if t >= len(in_order):
+        return ""
+    res = in_order[t]
+    if violation.prop == "replicas_agree":
+        still = P.replicas_agree(res.grads, groups_of(example))
+    else:
+        still = P.averages(res.grads, grads[t], opts.tolerance, groups_of(example), res.bucket_params)
+    if still:
+        return ""
+    return ("\n(with every collective completing in order this step passes: the result depends on the order in "
+            "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
+            "pair up differently on different ranks, or callbacks share state)")
 
 
 def exit_head(error: BaseException, at: int) -> str | None:
