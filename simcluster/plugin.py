@@ -322,10 +322,12 @@ def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
     :class:`~simcluster.errors.SimulatorFidelityError` — simcluster's bug, not the hook's —
     before the hook's own verdict is judged.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the report
     _assert(check_hook(hook, **options))
 
 
 def _assert(report: CheckReport) -> None:
+    __tracebackhide__ = True
     from simcluster.real.e2e_check import raise_fidelity
 
     raise_fidelity(report)

@@ -210,3 +210,19 @@ def test_under_xdist_with_CI_set_workers_use_our_ci_profile(
     pytester.makepyfile(test_fixtures=FIXTURE_TESTS, test_probe=PROFILE_PROBE)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "--strict-markers", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5)
+
+
+def test_a_failing_assert_hook_shows_the_tests_line_and_the_report_only(pytester: pytest.Pytester,
+                                                                       clean_env: pytest.MonkeyPatch) -> None:
+    """pytest prints the failing test's own line and the report; simcluster's frames (and
+    the report object's fields, as pytest would show a frame's locals) are hidden."""
+    pytester.makepyfile(
+        "from simcluster.plugin import assert_hook\n"
+        "def test_it():\n"
+        "    assert_hook('simcluster.hooks.buggy:forgot_division', backends=['gloo'], world_sizes=[2], examples=20)\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "> " in text and "assert_hook('simcluster.hooks.buggy:forgot_division'" in text
+    assert "FAILED averages [gloo, world size 2]" in text
+    assert "self = CheckReport(" not in text and "def assert_passed" not in text and "def _assert" not in text

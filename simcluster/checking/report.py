@@ -90,7 +90,10 @@ class CheckReport:
 
     def assert_passed(self) -> None:
         """Raise ``AssertionError(self.format())`` unless every property held: the one
-        assertion behind every ``assert_hook``."""
+        assertion behind every ``assert_hook``. pytest hides this frame (and the
+        plugin's), so a failing test shows the test's own line and the report, not this
+        object's fields."""
+        __tracebackhide__ = True
         if not self.passed:
             raise AssertionError(self.format())
 

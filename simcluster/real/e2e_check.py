@@ -230,6 +230,7 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
 
 def raise_fidelity(report: Any) -> None:
     """Raise :class:`SimulatorFidelityError` if ``report`` was confirmed end to end and disagreed."""
+    __tracebackhide__ = True  # pytest shows the test's line and the comparison
     summary = getattr(report, "e2e", None)
     if summary is not None and summary.fidelity_bugs:
         raise SimulatorFidelityError(summary.format(), summary)
