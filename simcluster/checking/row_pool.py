@@ -114,14 +114,8 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int, started: Callabl
                     started(worker.index)
             if not running:
                 return
-            readable, _, _ = select.select(list(running), [], [])
-            for pipe in readable:
-                chunk = os.read(pipe, 1 << 20)
-                if chunk:
-                    running[pipe].chunks.append(chunk)
-                    continue
-                worker = running.pop(pipe)
-                os.close(pipe)
+            worker = _next_ended(running, None)
+            if worker is not None:
                 yield worker.index, _finish(worker)
     except KeyboardInterrupt as stop:
         _ask_where(running, stop, names)
@@ -145,14 +139,8 @@ def _ask_where(running: dict[int, _Worker], stop: KeyboardInterrupt, names: Sequ
     limit = time.monotonic() + INTERRUPT_GRACE
     try:
         while running and (left := limit - time.monotonic()) > 0:
-            readable, _, _ = select.select(list(running), [], [], left)
-            for pipe in readable:
-                chunk = os.read(pipe, 1 << 20)
-                if chunk:
-                    running[pipe].chunks.append(chunk)
-                    continue
-                worker = running.pop(pipe)
-                os.close(pipe)
+            worker = _next_ended(running, left)
+            if worker is not None:
                 answered[worker.index] = _notes_of(worker)
     except KeyboardInterrupt:  # pressed again: stop waiting, report what arrived
         pass
@@ -163,6 +151,23 @@ def _ask_where(running: dict[int, _Worker], stop: KeyboardInterrupt, names: Sequ
         stop.add_note(f"simcluster: {name} was being checked")
         for note in answered[index]:
             stop.add_note(note)
+
+
+def _next_ended(running: dict[int, _Worker], timeout: float | None) -> _Worker | None:
+    """Wait (at most ``timeout`` seconds; ``None``: until a pipe is readable), keep what the
+    workers sent, and return one worker whose pipe reached its end — taken out of
+    ``running``, its pipe closed, still to be reaped — or ``None``. One at a time, so
+    every other worker stays in ``running`` (killed and reaped if the caller stops)."""
+    readable, _, _ = select.select(list(running), [], [], timeout)
+    for pipe in readable:
+        chunk = os.read(pipe, 1 << 20)
+        if chunk:
+            running[pipe].chunks.append(chunk)
+            continue
+        worker = running.pop(pipe)
+        os.close(pipe)
+        return worker
+    return None
 
 
 def _notes_of(worker: _Worker) -> list[str]:
