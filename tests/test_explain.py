@@ -68,6 +68,8 @@ def test_a_failure_names_the_hooks_own_line(tmp_path: Path, capsys: pytest.Captu
         "    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()\n")
     code, out, _ = run(["explain", f"{tmp_path}/band.py:h", "--world-size", "2"], capsys)
     assert code == 1
+    trace = out[out.index("(the trace, up to the failure):"):out.index("4. The hook failed")]
+    assert "all_reduce #0 on WORLD FAILS on every rank: Cannot use ReduceOp.BAND with non-integral dtype" in trace
     where = out[out.index("where (innermost last):"):out.index("again:")].strip().splitlines()
     assert "band.py:3 in h: return dist.all_reduce(" in where[-1]
     assert "raise_error" not in out

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
-__all__ = ["Posted", "Completed", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
+__all__ = ["Posted", "Completed", "Failed", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,18 @@ class Completed:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """The collective just completed failed on every rank (its futures hold ``error``):
+    a backend rejecting the call at ``wait()``, as gloo does ``PREMUL_SUM`` and bitwise
+    ops on floats."""
+
+    op: str
+    group: str
+    seq: int
+    error: str
+
+
+@dataclass(frozen=True)
 class CallbackRan:
     rank: int
     future: str
@@ -75,7 +87,7 @@ class Resumed:
     future: str
 
 
-Event = Union[Posted, Completed, CallbackRan, Blocked, Resumed]
+Event = Union[Posted, Completed, Failed, CallbackRan, Blocked, Resumed]
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,8 @@ class Trace:
             elif isinstance(e, Completed):
                 pick = f" (picked {e.choice} of {e.options} ready)" if e.options > 1 else ""
                 lines.append(f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)}{pick}")
+            elif isinstance(e, Failed):
+                lines.append(f"         {e.op} #{e.seq} on {e.group} FAILS on every rank: {e.error}")
             elif isinstance(e, CallbackRan):
                 lines.append(f"rank {e.rank}: callback {e.callback} of {e.future} runs {e.where}")
             elif isinstance(e, Blocked):

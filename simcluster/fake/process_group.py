@@ -34,6 +34,7 @@ import torch.distributed as dist
 from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
 from simcluster.engine.frames import Frame, stack_user_frames
+from simcluster.engine.trace import Failed, Trace
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
 
@@ -216,7 +217,7 @@ class SimProcessGroup(dist.ProcessGroup):
             if backend.errors_at_call:
                 raise BackendError(error)
             # the collective runs, and fails at wait() on every rank; its error names this call's line
-            compute = _rejected(error, stack_user_frames(sys._getframe(1)))
+            compute = _rejected(error, stack_user_frames(sys._getframe(1)), engine.trace)
         future = SimFuture(engine, self.global_rank, "")
         finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
@@ -598,12 +599,15 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
 
-def _rejected(error: str, frames: list[Frame]) -> Callable[[dict[int, Call]], dict[int, Any]]:
+def _rejected(error: str, frames: list[Frame], trace: Trace) -> Callable[[dict[int, Call]], dict[int, Any]]:
     """A collective the backend rejects at ``wait()`` (gloo: ``PREMUL_SUM``, bitwise ops on
     floats): it completes, leaves the data alone, and every rank's future holds the error
-    (one per rank), carrying ``frames`` — the user code that posted the call — for reports."""
+    (one per rank), carrying ``frames`` — the user code that posted the call — for reports.
+    ``trace`` gets a :class:`~simcluster.engine.trace.Failed` right after its completion."""
 
     def compute(calls: dict[int, Call]) -> dict[int, Any]:
+        first = next(iter(calls.values()))
+        trace.log((Failed, (first.op, first.channel, first.seq, error)))
         out = {}
         for r in calls:
             exc = BackendError(error)  # a RuntimeError, as real gloo's is
