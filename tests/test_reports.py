@@ -140,6 +140,18 @@ def test_long_diagnostics_are_summarised_not_cut() -> None:
     assert len(text.splitlines()) == MAX_LINES and text.endswith("… and 461 more lines")
 
 
+def test_a_very_long_line_is_summarised_with_its_length() -> None:
+    """A hook's message holding a 12,000-character line (a tensor's repr, say): the report
+    keeps the start of it and says how much more there was."""
+    from simcluster.checking.render import MAX_LINE_CHARS, error_text
+
+    text = error_text(ValueError("bad value: " + "x" * 12_000))
+    first = text.splitlines()[0]
+    assert first.startswith("ValueError: bad value: xxx")
+    assert first.endswith(f"… and {12_011 - MAX_LINE_CHARS} more characters")
+    assert len(first) < MAX_LINE_CHARS + 100
+
+
 def test_deadlock_of_many_ranks_is_summarised() -> None:
     import torch.distributed as dist
 

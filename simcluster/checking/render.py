@@ -41,10 +41,13 @@ if TYPE_CHECKING:  # options imports render
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
            "render_gradients", "describe_layout", "replay_command", "failure", "death_failure",
-           "MAX_LINES"]
+           "MAX_LINES", "MAX_LINE_CHARS"]
 
 MAX_LINES = 40
 """Lines of one diagnostic shown before the rest is summarised as a count."""
+MAX_LINE_CHARS = 2000
+"""Characters of one line of a diagnostic shown before the rest is summarised as a count
+(a hook's message can hold a whole tensor's repr on one line)."""
 
 
 # --------------------------------------------------------------------------- the diagnostic
@@ -65,13 +68,20 @@ def _same(a: str, b: str) -> bool:
 
 
 def _lines(text: str) -> list[str]:
-    return [l for l in text.splitlines() if l.strip() and not l.strip().startswith("replay: SimCluster(")]
+    return [_clip(l) for l in text.splitlines() if l.strip() and not l.strip().startswith("replay: SimCluster(")]
+
+
+def _clip(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    return f"{line[:MAX_LINE_CHARS]} … and {len(line) - MAX_LINE_CHARS} more characters"
 
 
 def error_text(exc: BaseException) -> str:
     """``Type: message`` with every line of the message and of its notes — the
     Python-API ``replay:`` lines and blank lines dropped, other ranks that failed the same
-    way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``)."""
+    way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``),
+    each at most :data:`MAX_LINE_CHARS` characters (then ``… and N more characters``)."""
     message = str(exc)
     lines = _lines(message)
     head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
