@@ -58,35 +58,35 @@ def test_bad_explain_options_are_one_line_usage_errors(argv: list[str], capsys: 
     assert code == 2 and len(err.strip().splitlines()) == 1 and out == ""
 
 
+def explain_failing(tmp_path: Path, capsys: pytest.CaptureFixture[str], world: int, body: str) -> tuple[str, str]:
+    """``simcluster explain`` on a hook ``h`` with ``body`` (a file in ``tmp_path``) that must fail:
+    (the whole output, its trace section up to the failure)."""
+    (tmp_path / "hook.py").write_text("import torch.distributed as dist\ndef h(state, bucket):\n" + body)
+    code, out, _ = run(["explain", f"{tmp_path}/hook.py:h", "--world-size", str(world)], capsys)
+    assert code == 1
+    return out, out[out.index("(the trace, up to the failure):"):out.index("4. The hook failed at step 0:")]
+
+
 def test_a_failure_names_the_hooks_own_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Where the error arose, as user code: here the hook's collective call (gloo fails BAND
     on floats at wait(); the error reaches DDP through the hook's future), not torch's
     ``raise_error`` in the future module."""
-    (tmp_path / "band.py").write_text(
-        "import torch.distributed as dist\n"
-        "def h(state, bucket):\n"
-        "    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True).get_future()\n")
-    code, out, _ = run(["explain", f"{tmp_path}/band.py:h", "--world-size", "2"], capsys)
-    assert code == 1
-    trace = out[out.index("(the trace, up to the failure):"):out.index("4. The hook failed")]
+    out, trace = explain_failing(tmp_path, capsys, 2,
+                                 "    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.BAND, async_op=True)"
+                                 ".get_future()\n")
     assert "all_reduce #0 on WORLD FAILS on every rank: Cannot use ReduceOp.BAND with non-integral dtype" in trace
     where = out[out.index("where (innermost last):"):out.index("again:")].strip().splitlines()
-    assert "band.py:3 in h: return dist.all_reduce(" in where[-1]
+    assert "hook.py:3 in h: return dist.all_reduce(" in where[-1]
     assert "raise_error" not in out
 
 
 def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnostic(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "mixed.py").write_text(
-        "import torch.distributed as dist\n"
-        "def h(state, bucket):\n"
-        "    t = bucket.buffer()\n"
-        "    if dist.get_rank() == 1:\n"
-        "        return dist.broadcast(t, src=0, async_op=True).get_future().then(lambda f: f.value()[0])\n"
-        "    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])\n")
-    code, out, _ = run(["explain", f"{tmp_path}/mixed.py:h", "--world-size", "3"], capsys)
-    assert code == 1
-    trace = out[out.index("(the trace, up to the failure):"):out.index("4. The hook failed at step 0:")]
+    out, trace = explain_failing(tmp_path, capsys, 3,
+                                 "    t = bucket.buffer()\n"
+                                 "    if dist.get_rank() == 1:\n"
+                                 "        return dist.broadcast(t, src=0, async_op=True).get_future().then(lambda f: f.value()[0])\n"
+                                 "    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])\n")
     assert "rank 0: posts all_reduce #0" in trace and "rank 1: posts broadcast #0" in trace
     failure = out[out.index("4. The hook failed at step 0:"):]
     assert "CollectiveMismatchError" in failure
