@@ -189,11 +189,18 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
                     problem = P.result_problem(value, sizes[k], opts.api)
                     if problem:
                         fail("contract", f"step {t}, rank {r}, bucket {k}: {problem}")
-        if "replicas_agree" in opts.props and (msg := P.replicas_agree(res.grads, groups)):
+        if "replicas_agree" in opts.props and (msg := _step_problem(opts, "replicas_agree", res, grads[t], groups)):
             fail("replicas_agree", f"step {t}: {msg}")
-        if "averages" in opts.props and t < drain_from and (msg := P.averages(res.grads, grads[t], opts.tolerance,
-                                                                              groups, res.bucket_params)):
+        if "averages" in opts.props and t < drain_from and (msg := _step_problem(opts, "averages", res, grads[t],
+                                                                                 groups)):
             fail("averages", f"step {t}: {msg}")
+
+
+def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[list[int]]) -> str | None:
+    """What *replicas_agree* or *averages* finds wrong with one step's result (None: it holds)."""
+    if prop == "replicas_agree":
+        return P.replicas_agree(res.grads, groups)
+    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params)
 
 
 def _judge_schedule(opts: Options, example: Example, backend: str, results: list[Any], grads: list[Any],
@@ -218,15 +225,8 @@ def order_hint(opts: Options, violation: Violation) -> str:
         return ""
     example, backend, t = info["example"], info["backend"], info.get("step", 0)
     grads, _ = _inputs(opts, example)
-    in_order, error, at, _ = simulate(opts, example, backend, "in_order", grads)
-    if t >= len(in_order):
-        return ""
-    res = in_order[t]
-    if violation.prop == "replicas_agree":
-        still = P.replicas_agree(res.grads, groups_of(example))
-    else:
-        still = P.averages(res.grads, grads[t], opts.tolerance, groups_of(example), res.bucket_params)
-    if still:
+    in_order = simulate(opts, example, backend, "in_order", grads)[0]
+    if t >= len(in_order) or _step_problem(opts, violation.prop, in_order[t], grads[t], groups_of(example)):
         return ""
     return ("\n(with every collective completing in order this step passes: the result depends on the order in "
             "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "

@@ -42,6 +42,7 @@ from simcluster.names import callable_name
 
 __all__ = ["check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
 
+
 def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
     """Real DDP requires the hook to return a ``torch.futures.Future``: anything else is
     the reducer's pybind cast error from ``backward()`` (and the *next* iteration then
