@@ -156,3 +156,49 @@ def test_prepare_to_fork_spares_each_forked_search_hypothesis_first_collection()
     # objects); done once before forking, no forked search repeats it.
     assert _full_collections_in_a_forked_search(prepare=False) >= 1
     assert _full_collections_in_a_forked_search(prepare=True) == 0
+
+
+RECORDING_HOOK = '''
+import os
+import torch.distributed as dist
+
+def hook(state, bucket):
+    t = bucket.buffer()
+    if dist.get_rank() == 0:
+        with open(os.environ["SIMCLUSTER_TEST_RECORD"], "a") as out:
+            out.write(repr((dist.get_world_size(), t.tolist())) + "\\n")
+    fut = dist.all_reduce(t.div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+'''
+LITERALS = "LITERALS = [" + ", ".join(f"{k + 0.5}, {k * 1000 + 7}" for k in range(400)) + "]\n"
+"""800 distinct literals: enough to outweigh whatever else an editable install puts in Hypothesis's pool."""
+
+
+def test_the_search_depends_on_the_hooks_module_not_on_what_else_is_imported(tmp_path: Path, monkeypatch) -> None:
+    """Hypothesis sometimes draws literals of "local" modules; which modules are imported (a
+    pytest-xdist worker's earlier tests, an editable install) must not change the examples drawn."""
+    import importlib.util
+    import sys
+
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("SIMCLUSTER_TEST_RECORD", str(record))
+
+    def drawn(code: str, name: str) -> str:
+        path = tmp_path / f"{name}.py"
+        path.write_text(code)
+        record.write_text("")
+        check_hook(f"{path}:hook", backends=("gloo",), world_sizes=(2, 3), examples=40, seed=0)
+        return record.read_text()
+
+    plain = drawn(RECORDING_HOOK, "recording_hook")
+    assert plain.count("\n") >= 40
+    other = tmp_path / "other_code"
+    other.mkdir()
+    (other / "unrelated_literals.py").write_text(LITERALS)
+    spec = importlib.util.spec_from_file_location("unrelated_literals", other / "unrelated_literals.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "unrelated_literals", module)
+    assert drawn(RECORDING_HOOK, "recording_hook_again") == plain
+    # control: the same literals in the hook's own module do reach the search
+    assert drawn(RECORDING_HOOK + LITERALS, "recording_hook_with_literals") != plain

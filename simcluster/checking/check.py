@@ -31,9 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -360,7 +364,7 @@ def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_size
                        derandomize=False, print_blob=False, report_multiple_bugs=True,
                        phases=_PHASES, suppress_health_check=list(HealthCheck))(wrapped)
     try:
-        with _count_budgeted_search():
+        with _count_budgeted_search(), _constants_of_code_under_test(opts.hook):
             wrapped()
     except Exception as exc:  # noqa: BLE001 - sorted below
         found = _violations(exc)
@@ -418,6 +422,61 @@ def _count_budgeted_search() -> Iterator[None]:
         yield
     finally:
         conjecture_engine.time = real  # type: ignore[assignment]
+
+
+def _code_under_test_module(hook: Any) -> ModuleType | None:
+    """The module that defines ``hook`` (through ``functools.partial``, ``__wrapped__`` and
+    :class:`~simcluster.usercode.rank_local.RankLocal`), or None for a test file's hook.
+
+    Test files are left out as Hypothesis leaves them out: their literals are expected
+    values, not the thresholds and sizes of the code under test."""
+    fn = inspect.unwrap(hook)
+    while isinstance(fn, functools.partial):
+        fn = inspect.unwrap(fn.func)
+    module = inspect.getmodule(fn if inspect.isroutine(fn) or inspect.isclass(fn) else type(fn))
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return None
+    p = Path(path)
+    if "test" in p.parts or "tests" in p.parts or p.stem.startswith("test_") or p.stem.endswith("_test"):
+        return None
+    return module
+
+
+@contextlib.contextmanager
+def _constants_of_code_under_test(hook: Any) -> Iterator[None]:
+    """Hypothesis's pool of "local constants" during a check: the literals of the hook's module only.
+
+    Now and then (about one draw in twenty) Hypothesis draws a literal found in the source
+    of *local* code — every module in ``sys.modules`` outside the standard library and
+    site-packages — so that a threshold such as ``if numel > 1024`` is tried. Left alone,
+    that pool would depend on which other modules happen to be imported (a pytest-xdist
+    worker's earlier tests, the user's conftest) and on how simcluster itself is installed
+    (an editable install counts as local): the same seed would draw different examples,
+    and a printed result would not follow from the command. Here the pool is the hook's
+    own module's literals (wherever it is installed, torch's hooks included), so the
+    search is a function of the seed, the options and the code under test. A Hypothesis
+    without this internal keeps its own pool (its results may then vary as above)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants, constants_from_module
+    except ImportError:
+        yield
+        return
+    real = getattr(providers, "_get_local_constants", None)
+    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if real is None or not hasattr(cache, "clear"):
+        yield
+        return
+    module = _code_under_test_module(hook)
+    pool = Constants() if module is None else constants_from_module(module)
+    providers._get_local_constants = lambda: pool  # type: ignore[attr-defined]
+    cache.clear()  # the permitted-values cache holds a filtered copy of the pool
+    try:
+        yield
+    finally:
+        providers._get_local_constants = real  # type: ignore[attr-defined]
+        cache.clear()
 
 
 def _violations(exc: BaseException) -> list[Violation]:
