@@ -166,7 +166,7 @@ def _add_explain_parser(sub: Any) -> None:
     explain.add_argument("--tolerance", default="fp16", metavar="T", help="for --range (default fp16)")
     explain.add_argument("--world-sizes", default="2,3,8", metavar="LIST", help="for --range (default 2,3,8)")
     explain.add_argument("--deadline", default=None, metavar="SECONDS",
-                         help="seconds the whole explanation may take before the hook is reported stuck (default 300)")
+                         help="seconds one step (one --range run) may take before the hook is reported stuck (default 60)")
 
 
 def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = None) -> int:
@@ -198,13 +198,15 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
 
 # -- explain ----------------------------------------------------------------------------------
 
-EXPLAIN_DEADLINE = 300.0
-"""Seconds a whole ``explain`` (every step, or a ``--range`` search) may take."""
+EXPLAIN_DEADLINE = 60.0
+"""Seconds one step of an ``explain`` (or one run of a ``--range`` search) may take, as
+``check``'s ``--deadline`` bounds one example."""
 
 
 def _explain_command(args: argparse.Namespace) -> int:
     """``explain`` runs the hook in a supervised child too: a hook that spins, blocks or
-    exits is reported (exit 1, with the stuck code's stack), never a hang."""
+    exits is reported (exit 1, with where it was and the stuck code's stack), never a hang;
+    a ``sys.exit()`` in user code is the failing step's error (``record`` catches it)."""
     import torch  # noqa: F401 - imported once here, not in the child
 
     from simcluster.teaching.explain import explain_command
@@ -220,14 +222,14 @@ def _explain_command(args: argparse.Namespace) -> int:
         monitor.begin({"phase": "explain"})
         out = io.StringIO()
         with contextlib.redirect_stdout(out):  # handed back: the caller's stdout may be a capture
-            code = explain_command(args)
+            code = explain_command(args, monitor)
         return code, out.getvalue()
 
     outcome = run_supervised(job, deadline=deadline)
     if outcome.error is not None:
         raise outcome.error
     if outcome.death is not None:
-        print(f"simcluster: explain {args.target}: the hook {outcome.death.detail}", file=sys.stderr)
+        print(f"simcluster: explain {args.target}: {outcome.death.summary('the hook')}", file=sys.stderr)
         stack = format_stack(outcome.death.stacks)
         if stack:
             print("  the stuck code (outermost call first):\n" + stack, file=sys.stderr)

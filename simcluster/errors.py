@@ -42,7 +42,14 @@ __all__ = [
     "Violation",
     "add_context_note",
     "first_line",
+    "HOOK_RAISES",
+    "exit_meaning",
 ]
+
+HOOK_RAISES: tuple[type[BaseException], ...] = (Exception, SystemExit, GeneratorExit)
+"""What the code under test can raise that is *its* failure, to report: every ``Exception``,
+and ``SystemExit`` (``sys.exit()`` in a hook ends a real rank's process — never the
+harness's run). ``KeyboardInterrupt`` is left to propagate: it is the user's Ctrl-C."""
 
 
 class SimClusterError(Exception):
@@ -207,6 +214,18 @@ def first_line(exc: BaseException, *, typed: bool = False) -> str:
     if not typed:
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def exit_meaning(error: BaseException) -> str | None:
+    """What a hook's ``sys.exit(code)`` means on a real cluster (None for any other error).
+
+    >>> exit_meaning(SystemExit(0))
+    "the hook called sys.exit(0) (SystemExit): on a real cluster this rank's process ends here and its peers hang or crash"
+    """
+    if not isinstance(error, SystemExit):
+        return None
+    return (f"the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's process ends here "
+            "and its peers hang or crash")
 
 
 def add_context_note(exc: BaseException, note: str) -> BaseException:

@@ -282,8 +282,48 @@ def test_a_target_whose_import_spins_or_exits_is_a_load_error(module, says):
     assert says in result.stderr and result.stderr.count("\n") == 1
 
 
+def run_explain(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simcluster", "explain", *args],
+                          capture_output=True, text=True, timeout=240, cwd=HERE.parent)
+
+
 def test_explain_of_a_spinning_hook_ends_and_says_where():
-    result = subprocess.run([sys.executable, "-m", "simcluster", "explain", target("spins"), "--deadline", "2"],
-                            capture_output=True, text=True, timeout=240, cwd=HERE.parent)
+    result = run_explain(target("spins"), "--deadline", "2")
     assert result.returncode == 1, result.stderr
     assert "did not return within 2 s" in result.stderr and "in spins" in result.stderr
+    assert "stuck at rank 0, DDP step 0, bucket 0" in result.stderr
+
+
+def test_explain_deadline_is_per_step():
+    """Each step gets the whole deadline: a hook taking 0.3 s a call (1 bucket, then 3 after the
+    rebuild: ≤ 0.9 s a step, 3.0 s in all over 4 steps) passes a 2 s deadline."""
+    result = run_explain(target("slow_but_fine"), "--deadline", "2", "--world-size", "1", "--steps", "4")
+    assert result.returncode == 0, result.stderr
+    assert "== step 3" in result.stdout
+
+
+@pytest.mark.parametrize("name, code", [("sys_exit_zero", 0), ("sys_exit_one", 1)])
+def test_explain_of_a_hook_calling_sys_exit_fails_and_says_so(name, code):
+    result = run_explain(target(name))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    failure = result.stdout[result.stdout.index("4. The hook failed at step 0:"):]
+    assert f"the hook called sys.exit({code})" in failure and f"hooks.py:{20 if code == 0 else 24} in {name}" in failure
+
+
+def test_explain_range_of_a_hook_calling_sys_exit_says_it_is_unsafe():
+    result = run_explain(target("sys_exit_zero"), "--range", "--world-sizes", "2")
+    assert result.returncode == 0, result.stderr
+    assert "world 2: not safe even at M = 1: the hook called sys.exit(0)" in result.stdout
+
+
+def test_explain_of_a_state_factory_calling_sys_exit_fails_and_says_so():
+    result = run_explain(target("slow_but_fine"), "--state", target("exiting_state"))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    failure = result.stdout[result.stdout.index("4. The hook failed at step 0:"):]
+    assert "sys.exit(3)" in failure and "hooks.py:98 in exiting_state" in failure
+
+
+def test_explain_of_a_hook_killing_its_process_says_where():
+    result = run_explain(target("kills_itself"))
+    assert result.returncode == 1, result.stderr
+    assert "process ended: it was killed by SIGKILL; it was at rank 0, DDP step 0, bucket 0" in result.stderr

@@ -33,7 +33,8 @@ from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site
 from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
 from simcluster.errors import (
-    BackendError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError, UsageError, Violation, first_line,
+    HOOK_RAISES, BackendError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError, UsageError, Violation,
+    exit_meaning, first_line,
 )
 from simcluster.fake.cluster import SimCluster
 
@@ -97,7 +98,7 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
             results.append(ddp.step(step_grads))
         except (UsageError, UnsupportedError):
             raise
-        except (Exception, SystemExit, GeneratorExit) as exc:  # noqa: BLE001 - the hook's failure is the finding
+        except HOOK_RAISES as exc:  # the hook's failure is the finding
             return results, exc, t, ddp.states
     return results, None, len(grads), ddp.states
 
@@ -235,9 +236,9 @@ def order_hint(opts: Options, violation: Violation) -> str:
 
 def exit_head(error: BaseException, at: int) -> str | None:
     """How a hook that tried to end its process is described (None for other errors)."""
-    if isinstance(error, SystemExit):
-        return (f"step {at}: the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's "
-                "process ends here and its peers hang or crash")
+    meaning = exit_meaning(error)
+    if meaning is not None:
+        return f"step {at}: {meaning}"
     if isinstance(error, HookExited):
         return f"step {at}: HookExited: {first_line(error)}"
     return None

@@ -33,7 +33,7 @@ from simcluster.ddp.layout import bucket_calls
 from simcluster.checking.replay import decode_example, encode_example
 from simcluster.checking.report import PropertyFailure
 from simcluster.checking.strategies import DTYPES, Example
-from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack, stuck_in
+from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack
 from simcluster.usercode.rank_local import RankLocal
 
 if TYPE_CHECKING:  # options imports render
@@ -254,12 +254,8 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
 
 def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) -> PropertyFailure:
     """The liveness failure of an example whose process never answered."""
-    stack, function = format_stack(death.stacks), stuck_in(death.stacks)
-    inside = f", in {function}" if function else ""
-    if death.kind == "deadline":
-        message = f"the example {death.detail} (hook code spinning or blocked); stuck at {death.where()}{inside}"
-    else:
-        message = f"the example's process ended: {death.detail}; it was at {death.where()}{inside}"
+    stack = format_stack(death.stacks)
+    message = death.summary("the example")
     if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
         message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
     error_type = "Stuck" if death.kind == "deadline" else "ProcessDied"

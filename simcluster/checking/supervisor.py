@@ -129,6 +129,15 @@ class ChildDeath:
         rank, step, bucket = self.position
         return f"rank {rank}, DDP step {step}, bucket {bucket} (the last hook call that started)"
 
+    def summary(self, subject: str) -> str:
+        """One sentence: what ``subject`` (``"the example"``, ``"the hook"``) did and where
+        its code was — the function it was stuck in, from the stack sample."""
+        function = stuck_in(self.stacks)
+        inside = f", in {function}" if function else ""
+        if self.kind == "deadline":
+            return f"{subject} {self.detail} (hook code spinning or blocked); stuck at {self.where()}{inside}"
+        return f"{subject}'s process ended: {self.detail}; it was at {self.where()}{inside}"
+
 
 @dataclass
 class Outcome:

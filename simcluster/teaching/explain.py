@@ -38,6 +38,7 @@ import torch
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
 from simcluster.engine.trace import Trace
+from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
 
@@ -152,8 +153,9 @@ def format_failure(exc: BaseException) -> list[str]:
     """The whole diagnostic: type and full message, every note, and the last frames of user
     code it arose at (:func:`~simcluster.engine.frames.user_frames`: the hook's own lines,
     also for an error a failed collective or a callback carried to DDP)."""
-    lines = [f"{type(exc).__name__}: {line}" if i == 0 else line
-             for i, line in enumerate(str(exc).strip().splitlines() or [""])]
+    meaning = exit_meaning(exc)  # already names SystemExit
+    lines = [meaning] if meaning else [f"{type(exc).__name__}: {line}" if i == 0 else line
+                                       for i, line in enumerate(str(exc).strip().splitlines() or [""])]
     lines += [n for note in getattr(exc, "__notes__", []) for n in str(note).splitlines()]
     frames = user_frames(exc, limit=4)
     if frames:
@@ -238,9 +240,10 @@ def _again(args: Any) -> str:
     return " ".join(parts)
 
 
-def explain_command(args: Any) -> int:
+def explain_command(args: Any, monitor: Any = None) -> int:
     """``simcluster explain``: load the target (and state), print the explanation, write the
-    pictures asked for. Returns 0 when every step ran, 1 when the hook failed."""
+    pictures asked for. Returns 0 when every step ran, 1 when the hook failed. ``monitor``:
+    the supervised child's (each step, or each ``--range`` run, is announced to it)."""
     import sys
 
     from simcluster.errors import UsageError
@@ -268,9 +271,9 @@ def explain_command(args: Any) -> int:
     if args.range:
         from simcluster.teaching.safe_range import range_command
 
-        return range_command(hook, args, state)
+        return range_command(hook, args, state, monitor)
     story = record(hook, world_size=args.world_size, backend=args.backend, seed=args.seed, state=state,
-                   shapes=shapes, bucket_cap_mb=cap, steps=args.steps, api=args.api)
+                   shapes=shapes, bucket_cap_mb=cap, steps=args.steps, api=args.api, monitor=monitor)
     text, ran = explain_story(story, label=args.target, network=network)
     sys.stdout.write(text + f"again:  {_again(args)}\n")
     if args.timeline:

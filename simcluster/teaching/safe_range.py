@@ -33,7 +33,7 @@ import torch
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP
 from simcluster.checking.properties import averages
-from simcluster.errors import first_line
+from simcluster.errors import HOOK_RAISES, exit_meaning, first_line
 
 __all__ = ["RangeResult", "probe", "safe_range", "range_command"]
 
@@ -61,15 +61,21 @@ def _float(bits: int) -> float:
 
 
 def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *, backend: str = "gloo",
-          state: Any = None, api: str = "current", tolerance: str = "fp16", numel: int = 4) -> str | None:
-    """Run ``hook`` once with every rank holding ``magnitude``; None if the result is right, else why not."""
+          state: Any = None, api: str = "current", tolerance: str = "fp16", numel: int = 4,
+          monitor: Any = None) -> str | None:
+    """Run ``hook`` once with every rank holding ``magnitude``; None if the result is right, else why not.
+
+    ``monitor``: as for :func:`~simcluster.teaching.story.record` (each probe is one run)."""
     cluster = SimCluster(world_size=world_size, seed=0, backend=backend, schedule="in_order")
     ddp = SimDDP(cluster, hook, [(numel,)], state=state, config=DDPConfig(api=api))
     grads = [[torch.full((numel,), magnitude, dtype=torch.float32)] for _ in range(world_size)]
+    if monitor is not None:
+        ddp.on_hook_call = monitor.at
+        monitor.begin({"phase": "explain --range", "world_size": world_size, "magnitude": magnitude})
     try:
         result = ddp.step(grads)
-    except Exception as exc:  # noqa: BLE001 - a hook that raises on this input is not safe there
-        return f"the hook raised {first_line(exc, typed=True)}"
+    except HOOK_RAISES as exc:  # a hook that raises (or exits) on this input is not safe there
+        return exit_meaning(exc) or f"the hook raised {first_line(exc, typed=True)}"
     return averages(result.grads, grads, tolerance)
 
 
@@ -102,7 +108,7 @@ def safe_range(hook: Callable[[Any, Any], Any], world_size: int, **kwargs: Any) 
     return RangeResult(world_size, _float(a), _float(b), why, probes)
 
 
-def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any) -> int:
+def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any, monitor: Any = None) -> int:
     """``simcluster explain TARGET --range``: print the safe range per world size; exit 0."""
     from simcluster.usercode.targets import parse_world_sizes
 
@@ -110,7 +116,8 @@ def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any) -> int
     print(f"simcluster explain --range: {args.target}, {args.backend} backend model, tolerance {args.tolerance}; "
           "every rank holds +M in every element; largest M whose average stays finite and within tolerance")
     for w in sizes:
-        r = safe_range(hook, w, backend=args.backend, state=state, api=args.api, tolerance=args.tolerance)
+        r = safe_range(hook, w, backend=args.backend, state=state, api=args.api, tolerance=args.tolerance,
+                       monitor=monitor)
         if r.safe is None:
             print(f"world {w}: not safe even at M = 1: {r.reason}")
         elif r.unsafe is None:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
-from simcluster.errors import UsageError
+from simcluster.errors import HOOK_RAISES, UsageError
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
 
@@ -133,11 +133,15 @@ def record(
     bucket_cap_mb: float | None = DEFAULT_CAP_MB,
     steps: int = 2,
     api: str = "current",
+    monitor: Any = None,
 ) -> Story:
     """Run ``hook`` under :class:`SimDDP` for ``steps`` steps and keep everything.
 
-    Stops at the first failing step (its ``error`` set, its events up to the failure).
-    ``state``: ``None``, ``"group"`` or a factory ``factory(process_group)``.
+    Stops at the first failing step (its ``error`` set, its events up to the failure) —
+    also when the hook calls ``sys.exit()``, which ends a real rank's process.
+    ``state``: ``None``, ``"group"`` or a factory ``factory(process_group)``. ``monitor``
+    (a supervised child's :class:`~simcluster.checking.supervisor.Monitor`) hears of each
+    step (``begin``: the deadline is per step) and each hook call (``at``: where it stopped).
     """
     if steps < 1:
         raise UsageError(f"--steps {steps}: must be at least 1")
@@ -148,9 +152,13 @@ def record(
     seen: list[Any] = []
     ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=state,
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
+    if monitor is not None:
+        ddp.on_hook_call = monitor.at
     story = Story(world_size, backend, seed, shapes, bucket_cap_mb)
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
+        if monitor is not None:
+            monitor.begin({"phase": "explain", "step": k})
         calls = ddp.layout()
         grads = step_gradients(gen, world_size, shapes)
         numel = [sum(int(torch.Size(shapes[i]).numel()) for i in c.params) for c in calls]
@@ -160,7 +168,7 @@ def record(
         try:
             one.result = ddp.step(grads)
             one.events = list(one.result.trace.events)
-        except Exception as exc:  # noqa: BLE001 - the hook's failure is the lesson; explain prints it whole
+        except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
             one.error = exc
             one.events = list(seen[0].events) if seen else []
             break
