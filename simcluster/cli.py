@@ -332,7 +332,8 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
             raise outcome.error
         if outcome.death is not None:
             frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]
-            raise TargetLoadError(f"importing the TARGETs {outcome.death.detail}"
+            what = "" if outcome.death.kind == "deadline" else "'s process"
+            raise TargetLoadError(f"importing the TARGETs{what} {outcome.death.detail}"
                                   + (f" (at {frames[-1]})" if frames else ""))
     load_all()
 

@@ -453,10 +453,14 @@ def test_a_ddp_model_with_the_wrong_bucket_order_is_a_fidelity_bug(monkeypatch) 
 # nor hang the caller (`simcluster e2e` once exited 0, silently, on a hook calling sys.exit(0)).
 
 HOSTILE = '''
+import os
 import sys
 
 def exits(state, bucket):
     sys.exit(0)
+
+def os_exits(state, bucket):
+    os._exit(3)
 
 def spins(state, bucket):
     while True:
@@ -478,3 +482,15 @@ def test_a_spinning_hook_makes_the_simulated_side_hung_within_the_timeout(tmp_pa
     assert side.failure is not None and side.failure.kind == "hung"
     assert "did not return within 3 s" in side.failure.message
     assert time.monotonic() - started < 30
+
+
+def test_a_hook_calling_os_exit_dies_on_both_sides_and_they_agree(census, tmp_path: Path) -> None:
+    """The simulation turns ``os._exit(3)`` into ``HookExited`` (it must not end the harness); a real
+    rank's process just ends. Both are a rank that *died*: once a false FIDELITY BUG (exit 4)."""
+    (tmp_path / "hostile_e2e.py").write_text(HOSTILE)
+    result = run_e2e(Scenario(world_size=2, shapes=((4,),), steps=1), f"{tmp_path}/hostile_e2e.py:os_exits",
+                     timeout=60, start_method="forkserver")
+    assert result.verdict == "agree", result.format()
+    assert result.sim.failure.kind == result.real.failure.kind == "died"
+    assert "os._exit(3)" in result.sim.failure.message and "exited with code 3" in result.real.failure.message
+    assert "died: died" not in result.format() and "hung: hung" not in result.format()

@@ -326,4 +326,4 @@ def test_explain_of_a_state_factory_calling_sys_exit_fails_and_says_so():
 def test_explain_of_a_hook_killing_its_process_says_where():
     result = run_explain(target("kills_itself"))
     assert result.returncode == 1, result.stderr
-    assert "process ended: it was killed by SIGKILL; it was at rank 0, DDP step 0, bucket 0" in result.stderr
+    assert "the hook's process was killed by SIGKILL; it was at rank 0, DDP step 0, bucket 0" in result.stderr

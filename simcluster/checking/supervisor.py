@@ -117,7 +117,7 @@ class ChildDeath:
     """Why a supervised child ended without a result, and where it was."""
 
     kind: str  # "deadline" | "exited" | "signal"
-    detail: str  # "did not return within 2.0 s", "exited with code 3", "was killed by SIGSEGV"
+    detail: str  # a predicate: "did not return within 2 s", "exited with code 3 without reporting", "was killed by SIGSEGV"
     payload: dict[str, Any] | None  # what Monitor.begin announced (None: between examples)
     position: tuple[int, int, int] | None  # (rank, step, bucket) of the last hook call
     stacks: str  # faulthandler's dump of every thread ('' if none was taken)
@@ -136,7 +136,7 @@ class ChildDeath:
         inside = f", in {function}" if function else ""
         if self.kind == "deadline":
             return f"{subject} {self.detail} (hook code spinning or blocked); stuck at {self.where()}{inside}"
-        return f"{subject}'s process ended: {self.detail}; it was at {self.where()}{inside}"
+        return f"{subject}'s process {self.detail}; it was at {self.where()}{inside}"
 
 
 @dataclass
@@ -329,7 +329,7 @@ def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: floa
         detail, kind = f"{how_it_ended(status)} without reporting", "exited"
     stack_file.flush()
     stacks = os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
-    return Outcome(death=_death(page, kind, f"it {detail}", stacks), seconds=seconds)
+    return Outcome(death=_death(page, kind, detail, stacks), seconds=seconds)
 
 
 def _dump_and_kill(pid: int, stack_file: Any) -> str:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import SimClusterError, first_line
+from simcluster.errors import HookExited, SimClusterError, first_line
 
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
@@ -196,7 +196,8 @@ class SideFailure:
 
     def line(self) -> str:
         at = "" if self.step is None else f" at step {self.step}"
-        return f"rank {self.rank} {self.kind}{at}: {self.error_type}: {self.message}"
+        typed = "" if self.error_type == self.kind else f"{self.error_type}: "  # no "hung: hung:"
+        return f"rank {self.rank} {self.kind}{at}: {typed}{self.message}"
 
 
 @dataclass
@@ -455,8 +456,8 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     side = Side(f"sim ({backend} model)", seconds=outcome.seconds, calls_known=False)
     if outcome.death is not None:
         death = outcome.death
-        kind = "hung" if death.kind == "deadline" else "died"
-        side.failure = SideFailure(kind, 0, kind, f"the simulation {death.detail}", None, death.stacks)
+        kind, what = ("hung", "the simulation") if death.kind == "deadline" else ("died", "the simulation's process")
+        side.failure = SideFailure(kind, 0, kind, f"{what} {death.detail}", None, death.stacks)
     else:
         error = outcome.error
         assert error is not None
@@ -545,9 +546,12 @@ def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFa
     match = re.search(r"raised on rank (\d+) of", notes)
     rank = int(match.group(1)) if match else 0
     mine = calls.get(rank, [])
-    kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
+    step = mine[-1][0] if mine else None
     detail = "".join(traceback.format_exception(exc))
-    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), mine[-1][0] if mine else None, detail)
+    if isinstance(exc, HookExited):  # os._exit(n) in the hook: a real rank's process ends without reporting
+        return SideFailure("died", rank, "died", first_line(exc), step, detail)
+    kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
+    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), step, detail)
 
 
 def _as_real_type(exc: BaseException) -> str:
