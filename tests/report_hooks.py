@@ -129,3 +129,15 @@ def adds_its_rank(state, bucket):
     """Replicas disagree whatever the schedule."""
     t = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].add_(dist.get_rank()))
+
+
+def prints_and_forgets_division(state, bucket):
+    """Prints a line per call (as debugging hooks do) and sums without dividing."""
+    print(f"printing hook: rank {dist.get_rank()} bucket {bucket.index()} holds {bucket.buffer().tolist()}")
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def prints_and_averages(state, bucket):
+    """Prints a line per call and averages correctly."""
+    print(f"printing hook: rank {dist.get_rank()} bucket {bucket.index()}")
+    return _mean(bucket)

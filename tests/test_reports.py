@@ -294,3 +294,41 @@ def test_a_failure_whatever_the_order_gets_no_order_hint(capsys: pytest.CaptureF
     assert code == 1
     assert data["failures"][0]["property"] == "replicas_agree"
     assert "completing in order" not in out
+
+
+# --------------------------------------------------------------------------- the hook's own output
+def test_what_the_hook_prints_is_kept_out_of_the_run_and_shown_with_its_failure(capfd, tmp_path: Path) -> None:
+    """A search runs the hook hundreds of times: its prints are captured per example, and the
+    failing example's are shown under ``output:`` (the report's own lines stay readable)."""
+    out_json = tmp_path / "report.json"
+    code = main(["check", f"{HOOKS}:prints_and_forgets_division", f"{HOOKS}:prints_and_averages", "--no-database",
+                 "--quiet", "--backend", "gloo", "--world-sizes", "2", "--examples", "20", "--json", str(out_json)])
+    out, err = capfd.readouterr()
+    assert code == 1
+    failing, passing = json.loads(out_json.read_text())
+    assert passing["passed"] and failing["failures"]
+    printed = failing["failures"][0]["output"].splitlines()
+    gradients = failing["failures"][0]["gradients"]  # e.g. "step 0: r0: [0.0] | r1: [-1.0]"
+    assert printed[:2] == [f"printing hook: rank {r} bucket 0 holds [{v}]" for r, v in enumerate(_first_values(gradients))]
+    report_lines = out.splitlines()
+    start = report_lines.index(next(l for l in report_lines if l.startswith("  output:    printing hook: rank 0")))
+    assert report_lines[start + 1].startswith("             printing hook: rank 1")
+    assert "replay:" in report_lines[start + len(printed)]
+    # everything else the hooks printed (hundreds of examples) was kept out of the output
+    assert sum("printing hook:" in line for line in (out + err).splitlines()) == len(printed)
+
+
+def _first_values(gradients: str) -> list[str]:
+    """``["0.0", "-1.0"]`` from ``"step 0: r0: [0.0] | r1: [-1.0]"`` (one one-element param per rank)."""
+    return [part.split("[")[1].split("]")[0] for part in gradients.split("|")]
+
+
+def test_printed_output_is_clipped_with_a_count() -> None:
+    from simcluster.checking.render import MAX_OUTPUT_LINES, printed_output
+
+    text = "\n".join(f"line {i}" for i in range(100)) + "\n\n"
+    shown = printed_output(text).splitlines()
+    assert len(shown) == MAX_OUTPUT_LINES
+    assert shown[0] == "line 0" and shown[-2] == f"line {MAX_OUTPUT_LINES - 2}"
+    assert shown[-1] == f"… and {100 - MAX_OUTPUT_LINES + 1} more lines (the replay command prints them all)"
+    assert printed_output("") == ""

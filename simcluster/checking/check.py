@@ -58,6 +58,7 @@ from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor, run_superv
 from simcluster.errors import HookExited, UsageError, Violation
 from simcluster.limits import BACKEND_NAMES
 from simcluster.names import loadable_spec, target_spec
+from simcluster.usercode.output import captured_output
 from simcluster.usercode.rank_local import RankLocal, parse_isolate
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
@@ -174,7 +175,7 @@ def _replay(opts: Options, token: str, report: CheckReport, supervise: bool) -> 
 
     def replay_job(monitor: Monitor) -> tuple[list[PropertyFailure], int]:
         part = _partial(opts, monitor)
-        _run_one(part.opts, example, backend, part.report, steps=example.steps)
+        _run_one(part.opts, example, backend, part.report, steps=example.steps, capture=False)
         return part.report.failures, part.report.examples
 
     _supervised(replay_job, opts, backend, report, example.steps, opts.deadline, supervise)
@@ -266,14 +267,23 @@ def prepare_to_fork() -> None:
 
 # --------------------------------------------------------------------------- the search
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
-    return failure(opts, v.prop, str(v) + order_hint(opts, v), v.info, steps)
+    with captured_output():  # the hint re-runs the example: its prints are not the reported run's
+        hint = order_hint(opts, v)
+    return failure(opts, v.prop, str(v) + hint, v.info, steps)
 
 
-def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int) -> None:
+def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int, *,
+             capture: bool = True) -> None:
+    """Run one example; a violation becomes a report entry (with what the hook printed, when
+    ``capture``: a replay runs uncaptured and its prints show as they happen)."""
     report.examples += 1
+    printed = None
     try:
-        run_example(opts, example, backend)
+        with captured_output() if capture else contextlib.nullcontext() as printed:
+            run_example(opts, example, backend)
     except Violation as v:
+        if printed is not None:
+            v.info["output"] = printed.text
         report.failures.append(_failure(opts, v, steps))
 
 
@@ -330,7 +340,11 @@ def _hypothesis_test(opts: Options, backend: str, examples: int, count: list[int
     Shrink budget: once a failure is found, at most max(30, 3 × examples) more examples are
     simulated; after that only examples that already failed are run again (the shrinker's
     other candidates are declared passing, so it stops improving and keeps its best).
-    Count-based, so as deterministic as the rest."""
+    Count-based, so as deterministic as the rest.
+
+    What the hook prints is captured per example (:mod:`simcluster.usercode.output`); the
+    output of the run Hypothesis reports a bug on (its final run of the shrunk example) is
+    kept in the violation's ``info["output"]`` for the report."""
     failing: set[Example] = set()
     spent = [0]
 
@@ -341,12 +355,25 @@ def _hypothesis_test(opts: Options, backend: str, examples: int, count: list[int
                 return
         count[0] += 1
         try:
-            run_example(opts, example, backend)
-        except Violation:
+            with captured_output() as printed:
+                run_example(opts, example, backend)
+        except Violation as violation:
             failing.add(example)
+            if _is_final_run():
+                violation.info["output"] = printed.text
             raise
 
     return test
+
+
+def _is_final_run() -> bool:
+    """Whether Hypothesis is running the example it will report (its last run of a shrunk bug)."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return bool(current_build_context().is_final)
+    except Exception:  # noqa: BLE001 - another Hypothesis: no output is kept rather than a wrong one
+        return False
 
 
 def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,

@@ -41,13 +41,26 @@ if TYPE_CHECKING:  # options imports render
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
            "render_gradients", "describe_layout", "replay_command", "failure", "death_failure",
-           "MAX_LINES", "MAX_LINE_CHARS"]
+           "printed_output", "MAX_LINES", "MAX_LINE_CHARS", "MAX_OUTPUT_LINES"]
 
 MAX_LINES = 40
 """Lines of one diagnostic shown before the rest is summarised as a count."""
 MAX_LINE_CHARS = 2000
 """Characters of one line of a diagnostic shown before the rest is summarised as a count
 (a hook's message can hold a whole tensor's repr on one line)."""
+MAX_OUTPUT_LINES = 30
+"""Lines of the hook's printed output shown with a failure (the first ones: the replay
+command runs the example again uncaptured and prints them all)."""
+
+
+def printed_output(text: str) -> str:
+    """What the hook printed in a failing run, as the report shows it: blank lines dropped,
+    at most :data:`MAX_OUTPUT_LINES` lines of at most :data:`MAX_LINE_CHARS` characters."""
+    lines = [_clip(line.rstrip()) for line in text.splitlines() if line.strip()]
+    if len(lines) > MAX_OUTPUT_LINES:
+        more = len(lines) - MAX_OUTPUT_LINES + 1
+        lines = lines[:MAX_OUTPUT_LINES - 1] + [f"… and {more} more lines (the replay command prints them all)"]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- the diagnostic
@@ -245,7 +258,7 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
         schedule=list(info.get("schedule", [])),
         replay=replay_command(opts, backend, example.world_size, token, steps),
         error_type=info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
-        hint=hint or "",
+        hint=hint or "", output=printed_output(info.get("output", "")),
         details={"step": at, "token": token, "line": info.get("line", ""), "ddp_steps": ddp_steps,
                  "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source}
                             for f in frames]},

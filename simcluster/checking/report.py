@@ -40,6 +40,7 @@ class PropertyFailure:
     buckets: str = ""  # readable: each step's buckets (index → parameters), "(rebuilt)" where DDP rebuilt them
     hint: str = ""  # when the failing step ran on a rebuilt layout: what changed
     details: dict[str, Any] = field(default_factory=dict)  # machine-readable extras (token, line, ddp_steps, frames)
+    output: str = ""  # what the code under test printed (stdout and stderr) in the reported run, clipped
 
     def format(self) -> str:
         """The failure in full: every line of the diagnostic, where, the DDP steps, how to replay."""
@@ -54,9 +55,18 @@ class PropertyFailure:
         lines += [
             f"  gradients: {self.gradients}",
             f"  schedule:  {self.schedule or 'in order'}",
-            f"  replay:    {self.replay}",
         ]
+        lines += _output_lines(self.output)
+        lines.append(f"  replay:    {self.replay}")
         return "\n".join(lines)
+
+
+def _output_lines(output: str) -> list[str]:
+    """``output:`` and the printed lines under it, indented (none when nothing was printed)."""
+    lines = output.splitlines()
+    if not lines:
+        return []
+    return [f"  output:    {lines[0]}"] + [f"             {line}" for line in lines[1:]]
 
 
 @dataclass

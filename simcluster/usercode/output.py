@@ -1,0 +1,77 @@
+"""What the code under test prints, kept instead of shown while a property search runs.
+
+A search runs a hook hundreds of times; a hook that prints or logs once per call would
+bury the report under thousands of lines (and with ``check --jobs`` the rows' lines would
+interleave). As pytest does, the output is captured while each example runs and shown only
+where it helps: with the example a failure is reported on (the report's ``output:`` lines).
+
+Captured at the file-descriptor level (fds 1 and 2, in the order written: ``print``,
+``logging``, ``warnings`` and C++ writes alike) and at the Python level (``sys.stdout`` /
+``sys.stderr``, which may be objects of their own under pytest), into one temporary file.
+
+    >>> with captured_output() as box:
+    ...     print("from the hook")
+    >>> box.text
+    'from the hook\\n'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
+__all__ = ["Captured", "captured_output"]
+
+
+class Captured:
+    """The text written while :func:`captured_output` was active (``""`` until it ends)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+
+class _FdWriter(io.TextIOBase):
+    """A text stream writing straight to a file descriptor (no buffer: keeps the order of
+    Python-level and fd-level writes)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", errors="replace")
+        while data:
+            data = data[os.write(self._fd, data):]
+        return len(text)
+
+
+@contextlib.contextmanager
+def captured_output() -> Iterator[Captured]:
+    """Capture fds 1 and 2 and ``sys.stdout``/``sys.stderr`` for the block; the text is in
+    the yielded :class:`Captured` afterwards (decoded as UTF-8, bad bytes replaced)."""
+    box = Captured()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = os.dup(1), os.dup(2)
+    old_streams = sys.stdout, sys.stderr
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        sys.stdout = sys.stderr = _FdWriter(sink.fileno())
+        try:
+            yield box
+        finally:
+            sys.stdout, sys.stderr = old_streams
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            sink.seek(0)
+            box.text = sink.read().decode("utf-8", errors="replace")
