@@ -260,7 +260,7 @@ def test_state_shared_across_ranks_is_reported() -> None:
 
 
 def test_bad_arguments_are_usage_errors() -> None:
-    with pytest.raises(UsageError, match="world_size=0"):
+    with pytest.raises(UsageError, match="world_size 0: must be an integer from 1 to 1,024"):
         SimCluster(0)
     with pytest.raises(UsageError, match="backend='mpi'"):
         SimCluster(2, backend="mpi")

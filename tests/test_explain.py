@@ -52,10 +52,13 @@ def test_parse_shapes() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--params", "4xx"], ["--params", "3", "--numel", "3"], ["--steps", "0"],
-                                  ["--network", "fast"], ["--timeline", "x.png"], ["--chrome-trace", "x.txt"]])
+                                  ["--network", "fast"], ["--timeline", "x.png"], ["--chrome-trace", "x.txt"],
+                                  ["--world-size", "1025"], ["--steps", "101"], ["--seed", "-1"]])
 def test_bad_explain_options_are_one_line_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["explain", TORCH_FP16, *argv], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and out == ""
+    if argv[0] in ("--world-size", "--steps", "--seed"):  # the supported ranges of simcluster.limits, as check's
+        assert "must be an integer from" in err
 
 
 def explain_failing(tmp_path: Path, capsys: pytest.CaptureFixture[str], world: int, body: str) -> tuple[str, str]:

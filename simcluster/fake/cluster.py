@@ -31,7 +31,7 @@ from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, fresh_bucket, make_bucket
 from simcluster.engine.inline import Engine
 from simcluster.errors import UsageError, add_context_note
-from simcluster.limits import check_memory
+from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
 from simcluster.fake.reducer import check_future, collect, raise_stored
@@ -93,10 +93,8 @@ class SimCluster(Runtime):
         rng: str = "per_rank",
         stuck_timeout: float = 60.0,
     ) -> None:
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-            raise UsageError(f"world_size={world_size!r} must be a positive int")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise UsageError(f"seed={seed!r} (type={type(seed).__name__}) must be an int")
+        check_int("world_size", world_size, *WORLD_SIZES)
+        check_int("seed", seed, *SEEDS)
         check_memory(world_size)
         self.world_size = world_size
         self.seed = seed

@@ -247,6 +247,7 @@ def explain_command(args: Any, monitor: Any = None) -> int:
     import sys
 
     from simcluster.errors import UsageError
+    from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
     from simcluster.usercode.targets import load_state, load_target, parse_shapes
     from simcluster.teaching.wire import parse_network
 
@@ -254,8 +255,9 @@ def explain_command(args: Any, monitor: Any = None) -> int:
         raise UsageError("--numel N is short for --params N: give one of them")
     if args.numel is not None and args.numel < 1:
         raise UsageError(f"--numel {args.numel}: must be at least 1")
-    if args.world_size < 1:
-        raise UsageError(f"--world-size {args.world_size}: must be at least 1")
+    check_int("--world-size", args.world_size, *WORLD_SIZES)  # all before loading the target, as record() will
+    check_int("--steps", args.steps, *STEPS)
+    check_int("--seed", args.seed, *SEEDS)
     network = parse_network(args.network)
     shapes = ((args.numel,),) if args.numel is not None else (
         parse_shapes(args.params) if args.params is not None else DEFAULT_SHAPES)

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
-from simcluster.errors import HOOK_RAISES, UsageError
+from simcluster.errors import HOOK_RAISES
+from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
 
@@ -143,10 +144,9 @@ def record(
     (a supervised child's :class:`~simcluster.checking.supervisor.Monitor`) hears of each
     step (``begin``: the deadline is per step) and each hook call (``at``: where it stopped).
     """
-    if steps < 1:
-        raise UsageError(f"--steps {steps}: must be at least 1")
-    if world_size < 1:
-        raise UsageError(f"--world-size {world_size}: must be at least 1")
+    check_int("--steps", steps, *STEPS)
+    check_int("--world-size", world_size, *WORLD_SIZES)
+    check_int("--seed", seed, *SEEDS)
     shapes = tuple(tuple(s) for s in shapes)
     cluster = SimCluster(world_size=world_size, seed=seed, backend=backend)
     seen: list[Any] = []
