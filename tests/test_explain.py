@@ -200,3 +200,20 @@ def test_range_on_the_command_line_for_the_legacy_hook(capsys: pytest.CaptureFix
     below_8190 = 8189.99951171875
     assert code == 0 and f"world 8: safe up to M = {below_8190:.9g}; at 8190 (the next float32): " in out
     assert "got inf" in out
+
+
+def test_what_the_hook_prints_is_shown_with_its_step(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Prints land in their step's section, in order, not scattered above the explanation."""
+    (tmp_path / "hook.py").write_text(
+        "import torch.distributed as dist\n"
+        "def h(state, bucket):\n"
+        "    print(f'hello from rank {dist.get_rank()}')\n"
+        "    t = bucket.buffer().div_(dist.get_world_size())\n"
+        "    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])\n")
+    code = main(["explain", f"{tmp_path}/hook.py:h", "--steps", "2", "--params", "3"])
+    out, err = capfd.readouterr()
+    assert code == 0 and err == ""
+    assert out.startswith("simcluster explain:")
+    for step in (0, 1):
+        section = out[out.index(f"What the hook printed during step {step}"):]
+        assert section.splitlines()[1:3] == ["   hello from rank 0", "   hello from rank 1"]

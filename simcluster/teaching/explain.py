@@ -190,6 +190,9 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
             for r in range(story.world_size) for k in range(len(step.bucket_params))])
         title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")
         out += _section(title, [event_line(e) for e in step.events] or ["(no events)"])
+        if step.printed.strip():
+            out += _section(f"What the hook printed during step {step.step} (stdout and stderr, in order):",
+                            [line.rstrip() for line in step.printed.splitlines() if line.strip()])
         if step.error is not None:
             out += _section(f"4. The hook failed at step {step.step}:",
                             format_failure(step.error) + _open_calls(step.events))

@@ -32,6 +32,7 @@ from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
+from simcluster.usercode.output import captured_output
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
 
@@ -57,7 +58,8 @@ class HookCall:
 class StepStory:
     """One DDP step. ``inputs[r][i]``: rank ``r``'s gradient of parameter ``i``;
     ``events``: the trace with the :class:`HookCall` events; ``result``: the step's
-    :class:`StepResult`, None when it failed with ``error``."""
+    :class:`StepResult`, None when it failed with ``error``; ``printed``: what the hook
+    (and its callbacks) printed during the step, stdout and stderr in order."""
 
     step: int
     iteration: int
@@ -67,6 +69,7 @@ class StepStory:
     events: list[Any]
     result: StepResult | None = None
     error: BaseException | None = None
+    printed: str = ""
 
 
 @dataclass
@@ -166,11 +169,14 @@ def record(
         story.steps.append(one)
         seen.clear()
         try:
-            one.result = ddp.step(grads)
+            with captured_output() as printed:
+                one.result = ddp.step(grads)
             one.events = list(one.result.trace.events)
         except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
             one.error = exc
             one.events = list(seen[0].events) if seen else []
             break
+        finally:
+            one.printed = printed.text
     story.states = list(ddp.states)
     return story
