@@ -1,4 +1,4 @@
 """Code under test, treated as a process would: ``targets`` (load ``module:attr`` / ``file.py:attr``),
-``rank_local`` (each rank's own copy of the user's modules) and ``rank_state`` (each rank's
-Python/numpy RNG and process-wide settings).
+``rank_local`` (each rank's own copy of the user's modules), ``rank_state`` (each rank's
+Python/numpy RNG and process-wide settings) and ``output`` (what it prints, captured).
 """
