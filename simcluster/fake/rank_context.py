@@ -167,6 +167,10 @@ class RankContexts:
             spec = GroupSpec(f"group{len(self._groups) + 1}{list(members)}", members)
             self._groups[(members, k)] = spec
         if rank not in members:
+            # torch registers the non-member's NON_GROUP_MEMBER with this group's rank map
+            # (each such call overwrites it), so a root given as a global rank of this
+            # group translates before the collective's not-in-group check skips it.
+            self.worlds[rank].pg_group_ranks[dist.GroupMember.NON_GROUP_MEMBER] = {g: i for i, g in enumerate(members)}
             return dist.GroupMember.NON_GROUP_MEMBER
         pg = SimProcessGroup(self.runtime, spec, rank)
         self.worlds[rank].register(pg)
