@@ -28,7 +28,7 @@ from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, root_error, run_e2e, run_real,
-                                 run_sim)
+                                 run_sim, side_differences)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -218,6 +218,24 @@ def test_one_rank_disagreements_are_unconfirmed_not_fidelity_bugs(monkeypatch) -
     real.grads[0][0][0] = real.grads[0][0][0].clone().add_(1.0)
     result = compare(scenario, MEAN, sim, real)
     assert result.verdict == "unconfirmed" and "UNCONFIRMED" in result.format()
+
+
+def test_a_simulated_collective_mismatch_agrees_with_a_real_hang() -> None:
+    """Both are liveness failures of the hook: real gloo hangs, aborts or mixes data on a
+    mismatch (docs/gloo-facts.md §6), and which one a racy hook meets — a deadlock or a
+    mismatch, when callbacks on worker threads post collectives while the hook posts
+    others — is timing. Found with a random-block compression hook that waits on an
+    all_reduce inside a then-callback: real gloo hung, the threaded simulation met the
+    mismatch first, and e2e called it a FIDELITY BUG of the simulator."""
+    scenario = Scenario(2, ((3,),), steps=3)
+    mismatch = Side("sim", failure=SideFailure("raised", 0, "CollectiveMismatchError",
+                                               "mismatched collectives on WORLD (call #9 of that group)", 2))
+    hung = Side("real", failure=SideFailure("hung", 0, "hung", "ranks [0, 1] did not finish", None))
+    deadlock = Side("model", failure=SideFailure("hung", 0, "DeadlockError", "deadlock", 2))
+    assert compare(scenario, MEAN, mismatch, hung).agree
+    assert not side_differences(scenario, deadlock, mismatch, exact_errors=False)
+    other = Side("real", failure=SideFailure("raised", 0, "IndexError", "boom", 2))
+    assert compare(scenario, MEAN, mismatch, other).verdict == "fidelity bug"
 
 
 def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> None:

@@ -668,7 +668,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
     else:
         s, g = sim.failure, real.failure
-        if s.kind == "hung" and g.kind == "hung":
+        if _liveness(s) and _liveness(g):
             pass
         elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
@@ -678,6 +678,15 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
             steps = [f.step for f in (s, g) if f.step is not None]
             diffs += _call_differences(sim, real, scenario.world_size, min(steps) if steps else 0)
     return diffs
+
+
+def _liveness(failure: SideFailure) -> bool:
+    """A hang, or the simulator's report of mismatched collectives: both are the hook's
+    *liveness* failure. Real gloo hangs, aborts or mixes data on a mismatch (docs/gloo-facts.md
+    §6), and whether a racy hook (callbacks on worker threads posting collectives while the
+    hook posts others) first meets a deadlock or a mismatch is timing, in real processes as
+    in the simulator's threads — so the two agree with each other."""
+    return failure.kind == "hung" or failure.error_type == "CollectiveMismatchError"
 
 
 def root_error(failure: SideFailure) -> str:
