@@ -28,7 +28,7 @@ from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, root_error, run_e2e, run_real,
-                                 run_sim, side_differences)
+                                 run_model, run_sim, side_differences)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -218,6 +218,25 @@ def test_one_rank_disagreements_are_unconfirmed_not_fidelity_bugs(monkeypatch) -
     real.grads[0][0][0] = real.grads[0][0][0].clone().add_(1.0)
     result = compare(scenario, MEAN, sim, real)
     assert result.verdict == "unconfirmed" and "UNCONFIRMED" in result.format()
+
+
+def _bare_future_annotation(state, bucket) -> torch.futures.Future:  # as many hooks in the wild are annotated
+    raise AssertionError("never called: register_comm_hook refuses the annotation")
+
+
+def test_the_ddp_model_refuses_a_hook_real_ddp_will_not_register() -> None:
+    """``-> torch.futures.Future`` (not ``Future[torch.Tensor]``): real DDP's
+    register_comm_hook raises ValueError, so the real reducer never calls the hook. The
+    DDP model ran it all the same (an fp16 hook from the wild then failed on its own
+    ``Work.to_future()``), and e2e called the difference a FIDELITY BUG."""
+    scenario = Scenario(2, ((3,),), steps=1)
+    model = run_model(scenario, _bare_future_annotation, None)
+    assert model.failure is not None and model.failure.kind == "raised"
+    assert model.failure.error_type == "ValueError" and "return annotation" in model.failure.message
+    reducer = Side("sim (gloo model)", failure=SideFailure(
+        "raised", 0, "ValueError", "Communication hook: return annotation should be torch.futures.Future[torch.Tensor].",
+        None))
+    assert not side_differences(scenario, model, reducer, exact_errors=False)
 
 
 def test_a_simulated_collective_mismatch_agrees_with_a_real_hang() -> None:

@@ -510,6 +510,10 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
 
     calls: dict[int, list[HookCall]] = {}
     side = Side("sim DDP model")
+    refused = _registration_refused(hook)
+    if refused is not None:  # real DDP's register_comm_hook raises: the hook never runs
+        side.failure = refused
+        return side
     cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend, schedule=InOrder())
     config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
                        find_unused_parameters=scenario.find_unused_parameters,
@@ -528,6 +532,20 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         side.grads.append([list(rank) for rank in result.grads])
     side.calls = calls
     return side
+
+
+def _registration_refused(hook: Callable[..., Any]) -> SideFailure | None:
+    """How real DDP's ``register_comm_hook`` refuses ``hook`` (its parameter name or its
+    annotations, :func:`~simcluster.checking.properties.registration_problem`), as a failure
+    on rank 0 before any step; ``None`` when it registers. SimDDP does not check this itself:
+    the search reports it once and still runs the hook for its other bugs."""
+    from simcluster.checking.properties import registration_problem
+
+    problem = registration_problem(hook)
+    if problem is None:
+        return None
+    raised = re.search(r"raises (\w+Error)", problem)
+    return SideFailure("raised", 0, raised.group(1) if raised else "TypeError", problem, None)
 
 
 def _model_differences(scenario: Scenario, model: Side, reducer: Side) -> list[str]:
