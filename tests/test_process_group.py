@@ -308,3 +308,25 @@ class _no_warning:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_a_missing_attribute_is_named_on_torchs_type_as_real_gloo_names_it() -> None:
+    """Measured (torch 2.13, gloo, world 1): ``work.to_future`` raises AttributeError
+    ``'torch._C._distributed_c10d.Work' object has no attribute 'to_future'``, and a group's
+    missing attribute names ``torch._C._distributed_c10d.ProcessGroup``. The simulator said
+    ``'SimWork' object …``: e2e then called a hook from the wild that calls
+    ``all_reduce(…).to_future()`` a fidelity bug (the messages must match byte for byte)."""
+    def rank_fn(rank: int) -> list[str]:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        messages = []
+        for obj, name in ((work, "to_future"), (dist.group.WORLD, "nope")):
+            with pytest.raises(AttributeError) as info:
+                getattr(obj, name)
+            messages.append(str(info.value))
+        work.wait()
+        return messages
+
+    assert SimCluster(1).run(rank_fn).values[0] == [
+        "'torch._C._distributed_c10d.Work' object has no attribute 'to_future'",
+        "'torch._C._distributed_c10d.ProcessGroup' object has no attribute 'nope'",
+    ]
