@@ -24,7 +24,9 @@ environment (the simulated ranks do not), which lets a test hook misbehave on on
 
 One-rank groups: whether gloo's future is already complete when the hook returns is a
 load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
-reported as *unconfirmed*, never as a fidelity bug.
+reported as *unconfirmed*, never as a fidelity bug; so is a simulated collective mismatch where
+real gloo finished every step (gloo completes many mismatches silently, and callbacks that post
+collectives from worker threads post them in an order that is timing).
 """
 
 from __future__ import annotations
@@ -586,8 +588,9 @@ def _as_real_type(exc: BaseException) -> str:
 @dataclass
 class E2EResult:
     """The comparison of one scenario. ``verdict``: ``agree``; ``fidelity bug`` (the
-    simulator differs from real gloo); ``unconfirmed`` (it differs on a one-rank group,
-    where real gloo itself is not deterministic — docs/e2e.md)."""
+    simulator differs from real gloo); ``unconfirmed`` (it differs where real gloo's outcome
+    is itself timing — a one-rank group, or a simulated mismatch where real gloo finished —
+    ``why`` says which; docs/e2e.md)."""
 
     scenario: Scenario
     hook: str
@@ -595,6 +598,7 @@ class E2EResult:
     real: Side
     differences: list[str]
     verdict: str
+    why: str = ""  # for "unconfirmed": why the disagreement is no evidence against the simulator
 
     @property
     def agree(self) -> bool:
@@ -623,8 +627,7 @@ class E2EResult:
                 "gradients, hook calls and outcomes agree bitwise"
             lines.append(f"  verdict: agree — {both}")
         else:
-            head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else \
-                "UNCONFIRMED (one-rank group: real gloo itself is not deterministic here, see docs/e2e.md)"
+            head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
             lines.append(f"  verdict: {head}:")
             lines += [f"    - {d}" for d in self.differences[:10]]
             if len(self.differences) > 10:
@@ -665,8 +668,28 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     with the real reducer (:attr:`Side.model_differences`); any difference is a fidelity bug
     (unconfirmed on a one-rank group)."""
     diffs = side_differences(scenario, sim, real) + sim.model_differences
-    verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
-    return E2EResult(scenario, hook, sim, real, diffs, verdict)
+    why = _unconfirmed(scenario, sim, real) if diffs else ""
+    verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
+    return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
+
+
+ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs/e2e.md"
+MISMATCH_FINISHED = ("the simulation met mismatched collectives where real gloo finished: gloo completes many "
+                     "mismatches silently (docs/gloo-facts.md §6), and collectives posted from callbacks on worker "
+                     "threads come in an order that is timing — the hook's liveness failure, not confirmed this run")
+
+
+def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
+    """Why a disagreement is no evidence against the simulator (``""``: it is): on a one-rank
+    group real gloo's own timing decides; and a simulated ``CollectiveMismatchError`` where
+    real gloo finished every step is not contradicted by it (a real mismatch may complete
+    silently, and a racy hook may post alike on one run and not on the next)."""
+    if scenario.world_size == 1:
+        return ONE_RANK
+    if (real.failure is None and sim.failure is not None and sim.failure.error_type == "CollectiveMismatchError"
+            and not sim.model_differences):
+        return MISMATCH_FINISHED
+    return ""
 
 
 def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors: bool = True) -> list[str]:

@@ -15,7 +15,8 @@ Examples that run DDP on subgroups are not run end to end (noted). Worlds are re
 world size (:class:`~simcluster.real.gloo_runner.GlooCluster`) and all closed at the end.
 
 A disagreement is a **fidelity bug of the simulator** (CLI exit 4), reported apart from the
-hook's verdict; on a one-rank group it is *unconfirmed* (docs/e2e.md).
+hook's verdict; on a one-rank group, or for a simulated mismatch where real gloo finished, it is
+*unconfirmed* (docs/e2e.md).
 """
 
 from __future__ import annotations
