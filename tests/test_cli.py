@@ -159,6 +159,31 @@ def test_a_hook_using_what_the_simulator_does_not_model_is_named_not_an_internal
     assert "monitored_barrier" in line and f"{path}:7" in line
 
 
+WARNING_HOOK = """
+import warnings
+
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+def hook(state, bucket):
+    warnings.warn("this API is deprecated", FutureWarning)
+    return allreduce_hook(state, bucket)
+"""
+
+
+def test_a_warning_the_hook_raises_is_shown_once_per_place_as_in_a_real_process(tmp_path: Path) -> None:
+    """Python's default filter shows a warning once per place in a process; Hypothesis's
+    per-example ``catch_warnings`` reset that, so a hook from the wild calling the deprecated
+    ``reduce_scatter_tensor`` printed torch's FutureWarning 88 times above the report. Now
+    once per backend's search (each runs in its own process)."""
+    path = tmp_path / "warns.py"
+    path.write_text(WARNING_HOOK)
+    proc = subprocess.run([PYTHON, "-m", "simcluster", "check", f"{path}:hook", "--examples", "3", "--no-database",
+                           "--quiet", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert 1 <= proc.stderr.count("FutureWarning: this API is deprecated") <= 2, proc.stderr
+
+
 # -- exit 2: bad targets, bad options -------------------------------------------------------
 
 
