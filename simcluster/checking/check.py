@@ -163,8 +163,11 @@ def _new_report(opts: Options, backends: Sequence[str]) -> CheckReport:
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
                             "(TypeError on CPU/gloo); the hook itself is checked")
     if "contract" in opts.props and (problem := P.registration_problem(opts.hook, opts.api)):
+        state = f" --state {opts.state_name}" if opts.state_name != "none" else ""
+        replay = (f"simcluster check {opts.replay_target or opts.target}{state} --api {opts.api} "
+                  "--properties contract --examples 1")  # found before any example: one is enough
         report.failures.append(PropertyFailure("contract", "any", f"registration: {problem}", 0, "-", "-", [],
-                                               f"simcluster check {opts.target} --api {opts.api}", "registration"))
+                                               replay, "registration"))
     return report
 
 

@@ -268,7 +268,8 @@ def registration_problem(hook: Callable[..., Any], api: str = "current") -> str 
                    if isinstance(ann, str) else ""))
     ret = sig.return_annotation
     if ret is not inspect.Signature.empty and ret != torch.futures.Future[torch.Tensor]:
-        return (f"the return annotation is {ret!r}: register_comm_hook raises ValueError 'Communication hook: "
+        shown = "the bare torch.futures.Future" if ret is torch.futures.Future else repr(ret)
+        return (f"the return annotation is {shown}: register_comm_hook raises ValueError 'Communication hook: "
                 "return annotation should be torch.futures.Future[torch.Tensor].'")
     return None
 
