@@ -113,6 +113,18 @@ def test_e2e_usage_errors_exit_2_before_any_process(census, capsys) -> None:
     assert "torchrun" in capsys.readouterr().err
 
 
+def test_a_hook_drawing_from_torchs_rng_agrees_with_real_gloo(census) -> None:
+    """A stochastic compressor (TernGrad, from the wild) draws from torch's global RNG. Real
+    ranks each own a generator (seed + rank), as the DDP model's simulated ranks do; the
+    real reducer's rank threads share one, so their draws differed and e2e called every
+    such hook a FIDELITY BUG. The simulator's gradients are then the DDP model's, and the
+    report says why."""
+    result = run_e2e(Scenario(3, ((4, 5), (5,)), steps=2), f"{HOOKS}:terngrad_like", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+    assert "torch's global RNG" in result.format()
+
+
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()

@@ -220,6 +220,9 @@ class Side:
     """On the simulated side: where the DDP model the property search runs
     (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
     simulated groups (:func:`run_model`)."""
+    note: str = ""
+    """On the simulated side: how its gradients were obtained when not the usual way
+    (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known or rank in self.calls
@@ -484,6 +487,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     started = time.monotonic()
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
+    seeded = torch.get_rng_state()
     try:
         run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
                            world_size=scenario.world_size, hook=recording(hook_fn, calls, dist.get_rank),
@@ -494,8 +498,18 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     else:
         side.grads = run.grads
     side.calls = calls
-    side.model_differences = _model_differences(scenario, run_model(scenario, hook_fn, state_spec, backend=backend),
-                                                side)
+    drew = not torch.equal(torch.get_rng_state(), seeded)
+    model = run_model(scenario, hook_fn, state_spec, backend=backend)
+    if drew and side.failure is None and model.failure is None:
+        # The hook drew from torch's global RNG. Real ranks each own a generator (seed +
+        # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
+        # the process's one, so their draws cannot match. The simulator's gradients are the
+        # model's; hook calls and failures are still the real reducer's, compared as ever.
+        side.grads = model.grads
+        side.note = ("the hook draws from torch's global RNG: gradients from the DDP model, whose simulated ranks "
+                     "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
+                     "share one (docs/e2e.md)")
+    side.model_differences = _model_differences(scenario, model, side)
     side.seconds = time.monotonic() - started
     monitor.end()
     return side
@@ -613,6 +627,8 @@ class E2EResult:
         """The report: the scenario, per-step per-rank summaries, failures side by side, the verdict."""
         lines = [f"e2e {self.hook}: {self.scenario.describe()}",
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
+        if self.sim.note:
+            lines.append(f"  note: {self.sim.note}")
         if per_step:
             lines += _step_lines(self)
         for side in (self.sim, self.real):
