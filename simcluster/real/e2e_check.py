@@ -72,7 +72,9 @@ class E2ESummary:
                 lines.append(f"  {name}: note: {note}")
             for result in results:
                 if result.agree and not result.hook_failed:
-                    lines.append(f"  {name}: agree — {result.scenario.describe()}")
+                    how = " (gradients from the DDP model: the hook draws from torch's global RNG)" \
+                        if result.sim.note else ""
+                    lines.append(f"  {name}: agree — {result.scenario.describe()}{how}")
                 else:
                     lines.append(_indent(result.format(per_step=False)))
         bugs = self.fidelity_bugs
