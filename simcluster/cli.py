@@ -417,9 +417,9 @@ def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dic
             raise
         except Exception:  # noqa: BLE001 - a bug of ours: show it, keep checking the others
             progress.clear()
-            _internal_error(row, traceback.format_exc())
+            note = _row_broke(row, traceback.format_exc())
             internal = True
-            report = _broken_report(row, plan, time.perf_counter() - started)
+            report = _broken_report(row, plan, time.perf_counter() - started, note)
         if not args.targets:
             report.target = row["name"]
         progress.finish(f"{report.status} ({report.seconds:.1f}s)")
@@ -453,16 +453,40 @@ def _plan(row: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | Chec
     return kwargs
 
 
-def _internal_error(row: dict[str, Any], traceback_text: str) -> None:
+def _row_broke(row: dict[str, Any], traceback_text: str) -> str:
+    """Say on stderr why ``row``'s check gave no verdict (exit 3); the row's note.
+
+    The hook used something the simulator does not model (an ``UnsupportedError``, e.g.
+    ``dist.monitored_barrier``): one line naming it and the user line that called it. Any
+    other exception is simcluster's own bug: its whole traceback. ``traceback_text`` is all
+    either path has (a worker process sends only the text)."""
+    unmodelled = _unmodelled(traceback_text)
+    if unmodelled is not None:
+        print(f"simcluster: cannot check {row['name']}: not modelled by the simulator: {unmodelled}", file=sys.stderr)
+        sys.stderr.flush()
+        return f"not modelled by the simulator: {unmodelled}"
     print(f"simcluster: internal error while checking {row['name']}:", file=sys.stderr)
     sys.stderr.write(traceback_text)
     sys.stderr.flush()
+    return "internal error: see stderr"
 
 
-def _broken_report(row: dict[str, Any], plan: dict[str, Any], seconds: float) -> CheckReport:
-    """The row of a check that broke (exit 3): failed, no property verdicts."""
+def _unmodelled(traceback_text: str) -> str | None:
+    """``what (rank r, at file:line in fn: code)`` when the root error in
+    ``traceback_text`` is simcluster's ``UnsupportedError``; else ``None``."""
+    import re
+
+    found = re.search(r"^simcluster\.errors\.UnsupportedError: (.*)$", traceback_text, re.MULTILINE)
+    if found is None:
+        return None
+    where = re.search(r"^simcluster: raised in the supervised child \((.*)\)$", traceback_text, re.MULTILINE)
+    return found.group(1) + (f" ({where.group(1)})" if where else "")
+
+
+def _broken_report(row: dict[str, Any], plan: dict[str, Any], seconds: float, note: str) -> CheckReport:
+    """The row of a check that broke (exit 3): failed, no property verdicts, ``note`` saying why."""
     return CheckReport(target=row["name"], passed=False, properties=[], backends=list(plan["backends"]),
-                       notes=["internal error: see stderr"], seconds=seconds)
+                       notes=[note], seconds=seconds)
 
 
 def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
@@ -498,9 +522,10 @@ def _run_rows_in_workers(args: argparse.Namespace, rows: list[dict[str, Any]],
                 n = todo[k]
                 if isinstance(outcome, Broken):
                     progress.clear()
-                    _internal_error(rows[n], outcome.detail)
+                    note = _row_broke(rows[n], outcome.detail)
                     internal = True
-                    report = _broken_report(rows[n], plans[n], time.perf_counter() - started[n])  # type: ignore[arg-type]
+                    report = _broken_report(rows[n], plans[n], time.perf_counter() - started[n],  # type: ignore[arg-type]
+                                            note)
                 else:
                     report = outcome.value
                 if not args.targets:

@@ -6,6 +6,7 @@ Real end-to-end ranks have ``SIMCLUSTER_E2E=real`` in their environment (simclus
 import os
 import time
 
+import torch
 import torch.distributed as dist
 
 _CALLS = {"n": 0}
@@ -50,3 +51,14 @@ def completes_with_set_exception(state, bucket):
     fut = torch.futures.Future()
     fut.set_exception(RuntimeError("given up"))
     return fut
+
+
+def terngrad_like(state, bucket):
+    """A stochastic compressor (after TernGrad): keeps each element with probability
+    |x| / max|x| (torch's global RNG, per rank), then averages the ternary codes. Correct
+    on both sides; its draws come from each rank's own generator."""
+    buf = bucket.buffer()
+    scale = buf.abs().max().clamp_min(1e-30)
+    codes = torch.bernoulli(buf.abs() / scale) * buf.sign() * scale
+    fut = dist.all_reduce(codes, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))

@@ -193,6 +193,23 @@ def test_api_generations_hide_the_other_generations_methods() -> None:
     assert "set_buffer" in dir(current) and "set_tensor" not in dir(current)
 
 
+def test_the_other_generations_method_says_what_to_use_in_cli_terms() -> None:
+    """A hook from the wild calls ``bucket.get_tensors()``: the report said 'Use api='both''
+    — an option the CLI does not have, and a generation no torch ever was. It now names the
+    current method to port to and ``--api legacy`` for a hook kept in the old style."""
+    params, grads = two_params()
+    current = make_bucket(1, params, grads, is_last=True, api="current")
+    legacy = make_bucket(1, params, grads, is_last=True, api="legacy")
+    with pytest.raises(GradBucketAttributeError) as info:
+        current.get_tensors()
+    text = str(info.value)
+    assert "api='both'" not in text and "--api legacy" in text and "bucket.buffer()" in text
+    with pytest.raises(GradBucketAttributeError) as info:
+        legacy.is_last()
+    text = str(info.value)
+    assert "api='both'" not in text and "--api current" in text and "is_the_last_bucket_to_allreduce()" in text
+
+
 # ----------------------------------------------------------- construction
 def test_constructor_checks_the_packing() -> None:
     params, _ = two_params()

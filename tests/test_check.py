@@ -70,6 +70,20 @@ def test_contract_registration_and_legacy_lists() -> None:
     assert check_hook(legacy.allreduce_hook, api="legacy", properties=("contract", "liveness"), **QUICK).passed
 
 
+def test_a_registration_failure_reads_as_one_found_before_any_step() -> None:
+    """Read as a user (a sequence-parallel hook from the wild annotated
+    ``-> torch.futures.Future``): the header said ``[any, world size 0]`` and the layout,
+    gradients and schedule lines were dashes. It says it was found at registration, on
+    every backend, and what it is — no counterexample lines."""
+    report = check_hook(buggy.misnamed_bucket_param, **QUICK)
+    failure = next(f for f in report.failures if f.message.startswith("registration"))
+    text = failure.format()
+    head = text.splitlines()[0]
+    assert head == "FAILED contract [register_comm_hook, every backend]"
+    assert "world size 0" not in text and "layout:" not in text and "gradients:" not in text
+    assert failure.replay.endswith("--properties contract --examples 1")
+
+
 def test_liveness_failure_names_the_error() -> None:
     report = check_hook(buggy.rank0_logs_global_norm, **QUICK)
     failures = [f for f in report.failures if f.property == "liveness"]

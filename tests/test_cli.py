@@ -128,6 +128,62 @@ def test_internal_error_exits_3_with_traceback(capsys: pytest.CaptureFixture[str
     assert code == 3 and "Traceback" in err and "a bug in the checker" in err
 
 
+UNMODELLED_HOOK = """
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+def hook(state, bucket):
+    dist.monitored_barrier()
+    return allreduce_hook(state, bucket)
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_hook_using_what_the_simulator_does_not_model_is_named_not_an_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], jobs: str) -> None:
+    """``dist.monitored_barrier`` is not modelled (UnsupportedError): no verdict, so exit 3
+    as before, but said as such — what is not modelled and the user line that used it —
+    not as simcluster's own crash with a 60-line traceback (found checking a hook from the
+    wild). ``--jobs 2`` with two rows: the same from a worker process."""
+    path = tmp_path / "unmodelled.py"
+    path.write_text(UNMODELLED_HOOK)
+    targets = [f"{path}:hook"] + (["simcluster.hooks.reference:mean_allreduce_hook"] if jobs == "2" else [])
+    code = main(["check", *targets, "--examples", "3", "--no-database", "--quiet", "--backend", "gloo",
+                 "--jobs", jobs])
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert "Traceback" not in err and "internal error" not in err + out
+    line = next(ln for ln in err.splitlines() if ln.startswith("simcluster: cannot check"))
+    assert f"{path}:hook" in line and "not modelled by the simulator" in line
+    assert "monitored_barrier" in line and f"{path}:7" in line
+
+
+WARNING_HOOK = """
+import warnings
+
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+def hook(state, bucket):
+    warnings.warn("this API is deprecated", FutureWarning)
+    return allreduce_hook(state, bucket)
+"""
+
+
+def test_a_warning_the_hook_raises_is_shown_once_per_place_as_in_a_real_process(tmp_path: Path) -> None:
+    """Python's default filter shows a warning once per place in a process; Hypothesis's
+    per-example ``catch_warnings`` reset that, so a hook from the wild calling the deprecated
+    ``reduce_scatter_tensor`` printed torch's FutureWarning 88 times above the report. Now
+    once per backend's search (each runs in its own process)."""
+    path = tmp_path / "warns.py"
+    path.write_text(WARNING_HOOK)
+    proc = subprocess.run([PYTHON, "-m", "simcluster", "check", f"{path}:hook", "--examples", "3", "--no-database",
+                           "--quiet", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert 1 <= proc.stderr.count("FutureWarning: this API is deprecated") <= 2, proc.stderr
+
+
 # -- exit 2: bad targets, bad options -------------------------------------------------------
 
 

@@ -366,6 +366,15 @@ def test_rejected_results_raise_real_ddp_messages(transform: Any, message: str) 
     assert any("rank 1 also failed" in n for n in getattr(info.value, "__notes__", []))
 
 
+def test_a_list_result_names_the_cli_option_for_legacy_hooks() -> None:
+    """Read as a user of the CLI (a sequence-parallel hook from the wild returns the
+    all_reduce's own future, whose value is [tensor]): the hint named only the Python
+    ``DDPConfig(api='legacy')``; it names ``--api legacy`` too."""
+    with pytest.raises(CopyBackError) as info:
+        run_trap(lambda v: [v], iterations=1)
+    assert "--api legacy" in str(info.value)
+
+
 def test_set_exception_is_cast_like_a_value() -> None:
     def hook(state: Any, bucket: Any) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()

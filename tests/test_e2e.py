@@ -28,7 +28,7 @@ from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, root_error, run_e2e, run_real,
-                                 run_sim)
+                                 run_model, run_sim, side_differences)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -111,6 +111,18 @@ def test_e2e_usage_errors_exit_2_before_any_process(census, capsys) -> None:
     assert main(["e2e", "no.such.module:hook"]) == 2
     assert main(["e2e", MEAN, "--backend", "nccl"]) == 2
     assert "torchrun" in capsys.readouterr().err
+
+
+def test_a_hook_drawing_from_torchs_rng_agrees_with_real_gloo(census) -> None:
+    """A stochastic compressor (TernGrad, from the wild) draws from torch's global RNG. Real
+    ranks each own a generator (seed + rank), as the DDP model's simulated ranks do; the
+    real reducer's rank threads share one, so their draws differed and e2e called every
+    such hook a FIDELITY BUG. The simulator's gradients are then the DDP model's, and the
+    report says why."""
+    result = run_e2e(Scenario(3, ((4, 5), (5,)), steps=2), f"{HOOKS}:terngrad_like", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+    assert "torch's global RNG" in result.format()
 
 
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
@@ -218,6 +230,60 @@ def test_one_rank_disagreements_are_unconfirmed_not_fidelity_bugs(monkeypatch) -
     real.grads[0][0][0] = real.grads[0][0][0].clone().add_(1.0)
     result = compare(scenario, MEAN, sim, real)
     assert result.verdict == "unconfirmed" and "UNCONFIRMED" in result.format()
+
+
+def _bare_future_annotation(state, bucket) -> torch.futures.Future:  # as many hooks in the wild are annotated
+    raise AssertionError("never called: register_comm_hook refuses the annotation")
+
+
+def test_the_ddp_model_refuses_a_hook_real_ddp_will_not_register() -> None:
+    """``-> torch.futures.Future`` (not ``Future[torch.Tensor]``): real DDP's
+    register_comm_hook raises ValueError, so the real reducer never calls the hook. The
+    DDP model ran it all the same (an fp16 hook from the wild then failed on its own
+    ``Work.to_future()``), and e2e called the difference a FIDELITY BUG."""
+    scenario = Scenario(2, ((3,),), steps=1)
+    model = run_model(scenario, _bare_future_annotation, None)
+    assert model.failure is not None and model.failure.kind == "raised"
+    assert model.failure.error_type == "ValueError" and "return annotation" in model.failure.message
+    reducer = Side("sim (gloo model)", failure=SideFailure(
+        "raised", 0, "ValueError", "Communication hook: return annotation should be torch.futures.Future[torch.Tensor].",
+        None))
+    assert not side_differences(scenario, model, reducer, exact_errors=False)
+
+
+def test_a_simulated_collective_mismatch_agrees_with_a_real_hang() -> None:
+    """Both are liveness failures of the hook: real gloo hangs, aborts or mixes data on a
+    mismatch (docs/gloo-facts.md §6), and which one a racy hook meets — a deadlock or a
+    mismatch, when callbacks on worker threads post collectives while the hook posts
+    others — is timing. Found with a random-block compression hook that waits on an
+    all_reduce inside a then-callback: real gloo hung, the threaded simulation met the
+    mismatch first, and e2e called it a FIDELITY BUG of the simulator."""
+    scenario = Scenario(2, ((3,),), steps=3)
+    mismatch = Side("sim", failure=SideFailure("raised", 0, "CollectiveMismatchError",
+                                               "mismatched collectives on WORLD (call #9 of that group)", 2))
+    hung = Side("real", failure=SideFailure("hung", 0, "hung", "ranks [0, 1] did not finish", None))
+    deadlock = Side("model", failure=SideFailure("hung", 0, "DeadlockError", "deadlock", 2))
+    assert compare(scenario, MEAN, mismatch, hung).agree
+    assert not side_differences(scenario, deadlock, mismatch, exact_errors=False)
+    other = Side("real", failure=SideFailure("raised", 0, "IndexError", "boom", 2))
+    assert compare(scenario, MEAN, mismatch, other).verdict == "fidelity bug"
+
+
+def test_a_simulated_mismatch_where_real_gloo_finished_is_unconfirmed_not_a_fidelity_bug() -> None:
+    """Real gloo completes many mismatches silently (docs/gloo-facts.md §6), and a hook whose
+    callbacks post collectives on worker threads posts them in an order that is timing: the
+    random-block hook from the wild finished on real gloo and met a mismatch in the threaded
+    simulation. That is not evidence against the simulator: *unconfirmed*, saying why."""
+    scenario = Scenario(2, ((3,),), steps=3)
+    mismatch = Side("sim (gloo model)", failure=SideFailure(
+        "raised", 0, "CollectiveMismatchError", "mismatched collectives on WORLD (call #9 of that group)", 2))
+    real = run_sim(scenario, MEAN)  # stands in for a real run that finished every step
+    result = compare(scenario, MEAN, mismatch, real)
+    assert result.verdict == "unconfirmed"
+    text = result.format()
+    assert "UNCONFIRMED" in text and "one-rank" not in text and "mismatch" in text
+    other = Side("sim (gloo model)", failure=SideFailure("raised", 0, "IndexError", "boom", 2))
+    assert compare(scenario, MEAN, other, real).verdict == "fidelity bug"
 
 
 def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> None:

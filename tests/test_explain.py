@@ -38,6 +38,35 @@ def test_default_explain_shows_the_rebuild_and_three_buckets_in_flight(capsys: p
     assert "rank 0 sends 20 B this step; plain allreduce_hook on these buckets sends 40 B: compression ratio 2.00" in step1
 
 
+BLOCKING_HOOK = """
+import torch
+import torch.distributed as dist
+
+
+def blocking_hook(state, bucket):
+    t = bucket.buffer()
+    dist.all_reduce(t)  # synchronous: returns once the all_reduce completed
+    fut = torch.futures.Future()
+    fut.set_result(t / dist.get_world_size())
+    return fut
+"""
+
+
+def test_a_hook_that_waits_inside_is_not_said_to_have_its_buckets_in_flight_together(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A hook that waits for its collective before returning (a synchronous all_reduce, a
+    ring of isend/irecv + wait(), found in the wild) completes bucket 0's collective before
+    DDP can call it for bucket 1: explain said 'in flight together' all the same."""
+    path = tmp_path / "blocking.py"
+    path.write_text(BLOCKING_HOOK)
+    code, out, _ = run(["explain", f"{path}:blocking_hook"], capsys)
+    assert code == 0
+    step1 = out[out.index("== step 1 (DDP iteration 1) =="):]
+    step1 = step1[:step1.index("2. What each rank")]
+    assert "they are in flight together" not in step1
+    assert "one at a time" in step1 and "bucket 0's collective completed before" in step1
+
+
 def test_params_and_cap_choose_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["explain", TORCH_FP16, "--params", "4x5,5,1000", "--bucket-cap-mb", "0.001",
                         "--steps", "1"], capsys)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -135,3 +136,29 @@ def test_wait_all_raises_an_errored_inputs_error() -> None:
         return "no error"
 
     assert SimCluster(2, backend="gloo").run(rank_fn).values == ["Cannot use ReduceOp.BAND with non-integral dtype"] * 2
+
+
+def test_a_missing_attribute_of_a_future_is_worded_as_torch_words_it() -> None:
+    """Measured (docs/gloo-facts.md §8): a collective's future (and ``then``'s) is a
+    ``torch._C.Future`` — ``'torch._C.Future' object has no attribute 'nope'``; one the hook
+    makes with ``torch.futures.Future()`` says ``'Future' object …``. e2e compares such
+    messages byte for byte with real gloo."""
+    import torch.distributed as dist
+
+    from simcluster import SimCluster
+
+    def rank_fn(rank: int) -> list[str]:
+        fut = dist.all_reduce(torch.ones(1), async_op=True).get_future()
+        messages = []
+        for obj in (fut, fut.then(lambda f: f.value()), torch.futures.Future()):
+            with pytest.raises(AttributeError) as info:
+                obj.nope
+            messages.append(str(info.value))
+        fut.wait()
+        return messages
+
+    assert SimCluster(1).run(rank_fn).values[0] == [
+        "'torch._C.Future' object has no attribute 'nope'",
+        "'torch._C.Future' object has no attribute 'nope'",
+        "'Future' object has no attribute 'nope'",
+    ]

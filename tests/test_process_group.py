@@ -278,3 +278,55 @@ def test_size_and_rank_answer_what_torch_was_given_on_every_group() -> None:
 
     values = SimCluster(3).run(body).values
     assert values == [[(3, 0, 3, 0)], [(3, 1, 3, 1), (2, 0, 2, 0)], [(3, 2, 3, 2), (2, 1, 2, 1)]]
+
+
+def test_collective_with_root_on_a_group_the_rank_is_not_in_is_skipped_as_in_torch() -> None:
+    """Measured on real gloo, torch 2.13, world 3 (docs/gloo-facts.md, *Non-members*): on
+    rank 2, after ``g = dist.new_group([0, 1])``, ``dist.reduce(t, dst=0, group=g)`` and
+    ``dist.broadcast(t, 0, group=g)`` warn and return None, leaving ``t`` alone — torch
+    registers the non-member's ``NON_GROUP_MEMBER`` with the ranks of the group it was not
+    let into, so translating ``dst=0`` succeeds before the non-member check. A root outside
+    those ranks raises ``ValueError`` (the logger's 'Invalid process group specified')."""
+    def rank_fn(rank: int) -> tuple[list[float], object, object]:
+        g = dist.new_group([0, 1])
+        t = torch.tensor([float(rank + 1)])
+        with pytest.warns(UserWarning, match="does not belong to the given group") if rank == 2 else _no_warning():
+            r1 = dist.reduce(t, dst=0, group=g)
+            r2 = dist.broadcast(t, 0, group=g)
+        if rank == 2:
+            with pytest.raises(ValueError, match="Invalid process group specified"):
+                dist.reduce(t, dst=2, group=g)
+        return t.tolist(), r1, r2
+
+    out = SimCluster(3).run(rank_fn).values
+    assert out == [([3.0], None, None), ([3.0], None, None), ([3.0], None, None)]
+
+
+class _no_warning:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_a_missing_attribute_is_named_on_torchs_type_as_real_gloo_names_it() -> None:
+    """Measured (torch 2.13, gloo, world 1): ``work.to_future`` raises AttributeError
+    ``'torch._C._distributed_c10d.Work' object has no attribute 'to_future'``, and a group's
+    missing attribute names ``torch._C._distributed_c10d.ProcessGroup``. The simulator said
+    ``'SimWork' object …``: e2e then called a hook from the wild that calls
+    ``all_reduce(…).to_future()`` a fidelity bug (the messages must match byte for byte)."""
+    def rank_fn(rank: int) -> list[str]:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        messages = []
+        for obj, name in ((work, "to_future"), (dist.group.WORLD, "nope")):
+            with pytest.raises(AttributeError) as info:
+                getattr(obj, name)
+            messages.append(str(info.value))
+        work.wait()
+        return messages
+
+    assert SimCluster(1).run(rank_fn).values[0] == [
+        "'torch._C._distributed_c10d.Work' object has no attribute 'to_future'",
+        "'torch._C._distributed_c10d.ProcessGroup' object has no attribute 'nope'",
+    ]

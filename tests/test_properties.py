@@ -216,3 +216,20 @@ def test_averages_says_when_a_failure_is_within_a_half_precision_tolerance() -> 
     failure = P.averages(summed, inputs, "fp32")
     assert failure is not None and "within --tolerance" not in failure
     assert P.averages(as_fp16, inputs, "fp16") is None
+
+
+def test_averages_says_when_a_non_finite_result_is_a_sum_that_overflowed() -> None:
+    """Found with a hook from the wild using ``ReduceOp.AVG`` on gloo (which sums, then
+    divides — measured, docs/collectives.md): at float32's largest value on both ranks the
+    report said only 'got inf … is not finite'. It now says the ranks' sum there exceeds
+    float32's range, the cause; an inf whose sum does not overflow gets no such hint."""
+    big = torch.finfo(torch.float32).max
+    inputs = [[torch.tensor([big, 1.0])], [torch.tensor([big, 1.0])]]
+    inf = [[torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.0])]]
+    failure = P.averages(inf, inputs, "fp32")
+    assert failure is not None and "is not finite" in failure
+    assert "sum there" in failure and "exceeds float32's largest value" in failure and "divide first" in failure
+    small = [[torch.tensor([1.0, 1.0])], [torch.tensor([1.0, 1.0])]]
+    wrong = [[torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.0])]]
+    other = P.averages(wrong, small, "fp32")
+    assert other is not None and "exceeds" not in other

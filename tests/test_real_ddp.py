@@ -158,6 +158,26 @@ def test_state_factory_is_called_per_rank_with_that_ranks_group() -> None:
     assert sorted(seen) == [(0, 0), (1, 1)]
 
 
+def test_a_state_factory_may_make_subgroups_with_new_group() -> None:
+    """Hierarchical hooks make their groups in the state factory (every rank calls
+    ``dist.new_group`` for every group, members or not). At world 3, pairs ``[0, 1]`` and
+    ``[2]``: each rank's result is the mean over its own pair, so ranks 0 and 1 get their
+    pair's mean and rank 2 keeps its own gradient."""
+
+    def factory(group: dist.ProcessGroup) -> Any:
+        pairs = [dist.new_group([0, 1]), dist.new_group([2])]
+        return next(g for g in pairs if g != dist.GroupMember.NON_GROUP_MEMBER)
+
+    inputs = make_inputs(STACK, 3, 1)
+    run = run_real_ddp(lambda: build_model(STACK), inputs, world_size=3, hook=allreduce_hook, state=factory,
+                       iterations=1)
+    pair = local_mean_grads(STACK, [inputs[0], inputs[1]], 0)
+    alone = local_mean_grads(STACK, [inputs[2]], 0)
+    torch.testing.assert_close(run.grads[0][0], pair)
+    torch.testing.assert_close(run.grads[0][1], pair)
+    torch.testing.assert_close(run.grads[0][2], alone)
+
+
 def test_torch_state_is_restored_and_no_thread_is_left() -> None:
     world, rng = c10d._world, torch.get_rng_state()
     flag = torch._C._is_multithreading_enabled()

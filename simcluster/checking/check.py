@@ -164,8 +164,11 @@ def _new_report(opts: Options, backends: Sequence[str]) -> CheckReport:
         report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
                             "(TypeError on CPU/gloo); the hook itself is checked")
     if "contract" in opts.props and (problem := P.registration_problem(opts.hook, opts.api)):
+        state = f" --state {opts.state_name}" if opts.state_name != "none" else ""
+        replay = (f"simcluster check {opts.replay_target or opts.target}{state} --api {opts.api} "
+                  "--properties contract --examples 1")  # found before any example: one is enough
         report.failures.append(PropertyFailure("contract", "any", f"registration: {problem}", 0, "-", "-", [],
-                                               f"simcluster check {opts.target} --api {opts.api}", "registration"))
+                                               replay, "registration"))
     return report
 
 
@@ -186,10 +189,11 @@ def _search(opts: Options, backend: str, report: CheckReport, world_sizes: Seque
     """One backend's search: Hypothesis' drawn examples, then (if they all pass) the explicit ones."""
     def backend_job(monitor: Monitor) -> tuple[list[PropertyFailure], int]:
         part = _partial(opts, monitor)
-        _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
-        if not part.report.failures:
-            for explicit in _explicit_examples(opts, world_sizes, steps):
-                _run_one(part.opts, explicit, backend, part.report, steps)
+        with _warnings_once_per_place():
+            _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
+            if not part.report.failures:
+                for explicit in _explicit_examples(opts, world_sizes, steps):
+                    _run_one(part.opts, explicit, backend, part.report, steps)
         return part.report.failures, part.report.examples
 
     _supervised(backend_job, opts, backend, report, steps, opts.deadline, supervise)
@@ -434,6 +438,32 @@ class _FrozenClock:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def _warnings_once_per_place() -> Iterator[None]:
+    """Show each warning (text, category, file, line) once during a search, as Python's
+    default filter does in one process. The search defeats that filter: every simulated rank
+    of every example imports its own copy of the hook's module (a fresh
+    ``__warningregistry__``), and Hypothesis's per-example ``catch_warnings`` resets every
+    registry — a hook calling a deprecated torch API printed the same warning hundreds of
+    times above its report. Filters still decide what is shown; this only drops repeats."""
+    import warnings
+
+    shown: set[tuple[str, type, str, int]] = set()
+    original = warnings.showwarning
+
+    def once(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        key = (str(message), category, filename, lineno)
+        if key not in shown:
+            shown.add(key)
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = once
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
 
 
 @contextlib.contextmanager

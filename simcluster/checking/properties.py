@@ -167,8 +167,26 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
                     return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
                             f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
                             + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more
+                            + _overflow_hint(got[i], mean[i], [inputs[q][k].reshape(-1)[i] for q in ranks],
+                                             got_t.dtype)
                             + _looser_hint(tol, results, inputs, groups))
     return None
+
+
+def _overflow_hint(got: torch.Tensor, mean: torch.Tensor, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> str:
+    """For a non-finite result whose mean is finite: when the ranks' float64 sum there is
+    beyond ``dtype``'s range, say so — the hook summed before it divided (an all_reduce
+    SUM then a division, or gloo's ``AVG``, which does the same)."""
+    if math.isfinite(float(got)) or not math.isfinite(float(mean)) or not dtype.is_floating_point:
+        return ""
+    total = float(sum(x.double() for x in xs))
+    largest = torch.finfo(dtype).max
+    if abs(total) <= largest:
+        return ""
+    name = str(dtype).removeprefix("torch.")
+    return (f"\n(the ranks' sum there, {total:.4g}, exceeds {name}'s largest value {largest:.4g}: the hook sums "
+            "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
+            "divides; divide first, as torch's allreduce_hook does)")
 
 
 def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
@@ -250,7 +268,8 @@ def registration_problem(hook: Callable[..., Any], api: str = "current") -> str 
                    if isinstance(ann, str) else ""))
     ret = sig.return_annotation
     if ret is not inspect.Signature.empty and ret != torch.futures.Future[torch.Tensor]:
-        return (f"the return annotation is {ret!r}: register_comm_hook raises ValueError 'Communication hook: "
+        shown = "the bare torch.futures.Future" if ret is torch.futures.Future else repr(ret)
+        return (f"the return annotation is {shown}: register_comm_hook raises ValueError 'Communication hook: "
                 "return annotation should be torch.futures.Future[torch.Tensor].'")
     return None
 

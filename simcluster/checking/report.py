@@ -43,7 +43,14 @@ class PropertyFailure:
     output: str = ""  # what the code under test printed (stdout and stderr) in the reported run, clipped
 
     def format(self) -> str:
-        """The failure in full: every line of the diagnostic, where, the DDP steps, how to replay."""
+        """The failure in full: every line of the diagnostic, where, the DDP steps, how to replay.
+
+        A failure found without running a step (``register_comm_hook`` refusing the hook:
+        ``error_type == "registration"``) has no counterexample: its message and command only."""
+        if self.error_type == "registration":
+            return "\n".join([f"FAILED {self.property} [register_comm_hook, every backend]",
+                              *(f"  {line}" for line in self.message.splitlines()),
+                              f"  replay:    {self.replay}"])
         lines = [f"FAILED {self.property} [{self.backend}, world size {self.world_size}]"]
         lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(self.message.splitlines())]
         lines += [f"  at {frame}" for frame in self.frames]

@@ -41,8 +41,9 @@ Per-rank process state while the run lasts (all restored afterwards):
 Where this differs from a real cluster: ranks share the process-wide CPU generator
 (``torch.manual_seed`` in one rank moves every rank's stream); the interleaving of
 ranks is up to the OS (gradients do not depend on it — the reduction bits are
-gloo's — but the order of trace events does); ``dist.new_group`` is not available
-inside the run.
+gloo's — but the order of trace events does). ``dist.new_group`` works in the rank
+threads (a state factory making a hierarchical hook's groups, say): every rank must call
+it, as on a real cluster; the groups live for the run.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
 from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, callback_exception
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
-from simcluster.fake.rank_context import RankWorld
+from simcluster.fake.rank_context import GroupRegistry, RankWorld
 from simcluster.fake.state import StateSpec
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
@@ -135,17 +136,26 @@ class _DDPGroup(SimProcessGroup):
         return "simcluster-" + super().getBackendName()
 
 
-def _no_new_group(*args: Any, **kwargs: Any) -> Any:
-    raise UnsupportedError("dist.new_group inside run_real_ddp is not supported (real DDP runs on each rank's WORLD)")
+def _new_group_on(registry: GroupRegistry, engine: ThreadedEngine) -> Callable[..., Any]:
+    """``dist.new_group`` during the run: the calling rank thread's simulated group (on this
+    run's engine), or ``NON_GROUP_MEMBER`` as in torch; options (backend, timeout) are ignored."""
+
+    def new_group(ranks: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Any:
+        rank = engine.current_rank
+        if rank is None:
+            raise UnsupportedError("dist.new_group was called outside a rank thread during run_real_ddp")
+        return registry.new_group(rank, None if ranks is None else list(ranks))
+
+    return new_group
 
 
 @contextlib.contextmanager
-def _per_thread_world(proxy: _WorldProxy) -> Iterator[None]:
-    """Install the proxy as torch's ``_world`` (and block ``new_group``) for the run only."""
+def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any]) -> Iterator[None]:
+    """Install the proxy as torch's ``_world`` and the run's ``new_group`` for the run only."""
     saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group)]
     try:
         c10d._world = proxy
-        c10d.new_group = dist.new_group = _no_new_group
+        c10d.new_group = dist.new_group = new_group
         yield
     finally:
         for owner, name, value in saved:
@@ -269,14 +279,14 @@ def run_real_ddp(
     trace = Trace()
     engine = ThreadedEngine(world_size=world_size, trace=trace, worker_limit=model_backend.workers_per_group,
                             worker_name=model_backend.worker_name, timeout=timeout)
-    groups, worlds = _world_groups(engine, model_backend, world_size)
+    groups, worlds, registry = _world_groups(engine, model_backend, world_size)
     run = _Training(models, groups, engine, inputs_per_rank, iterations, hook, state, setup,
                     dict(bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
                          find_unused_parameters=find_unused_parameters,
                          gradient_as_bucket_view=gradient_as_bucket_view))
     engine.on_abort(lambda: _fail_pending(run.returned))
 
-    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine)):
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine)):
         try:
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:
@@ -304,15 +314,16 @@ def _check_arguments(world_size: int, iterations: int, inputs_per_rank: Sequence
 
 
 def _world_groups(engine: ThreadedEngine, model_backend: BackendModel,
-                  world_size: int) -> tuple[list[_DDPGroup], list[RankWorld]]:
-    """Each rank's WORLD process group on ``engine``, and its torch world holding it as the default."""
+                  world_size: int) -> tuple[list[_DDPGroup], list[RankWorld], GroupRegistry]:
+    """Each rank's WORLD process group on ``engine``, its torch world holding it as the
+    default, and the registry ``dist.new_group`` adds the run's other groups to."""
     runtime = _Runtime(engine, model_backend)
     spec = GroupSpec("WORLD", tuple(range(world_size)))
     groups = [_DDPGroup(runtime, spec, r) for r in range(world_size)]
     worlds = [RankWorld() for _ in range(world_size)]
     for world, group in zip(worlds, groups):
         world.register(group, default=True)
-    return groups, worlds
+    return groups, worlds, GroupRegistry(runtime, worlds)
 
 
 class _Training:

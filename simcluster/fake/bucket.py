@@ -70,6 +70,15 @@ _LEGACY = (
     "get_model_params_for_bucket",
     "set_tensor",
 )
+_COUNTERPART = MappingProxyType({
+    "get_index": "index()", "get_tensor": "buffer()", "get_tensors": "buffer()",
+    "is_the_last_bucket_to_allreduce": "is_last()", "get_per_parameter_tensors": "gradients()",
+    "get_model_params_for_bucket": "parameters()", "set_tensor": "set_buffer()",
+    "index": "get_index()", "buffer": "get_tensor()", "gradients": "get_per_parameter_tensors()",
+    "is_last": "is_the_last_bucket_to_allreduce()", "parameters": "get_model_params_for_bucket()",
+    "set_buffer": "set_tensor()",
+})
+"""Each generation's method and the other generation's that does its job (for the error's advice)."""
 _AVAILABLE = MappingProxyType(
     {"both": frozenset(_CURRENT + _LEGACY), "current": frozenset(_CURRENT), "legacy": frozenset(_LEGACY)}
 )
@@ -267,10 +276,16 @@ class _Unavailable:
     def __get__(self, bucket: SimGradBucket | None, owner: type) -> Any:
         if bucket is None:
             return self
-        era = "torch 1.7-1.9 (removed in 1.10)" if self.name in _LEGACY else "torch >= 1.10"
+        legacy = self.name in _LEGACY
+        era = "torch 1.7-1.9 (removed in 1.10)" if legacy else "torch >= 1.10"
+        other = _COUNTERPART.get(self.name)
+        instead = f"bucket.{other}" if other else "the other generation's methods"
+        advice = (f"port the hook to {instead} (current torch), or check a hook kept in the 1.7-1.9 style with "
+                  "--api legacy (Python: api='legacy')" if legacy else
+                  f"a 1.7-1.9 hook uses {instead}; check a current hook with --api current (Python: api='current')")
         raise GradBucketAttributeError(
             f"bucket {bucket._index}: GradBucket.{self.name}() exists only in {era}; this bucket models "
-            f"api={bucket._api!r}. Use api='both' to accept either generation."
+            f"api={bucket._api!r}: {advice}"
         )
 
 

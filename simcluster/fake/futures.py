@@ -101,6 +101,13 @@ class SimFuture(torch.futures.Future):
     ``"then(decompress) of all_reduce#3 on WORLD"``).
     """
 
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the class lacks: worded as torch words it (measured, docs/gloo-facts.md
+        # §8) — a collective's or then()'s future is a torch._C.Future; one the hook made with
+        # torch.futures.Future() (the per-cluster subclass named Future) says 'Future'.
+        kind = "Future" if type(self).__name__ == "Future" else "torch._C.Future"
+        raise AttributeError(f"'{kind}' object has no attribute '{name}'")
+
     def __init__(self, engine: "EngineContract", rank: int, label: str) -> None:
         _C_FUTURE_INIT(self, [])  # what torch.futures.Future() does with no devices, minus its wrapper (hot path)
         self._engine = engine

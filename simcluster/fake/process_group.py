@@ -93,6 +93,11 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the class lacks: worded on torch's type, as a real gloo work's is
+        # (measured: docs/gloo-facts.md §8), so a hook's typo fails with real torch's message.
+        raise AttributeError(f"'torch._C._distributed_c10d.Work' object has no attribute '{name}'")
+
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
@@ -141,6 +146,10 @@ class SimWork(dist.Work):
 
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated group (see the module docstring)."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the class lacks: worded on torch's type, as a real group's is.
+        raise AttributeError(f"'torch._C._distributed_c10d.ProcessGroup' object has no attribute '{name}'")
 
     def __init__(self, runtime: Runtime, spec: GroupSpec, global_rank: int) -> None:
         super().__init__(spec.ranks.index(global_rank), len(spec.ranks))

@@ -94,6 +94,44 @@ class RankWorld(c10d._World):
             self.default_pg = pg
 
 
+class GroupRegistry:
+    """The groups ``dist.new_group`` made on one set of simulated ranks, by members and call
+    count: the k-th call with the same members on every rank names the same group, as the
+    k-th real ``new_group`` does (every rank must call it, members or not). Shared by the
+    baton-engine cluster (:class:`RankContexts`) and real DDP on threads
+    (:mod:`simcluster.ddp.real_ddp`)."""
+
+    def __init__(self, runtime: Runtime, worlds: list[RankWorld]) -> None:
+        self.runtime = runtime
+        self.worlds = worlds
+        self._groups: dict[tuple[tuple[int, ...], int], GroupSpec] = {}
+        self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
+        """``dist.new_group(ranks)`` on ``rank``: the k-th call with the same members on
+        every rank yields the same simulated group; a non-member gets
+        ``GroupMember.NON_GROUP_MEMBER`` as in torch."""
+        world_size = len(self.worlds)
+        members = tuple(sorted(range(world_size) if ranks is None else ranks))
+        if not members or any(not 0 <= m < world_size for m in members) or len(set(members)) != len(members):
+            raise ValueError(f"new_group(ranks={ranks!r}) on rank {rank}: ranks must be distinct ranks of 0..{world_size - 1}")
+        k = self._calls.get((rank, members), 0)
+        self._calls[(rank, members)] = k + 1
+        spec = self._groups.get((members, k))
+        if spec is None:
+            spec = GroupSpec(f"group{len(self._groups) + 1}{list(members)}", members)
+            self._groups[(members, k)] = spec
+        if rank not in members:
+            # torch registers the non-member's NON_GROUP_MEMBER with this group's rank map
+            # (each such call overwrites it), so a root given as a global rank of this
+            # group translates before the collective's not-in-group check skips it.
+            self.worlds[rank].pg_group_ranks[dist.GroupMember.NON_GROUP_MEMBER] = {g: i for i, g in enumerate(members)}
+            return dist.GroupMember.NON_GROUP_MEMBER
+        pg = SimProcessGroup(self.runtime, spec, rank)
+        self.worlds[rank].register(pg)
+        return pg
+
+
 class RankContexts:
     """Every rank's world, groups and RNG state for one cluster, plus the swap logic.
 
@@ -118,8 +156,7 @@ class RankContexts:
         self.rng_states = [
             generator.manual_seed(seed + (r if rng == "per_rank" else 0)).get_state() for r in range(world_size)
         ]
-        self._groups: dict[tuple[tuple[int, ...], int], GroupSpec] = {}
-        self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.groups = GroupRegistry(runtime, self.worlds)
         self._outside_rng: torch.Tensor | None = None
         self._outside_world: Any = None
         self.generators = RankGenerators(world_size, seed, rng)
@@ -154,23 +191,8 @@ class RankContexts:
 
     # -- groups -----------------------------------------------------------------
     def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
-        """``dist.new_group(ranks)`` on ``rank``: the k-th call with the same members on
-        every rank yields the same simulated group; a non-member gets
-        ``GroupMember.NON_GROUP_MEMBER`` as in torch."""
-        members = tuple(sorted(range(self.world_size) if ranks is None else ranks))
-        if not members or any(not 0 <= m < self.world_size for m in members) or len(set(members)) != len(members):
-            raise ValueError(f"new_group(ranks={ranks!r}) on rank {rank}: ranks must be distinct ranks of 0..{self.world_size - 1}")
-        k = self._calls.get((rank, members), 0)
-        self._calls[(rank, members)] = k + 1
-        spec = self._groups.get((members, k))
-        if spec is None:
-            spec = GroupSpec(f"group{len(self._groups) + 1}{list(members)}", members)
-            self._groups[(members, k)] = spec
-        if rank not in members:
-            return dist.GroupMember.NON_GROUP_MEMBER
-        pg = SimProcessGroup(self.runtime, spec, rank)
-        self.worlds[rank].register(pg)
-        return pg
+        """``dist.new_group(ranks)`` on ``rank`` (see :meth:`GroupRegistry.new_group`)."""
+        return self.groups.new_group(rank, ranks)
 
 
 def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:

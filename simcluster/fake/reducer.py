@@ -152,7 +152,7 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
     hint = ""
     if isinstance(value, (list, tuple)):
         hint = (" — the PyTorch 1.7-1.9 contract ([tensor]); since 1.10 the future must hold the tensor itself "
-                "(DDPConfig(api='legacy') accepts it)")
+                "(a hook written for 1.7-1.9 is checked with --api legacy; Python: DDPConfig(api='legacy'))")
     raise CopyBackError(
         f"Unable to cast {value} to Tensor\n  simcluster: {where}: the hook's future resolved to a "
         f"{type(value).__name__}{hint}"

@@ -24,7 +24,9 @@ environment (the simulated ranks do not), which lets a test hook misbehave on on
 
 One-rank groups: whether gloo's future is already complete when the hook returns is a
 load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
-reported as *unconfirmed*, never as a fidelity bug.
+reported as *unconfirmed*, never as a fidelity bug; so is a simulated collective mismatch where
+real gloo finished every step (gloo completes many mismatches silently, and callbacks that post
+collectives from worker threads post them in an order that is timing).
 """
 
 from __future__ import annotations
@@ -219,6 +221,9 @@ class Side:
     """On the simulated side: where the DDP model the property search runs
     (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
     simulated groups (:func:`run_model`)."""
+    note: str = ""
+    """On the simulated side: how its gradients were obtained when not the usual way
+    (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known or rank in self.calls
@@ -483,6 +488,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     started = time.monotonic()
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
+    seeded = torch.get_rng_state()
     try:
         run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
                            world_size=scenario.world_size, hook=recording(hook_fn, calls, dist.get_rank),
@@ -493,8 +499,18 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     else:
         side.grads = run.grads
     side.calls = calls
-    side.model_differences = _model_differences(scenario, run_model(scenario, hook_fn, state_spec, backend=backend),
-                                                side)
+    drew = not torch.equal(torch.get_rng_state(), seeded)
+    model = run_model(scenario, hook_fn, state_spec, backend=backend)
+    if drew and side.failure is None and model.failure is None:
+        # The hook drew from torch's global RNG. Real ranks each own a generator (seed +
+        # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
+        # the process's one, so their draws cannot match. The simulator's gradients are the
+        # model's; hook calls and failures are still the real reducer's, compared as ever.
+        side.grads = model.grads
+        side.note = ("the hook draws from torch's global RNG: gradients from the DDP model, whose simulated ranks "
+                     "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
+                     "share one (docs/e2e.md)")
+    side.model_differences = _model_differences(scenario, model, side)
     side.seconds = time.monotonic() - started
     monitor.end()
     return side
@@ -511,6 +527,10 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
 
     calls: dict[int, list[HookCall]] = {}
     side = Side("sim DDP model")
+    refused = _registration_refused(hook)
+    if refused is not None:  # real DDP's register_comm_hook raises: the hook never runs
+        side.failure = refused
+        return side
     cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend, schedule=InOrder())
     config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
                        find_unused_parameters=scenario.find_unused_parameters,
@@ -529,6 +549,20 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         side.grads.append([list(rank) for rank in result.grads])
     side.calls = calls
     return side
+
+
+def _registration_refused(hook: Callable[..., Any]) -> SideFailure | None:
+    """How real DDP's ``register_comm_hook`` refuses ``hook`` (its parameter name or its
+    annotations, :func:`~simcluster.checking.properties.registration_problem`), as a failure
+    on rank 0 before any step; ``None`` when it registers. SimDDP does not check this itself:
+    the search reports it once and still runs the hook for its other bugs."""
+    from simcluster.checking.properties import registration_problem
+
+    problem = registration_problem(hook)
+    if problem is None:
+        return None
+    raised = re.search(r"raises (\w+Error)", problem)
+    return SideFailure("raised", 0, raised.group(1) if raised else "TypeError", problem, None)
 
 
 def _model_differences(scenario: Scenario, model: Side, reducer: Side) -> list[str]:
@@ -572,8 +606,9 @@ def _as_real_type(exc: BaseException) -> str:
 @dataclass
 class E2EResult:
     """The comparison of one scenario. ``verdict``: ``agree``; ``fidelity bug`` (the
-    simulator differs from real gloo); ``unconfirmed`` (it differs on a one-rank group,
-    where real gloo itself is not deterministic — docs/e2e.md)."""
+    simulator differs from real gloo); ``unconfirmed`` (it differs where real gloo's outcome
+    is itself timing — a one-rank group, or a simulated mismatch where real gloo finished —
+    ``why`` says which; docs/e2e.md)."""
 
     scenario: Scenario
     hook: str
@@ -581,6 +616,7 @@ class E2EResult:
     real: Side
     differences: list[str]
     verdict: str
+    why: str = ""  # for "unconfirmed": why the disagreement is no evidence against the simulator
 
     @property
     def agree(self) -> bool:
@@ -595,6 +631,8 @@ class E2EResult:
         """The report: the scenario, per-step per-rank summaries, failures side by side, the verdict."""
         lines = [f"e2e {self.hook}: {self.scenario.describe()}",
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
+        if self.sim.note:
+            lines.append(f"  note: {self.sim.note}")
         if per_step:
             lines += _step_lines(self)
         for side in (self.sim, self.real):
@@ -609,8 +647,7 @@ class E2EResult:
                 "gradients, hook calls and outcomes agree bitwise"
             lines.append(f"  verdict: agree — {both}")
         else:
-            head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else \
-                "UNCONFIRMED (one-rank group: real gloo itself is not deterministic here, see docs/e2e.md)"
+            head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
             lines.append(f"  verdict: {head}:")
             lines += [f"    - {d}" for d in self.differences[:10]]
             if len(self.differences) > 10:
@@ -651,8 +688,28 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     with the real reducer (:attr:`Side.model_differences`); any difference is a fidelity bug
     (unconfirmed on a one-rank group)."""
     diffs = side_differences(scenario, sim, real) + sim.model_differences
-    verdict = "agree" if not diffs else "unconfirmed" if scenario.world_size == 1 else "fidelity bug"
-    return E2EResult(scenario, hook, sim, real, diffs, verdict)
+    why = _unconfirmed(scenario, sim, real) if diffs else ""
+    verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
+    return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
+
+
+ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs/e2e.md"
+MISMATCH_FINISHED = ("the simulation met mismatched collectives where real gloo finished: gloo completes many "
+                     "mismatches silently (docs/gloo-facts.md §6), and collectives posted from callbacks on worker "
+                     "threads come in an order that is timing — the hook's liveness failure, not confirmed this run")
+
+
+def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
+    """Why a disagreement is no evidence against the simulator (``""``: it is): on a one-rank
+    group real gloo's own timing decides; and a simulated ``CollectiveMismatchError`` where
+    real gloo finished every step is not contradicted by it (a real mismatch may complete
+    silently, and a racy hook may post alike on one run and not on the next)."""
+    if scenario.world_size == 1:
+        return ONE_RANK
+    if (real.failure is None and sim.failure is not None and sim.failure.error_type == "CollectiveMismatchError"
+            and not sim.model_differences):
+        return MISMATCH_FINISHED
+    return ""
 
 
 def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors: bool = True) -> list[str]:
@@ -672,7 +729,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
     else:
         s, g = sim.failure, real.failure
-        if s.kind == "hung" and g.kind == "hung":
+        if _liveness(s) and _liveness(g):
             pass
         elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
@@ -682,6 +739,15 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
             steps = [f.step for f in (s, g) if f.step is not None]
             diffs += _call_differences(sim, real, scenario.world_size, min(steps) if steps else 0)
     return diffs
+
+
+def _liveness(failure: SideFailure) -> bool:
+    """A hang, or the simulator's report of mismatched collectives: both are the hook's
+    *liveness* failure. Real gloo hangs, aborts or mixes data on a mismatch (docs/gloo-facts.md
+    §6), and whether a racy hook (callbacks on worker threads posting collectives while the
+    hook posts others) first meets a deadlock or a mismatch is timing, in real processes as
+    in the simulator's threads — so the two agree with each other."""
+    return failure.kind == "hung" or failure.error_type == "CollectiveMismatchError"
 
 
 def root_error(failure: SideFailure) -> str:

@@ -15,7 +15,8 @@ Examples that run DDP on subgroups are not run end to end (noted). Worlds are re
 world size (:class:`~simcluster.real.gloo_runner.GlooCluster`) and all closed at the end.
 
 A disagreement is a **fidelity bug of the simulator** (CLI exit 4), reported apart from the
-hook's verdict; on a one-rank group it is *unconfirmed* (docs/e2e.md).
+hook's verdict; on a one-rank group, or for a simulated mismatch where real gloo finished, it is
+*unconfirmed* (docs/e2e.md).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class E2ESummary:
                 lines.append(f"  {name}: note: {note}")
             for result in results:
                 if result.agree and not result.hook_failed:
-                    lines.append(f"  {name}: agree — {result.scenario.describe()}")
+                    how = " (gradients from the DDP model: the hook draws from torch's global RNG)" \
+                        if result.sim.note else ""
+                    lines.append(f"  {name}: agree — {result.scenario.describe()}{how}")
                 else:
                     lines.append(_indent(result.format(per_step=False)))
         bugs = self.fidelity_bugs

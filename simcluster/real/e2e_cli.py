@@ -11,8 +11,8 @@ in the environment), every process is one rank of the run (env:// rendezvous;
 :mod:`simcluster.real.e2e_torchrun`). Either way it prints one line per step and rank
 (the hook calls and a digest of every gradient, simulated ``=``/``≠`` real) and the verdict.
 
-Exit codes: **0** both sides agree bitwise (also *unconfirmed* on a one-rank group, see
-docs/e2e.md); **1** both sides failed alike (the hook's own failure, confirmed on the real
+Exit codes: **0** both sides agree bitwise (also *unconfirmed*: a one-rank group, or a simulated
+mismatch where real gloo finished, see docs/e2e.md); **1** both sides failed alike (the hook's own failure, confirmed on the real
 backend); **4** a fidelity bug of the simulator (the sides differ); **2** usage error;
 **130** interrupted.
 """

@@ -37,7 +37,7 @@ import torch
 
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import Trace
+from simcluster.engine.trace import Completed, Trace
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
@@ -101,9 +101,27 @@ def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> 
         lines.insert(0, f"REBUILT after iteration {previous.iteration}: parameters in gradient-ready order "
                         "(reverse parameter order here), a bucket closes once it reaches the cap")
     if len(step.bucket_params) > 1:
-        lines.append(f"every rank calls the hook for all {len(step.bucket_params)} buckets before any "
-                     "collective completes: they are in flight together")
+        lines.append(_overlap_line(step))
     return lines
+
+
+def _overlap_line(step: StepStory) -> str:
+    """Whether the step's buckets were in flight together: DDP calls the hook for every
+    bucket before any collective completes — unless the hook itself waits (a synchronous
+    collective, ``wait()`` on a work), so one bucket's collective completed before a later
+    bucket's hook call: then the buckets went one at a time (read from the trace)."""
+    n = len(step.bucket_params)
+    last_call = max((i for i, e in enumerate(step.events) if isinstance(e, HookCall) and e.phase == "call"), default=-1)
+    first_done = next((i for i, e in enumerate(step.events) if isinstance(e, Completed)), None)
+    if first_done is None or first_done > last_call:
+        return f"every rank calls the hook for all {n} buckets before any collective completes: they are in flight together"
+    done = step.events[first_done]
+    bucket = next((e.bucket for e in reversed(step.events[:first_done]) if isinstance(e, HookCall)
+                   and e.phase == "call" and e.rank in done.ranks), 0)
+    later = next(e for e in step.events[first_done:last_call + 1] if isinstance(e, HookCall) and e.phase == "call")
+    return (f"the hook waits inside for its collectives: bucket {bucket}'s collective completed before rank "
+            f"{later.rank}'s hook was called for bucket {later.bucket}, so the {n} buckets went one at a time "
+            "(no overlap of their communication)")
 
 
 def _wire_lines(story: Story, step: StepStory, network: Network) -> list[str]:
