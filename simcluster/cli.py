@@ -373,6 +373,10 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         if report.status == "FAILED" and report.failures:
             print()
             print(report.format())
+        elif report.warnings:  # a passing row's report is its table line, and what the hook warned of
+            print()
+            print(f"{report.target}: warnings (each shown once):")
+            print("\n".join(f"  warning: {w}" for w in report.warnings))
     if e2e is not None:
         print()
         print(e2e.format())

@@ -176,10 +176,10 @@ def _replay(opts: Options, token: str, report: CheckReport, supervise: bool) -> 
     """Run the one example a replay token holds (supervised unless told not to)."""
     example, backend = decode_example(token)
 
-    def replay_job(monitor: Monitor) -> tuple[list[PropertyFailure], int]:
+    def replay_job(monitor: Monitor) -> CheckReport:
         part = _partial(opts, monitor)
         _run_one(part.opts, example, backend, part.report, steps=example.steps, capture=False)
-        return part.report.failures, part.report.examples
+        return part.report
 
     _supervised(replay_job, opts, backend, report, example.steps, opts.deadline, supervise)
 
@@ -187,14 +187,14 @@ def _replay(opts: Options, token: str, report: CheckReport, supervise: bool) -> 
 def _search(opts: Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
             examples: int, seed: int | None, database: Any, supervise: bool) -> None:
     """One backend's search: Hypothesis' drawn examples, then (if they all pass) the explicit ones."""
-    def backend_job(monitor: Monitor) -> tuple[list[PropertyFailure], int]:
+    def backend_job(monitor: Monitor) -> CheckReport:
         part = _partial(opts, monitor)
-        with _warnings_once_per_place():
+        with _warnings_once_per_place(part.report):
             _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
             if not part.report.failures:
                 for explicit in _explicit_examples(opts, world_sizes, steps):
                     _run_one(part.opts, explicit, backend, part.report, steps)
-        return part.report.failures, part.report.examples
+        return part.report
 
     _supervised(backend_job, opts, backend, report, steps, opts.deadline, supervise)
 
@@ -212,22 +212,18 @@ def _partial(opts: Options, monitor: Monitor) -> _Partial:
                     CheckReport(target=opts.target, passed=True, properties=[], backends=[]))
 
 
-def _supervised(job: Callable[[Monitor], tuple[list[PropertyFailure], int]], opts: Options, backend: str,
+def _supervised(job: Callable[[Monitor], CheckReport], opts: Options, backend: str,
                 report: CheckReport, steps: int, deadline: float, supervise: bool) -> None:
     """Run one backend's search (or one replay) as ``job``, supervised unless told not to,
-    and add what it found to ``report``. A child that died or overran its deadline is a
-    liveness failure of the hook; stop requests and usage errors propagate."""
+    and add what its partial report found to ``report``. A child that died or overran its
+    deadline is a liveness failure of the hook; stop requests and usage errors propagate."""
     if not supervise:
-        failures, count = job(Monitor())
-        report.failures += failures
-        report.examples += count
+        _add(report, job(Monitor()))
         return
     prepare_to_fork()
     outcome = run_supervised(job, deadline=deadline)
     if outcome.value is not None:
-        failures, count = outcome.value
-        report.failures += failures
-        report.examples += count
+        _add(report, outcome.value)
     elif outcome.death is not None:
         report.examples += 1
         report.failures.append(death_failure(opts, backend, outcome.death, steps))
@@ -239,6 +235,14 @@ def _supervised(job: Callable[[Monitor], tuple[list[PropertyFailure], int]], opt
                 f"simcluster check {opts.replay_target or opts.target}", error_type=type(error).__name__))
             return
         raise error
+
+
+def _add(report: CheckReport, part: CheckReport) -> None:
+    """One backend's (or replay's) findings into the whole report; a warning seen by two
+    searches is listed once."""
+    report.failures += part.failures
+    report.examples += part.examples
+    report.warnings += [w for w in part.warnings if w not in report.warnings]
 
 
 _prepared = False
@@ -441,23 +445,23 @@ class _FrozenClock:
 
 
 @contextlib.contextmanager
-def _warnings_once_per_place() -> Iterator[None]:
-    """Show each warning (text, category, file, line) once during a search, as Python's
-    default filter does in one process. The search defeats that filter: every simulated rank
-    of every example imports its own copy of the hook's module (a fresh
-    ``__warningregistry__``), and Hypothesis's per-example ``catch_warnings`` resets every
-    registry — a hook calling a deprecated torch API printed the same warning hundreds of
-    times above its report. Filters still decide what is shown; this only drops repeats."""
+def _warnings_once_per_place(report: CheckReport) -> Iterator[None]:
+    """Keep each warning (text, category, file, line) once in ``report.warnings`` during a
+    search, as Python's default filter shows it once per place in one process — listed with
+    the report, not printed among the examples (whose output is captured). The search
+    defeats that filter: every simulated rank of every example imports its own copy of the
+    hook's module (a fresh ``__warningregistry__``), and Hypothesis's per-example
+    ``catch_warnings`` resets every registry — a hook calling a deprecated torch API printed
+    the same warning hundreds of times above its report. Filters still decide what is
+    shown; this only drops repeats."""
     import warnings
 
-    shown: set[tuple[str, type, str, int]] = set()
     original = warnings.showwarning
 
     def once(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        key = (str(message), category, filename, lineno)
-        if key not in shown:
-            shown.add(key)
-            original(message, category, filename, lineno, file, line)
+        text = f"{filename}:{lineno}: {category.__name__}: {message}"
+        if text not in report.warnings:
+            report.warnings.append(text)
 
     warnings.showwarning = once
     try:

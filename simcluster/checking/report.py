@@ -89,6 +89,7 @@ class CheckReport:
     examples: int = 0  # Hypothesis examples run, over all backends
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. "legacy list result: rejected by current DDP"
+    warnings: list[str] = field(default_factory=list)  # "file:line: Category: message", each once, as the hook raised them
 
     @property
     def status(self) -> str:
@@ -102,6 +103,7 @@ class CheckReport:
             return f"{head} ({self.skipped})"
         lines = [head + f" ({self.examples} examples, {self.seconds:.1f}s; properties: {', '.join(self.properties)})"]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  warning: {w}" for w in self.warnings]
         lines += [f.format() for f in self.failures]
         return "\n".join(lines)
 
