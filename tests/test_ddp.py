@@ -547,3 +547,27 @@ def test_gradient_as_bucket_view_makes_p_grad_the_bucket_view() -> None:
             for i, p in enumerate(ddp.params[rank]):
                 assert p.grad is step.grads[rank][i]
                 assert p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
+def _gathers_rank0_part(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    """A reduce-scatter by all_to_all, then an all_gather_into_tensor read as NCCL's [output]
+    (a hook from the wild): on gloo value()[0] is rank 0's chunk only."""
+    world, buf = dist.get_world_size(), bucket.buffer()
+    received = torch.empty_like(buf)
+    dist.all_to_all_single(received, buf)
+    mine = received.view(world, -1).sum(0) / world
+    out = torch.empty_like(buf)
+    fut = dist.all_gather_into_tensor(out, mine, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].clone())  # a clone: DDP reads a view's whole storage
+
+
+@pytest.mark.parametrize("gather, hook", [("all_gather_into_tensor#", _gathers_rank0_part),
+                                          ("all_gather#", buggy.allgather_assumes_nccl_flat)])
+def test_a_wrong_size_result_from_a_gloo_gather_says_what_its_future_holds(gather: str, hook: Any) -> None:
+    grads = [[torch.full((4,), float(r))] for r in range(2)]
+    with pytest.raises(CopyBackError) as caught:
+        SimDDP(SimCluster(2, seed=0, backend="gloo"), hook, [(4,)]).step(grads)
+    hint = [n for n in caught.value.__notes__ if n.startswith("simcluster: hint:")]
+    assert len(hint) == 1 and f"comes from {gather}" in hint[0] and "on gloo that future holds" in hint[0], hint
+    # on NCCL's model the same hook reads [output] as intended: no error, so no hint
+    SimDDP(SimCluster(2, seed=0, backend="nccl"), hook, [(4,)]).step(grads)

@@ -141,6 +141,24 @@ def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
     return factory
 
 
+def _gloo_gather_source(future: Any, backend: str) -> str:
+    """Why a result of the wrong size may have come from a gather on gloo: the hook's future
+    derives from an ``all_gather``/``all_gather_into_tensor`` (its label names the chain),
+    whose gloo future holds one tensor per rank — a common portability bug (docs/gloo-facts.md §1)."""
+    label = getattr(future, "label", "")
+    if backend != "gloo" or not label:
+        return ""
+    source = label.rsplit(" of ", 1)[-1]
+    if source.startswith("all_gather_into_tensor#"):
+        held = "[v0, …, v(W-1)], one view of the output tensor per rank, not [output] as on NCCL"
+    elif source.startswith("all_gather#"):
+        held = "the W output tensors themselves, [outs[0], …, outs[W-1]], not [flat output] as on NCCL"
+    else:
+        return ""
+    return (f"simcluster: hint: the hook's future comes from {source}; on gloo that future holds {held} "
+            "— value()[0] is rank 0's part, not the gathered whole")
+
+
 class SimDDP:
     """DDP over ``cluster`` with ``hook`` registered, one :meth:`step` per backward.
 
@@ -293,7 +311,13 @@ class SimDDP:
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
                     value = resolved(future, outputs[rank], where, self.config.api)
                     params = [self.params[rank][i] for i in call.params]
-                    copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
+                    try:
+                        copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
+                    except CopyBackError as exc:
+                        gathered = _gloo_gather_source(future, self.cluster.backend.name)
+                        if gathered:
+                            add_context_note(exc, gathered)
+                        raise
             except (CopyBackError, SimClusterError) as exc:
                 errors.append((rank, exc))
             grads[rank] = [p.grad for p in self.params[rank]]
