@@ -340,6 +340,16 @@ def test_note_failed_calls_keeps_the_noted_ranks_and_marks_the_others_unknown() 
     assert Side("sim").knows_calls(3)  # a side that finished knows every rank's calls
 
 
+def test_step_lines_mark_a_rank_whose_record_is_unknown_with_a_question_mark() -> None:
+    scenario = Scenario(world_size=2, shapes=((4,),), steps=1)
+    died = SideFailure("died", 1, "died", "rank 1 was killed by SIGKILL")
+    sim = Side("sim", calls={0: [(0, 0, True, (0,))], 1: [(0, 0, True, (0,))]}, failure=died)
+    real = Side("real", calls={0: [(0, 0, True, (0,))]}, failure=died, calls_known=False)
+    lines = compare(scenario, "h", sim, real).format().splitlines()
+    assert any(l.startswith("  step 0 rank 0: sim ") and " = real " in l for l in lines), lines
+    assert any(l.startswith("  step 0 rank 1: sim ") and " ? real hooks ?" in l for l in lines), lines
+
+
 # --------------------------------------------------------------------------- check --e2e
 
 

@@ -668,6 +668,8 @@ def _digest(t: torch.Tensor | None) -> str:
 
 
 def _step_lines(result: E2EResult) -> list[str]:
+    """Per step and rank, each side's hook calls and gradient digests, marked ``=`` (the same),
+    ``≠`` (different) or ``?`` (a side's record of that rank is unknown: it hung or died)."""
     lines = []
     for k in range(result.scenario.steps):
         for r in range(result.scenario.world_size):
@@ -678,7 +680,8 @@ def _step_lines(result: E2EResult) -> list[str]:
                 grads = side.grads[k][r] if k < len(side.grads) else None
                 digest = "/".join(_digest(g) for g in grads) if grads is not None else "no grads"
                 cells.append(f"hooks {buckets} grads {digest}")
-            same = "=" if cells[0] == cells[1] else "≠"
+            known = result.sim.knows_calls(r) and result.real.knows_calls(r)
+            same = "?" if not known else "=" if cells[0] == cells[1] else "≠"
             lines.append(f"  step {k} rank {r}: sim {cells[0]} {same} real {cells[1]}")
     return lines
 
