@@ -211,7 +211,9 @@ def user_files(tmp_path: Path) -> Path:
         ("{d}/missing.py:hook", "file not found"),
         ("{d}/raises.py:hook", "RuntimeError: boom at import (line 2)"),
         ("{d}/imports_missing.py:hook", "ModuleNotFoundError"),
-        ("{d}/hooks_ok.py:nope", "has no attribute 'nope'"),
+        ("{d}/hooks_ok.py:nope", "has no attribute 'nope'; it defines my_hook"),
+        ("{d}/hooks_ok.py:my_hok", "has no attribute 'my_hok'; did you mean 'my_hook'?"),
+        ("simcluster.hooks.reference:mean_allreduce", "did you mean 'mean_allreduce_hook'?"),
         ("{d}/hooks_ok.py:NOT_CALLABLE", "int, not callable"),
     ],
 )

@@ -173,6 +173,23 @@ def exec_file(name: str, path: Path, spec: str, what: str, loader: Any = None) -
     return module
 
 
+def _suggestions(namespace: Any, missing: str) -> str:
+    """``"; did you mean 'x'?"`` (a close name), else the namespace's own public functions and
+    classes (at most 6), so a mistyped TARGET's one error line says what to write instead."""
+    import difflib
+
+    home = getattr(namespace, "__name__", None)
+    names = sorted(n for n, v in vars(namespace).items() if not n.startswith("_") and callable(v)
+                   and getattr(v, "__module__", home) == home) if hasattr(namespace, "__dict__") else []
+    close = difflib.get_close_matches(missing, names, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    if not names:
+        return ""
+    more = f", … ({len(names) - 6} more)" if len(names) > 6 else ""
+    return f"; it defines {', '.join(names[:6])}{more}"
+
+
 def load_target(spec: str, *, what: str = "TARGET") -> Callable[..., Any]:
     """The callable that ``spec`` (``module:name`` or ``file.py:name``) names.
 
@@ -188,7 +205,8 @@ def load_target(spec: str, *, what: str = "TARGET") -> Callable[..., Any]:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise TargetLoadError(f"{what} {spec!r}: {where} has no attribute {name!r}") from None
+            raise TargetLoadError(f"{what} {spec!r}: {where} has no attribute {name!r}"
+                                  + _suggestions(obj, part)) from None
     if not callable(obj):
         raise TargetLoadError(
             f"{what} {spec!r}: {name} is {_article(type(obj).__name__)} {type(obj).__name__}, not callable"
