@@ -332,3 +332,21 @@ def test_printed_output_is_clipped_with_a_count() -> None:
     assert shown[0] == "line 0" and shown[-2] == f"line {MAX_OUTPUT_LINES - 2}"
     assert shown[-1] == f"… and {100 - MAX_OUTPUT_LINES + 1} more lines (the replay command prints them all)"
     assert printed_output("") == ""
+
+
+def test_captured_output_keeps_every_way_of_writing_in_order() -> None:
+    """print, the streams' buffer and fileno (what logging, tqdm and C code use), os.write."""
+    import os
+    import sys
+
+    from simcluster.usercode.output import captured_output
+
+    with captured_output() as box:
+        print("one")
+        sys.stderr.buffer.write(b"two\n")
+        sys.stderr.flush()
+        os.write(sys.stdout.fileno(), b"three\n")
+        os.write(2, "vier ü\n".encode())
+        assert sys.stdout.encoding == "utf-8"
+        print("no newline at the end", end="")
+    assert box.text == "one\ntwo\nthree\nvier ü\nno newline at the end"

@@ -18,7 +18,6 @@ Captured at the file-descriptor level (fds 1 and 2, in the order written: ``prin
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import sys
 import tempfile
@@ -34,23 +33,6 @@ class Captured:
         self.text = ""
 
 
-class _FdWriter(io.TextIOBase):
-    """A text stream writing straight to a file descriptor (no buffer: keeps the order of
-    Python-level and fd-level writes)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        data = text.encode("utf-8", errors="replace")
-        while data:
-            data = data[os.write(self._fd, data):]
-        return len(text)
-
-
 @contextlib.contextmanager
 def captured_output() -> Iterator[Captured]:
     """Capture fds 1 and 2 and ``sys.stdout``/``sys.stderr`` for the block; the text is in
@@ -64,10 +46,15 @@ def captured_output() -> Iterator[Captured]:
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
-        sys.stdout = sys.stderr = _FdWriter(sink.fileno())
+        # a real text file (fileno, buffer, encoding: what code writing to sys.stdout may use),
+        # line-buffered so that lines keep their order with fd-level writes
+        stream = open(sink.fileno(), "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)
+        sys.stdout = sys.stderr = stream
         try:
             yield box
         finally:
+            with contextlib.suppress(Exception):
+                stream.close()  # flushes; the fd stays open (closefd=False)
             sys.stdout, sys.stderr = old_streams
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
