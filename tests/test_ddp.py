@@ -5,6 +5,8 @@ iterations, DDP on a subgroup, and a differential test against real DDP on gloo.
 from __future__ import annotations
 
 import doctest
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -571,3 +573,20 @@ def test_a_wrong_size_result_from_a_gloo_gather_says_what_its_future_holds(gathe
     assert len(hint) == 1 and f"comes from {gather}" in hint[0] and "on gloo that future holds" in hint[0], hint
     # on NCCL's model the same hook reads [output] as intended: no error, so no hint
     SimDDP(SimCluster(2, seed=0, backend="nccl"), hook, [(4,)]).step(grads)
+
+
+def test_a_callback_error_lists_only_the_frames_a_real_run_has() -> None:
+    """torch's quantization hook on gloo (docs/e2e.md, measured with real gloo): the outer ``At:``
+    block is its one callback frame — not SimFuture.wait nor torch's raise_error, which a real
+    errored C++ future never enters."""
+    from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
+
+    ddp = SimDDP(SimCluster(1, seed=0, backend="gloo"), quantization_hooks.quantization_pertensor_hook, [(1,)],
+                 state="group")
+    with pytest.raises(CopyBackError) as caught:
+        ddp.step([[torch.zeros(1)]])
+    blocks = str(caught.value).split("At:\n")[1:]
+    frame = re.compile(r"^\s+(\S+)\((\d+)\): (\w+)$")
+    outer = [m.group(1, 3) for m in map(frame.match, blocks[1].splitlines()) if m]
+    assert len(blocks) == 2 and [(os.path.basename(f), name) for f, name in outer] == [
+        ("quantization_hooks.py", "dequantize_and_aggregate")], blocks

@@ -34,6 +34,7 @@ Example — a rank's code chaining on a collective (run inside a cluster)::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -68,10 +69,13 @@ def callback_error(exc: BaseException) -> RuntimeError:
 
     Its ``At:`` lines are the callback's frames, innermost first, as pybind11 lists them for
     a callback C++ called: the frame that caught ``exc`` (the caller of the callback, not
-    one of its frames) is left out.
+    one of its frames) is left out, and so are the frames a real run has no Python for:
+    simcluster's own (a :class:`SimFuture`'s ``wait``/``value`` is C++ in torch) and the
+    ``raise_error`` unwrap they enter (an errored C++ future raises from C++; measured: a
+    quantization hook's outer block on real gloo is its one callback frame).
     """
     tb = exc.__traceback__
-    frames = traceback.extract_tb(tb.tb_next if tb is not None else None)
+    frames = _real_frames(traceback.extract_tb(tb.tb_next if tb is not None else None))
     at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     error = RuntimeError(
         f"{CALLBACK_ERROR}: {type(exc).__name__}: {exc}\n\nAt:\n{at}"
@@ -79,6 +83,22 @@ def callback_error(exc: BaseException) -> RuntimeError:
     error.__cause__ = exc
     error._simcluster_callback_exception = exc  # type: ignore[attr-defined] - see callback_exception
     return error
+
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the simcluster package
+
+
+def _real_frames(frames: traceback.StackSummary) -> list[traceback.FrameSummary]:
+    """``frames`` (outermost first) without simcluster's own and the torch frames entered from them."""
+    kept: list[traceback.FrameSummary] = []
+    after_ours = False
+    for frame in frames:
+        if os.path.abspath(frame.filename).startswith(_OWN_DIR + os.sep):
+            after_ours = True
+        elif not (after_ours and frame.name == "raise_error"):
+            kept.append(frame)
+            after_ours = False
+    return kept
 
 
 def callback_exception(error: BaseException) -> BaseException | None:
