@@ -62,3 +62,9 @@ def terngrad_like(state, bucket):
     codes = torch.bernoulli(buf.abs() / scale) * buf.sign() * scale
     fut = dist.all_reduce(codes, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+
+def monitored_barrier_then_mean(state, bucket):
+    """dist.monitored_barrier (gloo only; not modelled by the simulator), then the mean."""
+    dist.monitored_barrier()
+    return _mean(bucket)

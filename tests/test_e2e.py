@@ -560,3 +560,23 @@ def test_a_hook_calling_os_exit_dies_on_both_sides_and_they_agree(census, tmp_pa
     assert result.sim.failure.kind == result.real.failure.kind == "died"
     assert "os._exit(3)" in result.sim.failure.message and "exited with code 3" in result.real.failure.message
     assert "died: died" not in result.format() and "hung: hung" not in result.format()
+
+
+# --------------------------------------------------------------------------- what the simulator does not model
+
+
+def test_a_hook_using_what_the_simulator_does_not_model_is_unsupported_not_a_fidelity_bug(census, capsys) -> None:
+    """``dist.monitored_barrier`` in a hook: real gloo runs it (every step finishes); the
+    simulator does not model it. ``e2e`` said FIDELITY BUG (exit 4): the real reducer's
+    simulated side raised torch's ``monitored_barrier is only implemented for GLOO backend``
+    (its groups are named ``simcluster-gloo``). It is *unsupported*: exit 3, as ``check``
+    says it, naming the feature and the user line; nothing is compared."""
+    code = main(["e2e", f"{HOOKS}:monitored_barrier_then_mean", "--params", "3", "--steps", "2", "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "FIDELITY" not in out and "GLOO backend" not in out
+    verdict = next(line for line in out.splitlines() if "verdict:" in line)
+    assert "UNSUPPORTED by the simulator" in verdict and "monitored_barrier" in verdict
+    line = next(n for n, text in enumerate(Path(HOOKS).read_text().splitlines(), 1) if "dist.monitored_barrier()" in text)
+    assert f"e2e_hooks.py:{line}" in verdict
+    assert "real gloo         finished every step" in out  # measured: real gloo runs it in a hook

@@ -195,6 +195,10 @@ class SideFailure:
     message: str
     step: int | None = None
     detail: str = ""
+    unmodelled: str = ""
+    """On a simulated side: what the simulator does not model that the hook used (its
+    ``UnsupportedError``, with the rank and user line: ``SimProcessGroup does not support
+    monitored_barrier (rank 0, at hook.py:6 in hook: dist.monitored_barrier())``)."""
 
     def line(self) -> str:
         at = "" if self.step is None else f" at step {self.step}"
@@ -224,6 +228,10 @@ class Side:
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
+    unmodelled: str = ""
+    """On the simulated side: what the hook used that the simulator does not model (the real
+    reducer's run or the DDP model's stopped at an ``UnsupportedError``): the simulation
+    predicts nothing, and the verdict is *unsupported* (:func:`compare`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known or rank in self.calls
@@ -511,6 +519,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
                      "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
                      "share one (docs/e2e.md)")
     side.model_differences = _model_differences(scenario, model, side)
+    side.unmodelled = next((f.unmodelled for f in (side.failure, model.failure) if f is not None and f.unmodelled), "")
     side.seconds = time.monotonic() - started
     monitor.end()
     return side
@@ -585,7 +594,23 @@ def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFa
     if isinstance(exc, HookExited):  # os._exit(n) in the hook: a real rank's process ends without reporting
         return SideFailure("died", rank, "died", first_line(exc), step, detail)
     kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
-    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), step, detail)
+    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), step, detail, _unmodelled(exc))
+
+
+def _unmodelled(exc: BaseException) -> str:
+    """``what (rank r, at file:line in fn: code)`` when ``exc`` is (or was caused by) the
+    simulator's :class:`~simcluster.errors.UnsupportedError`; else ``""``. The rank is the
+    one simcluster noted, the line the innermost of user code (as ``simcluster check`` says it)."""
+    from simcluster.checking.supervisor import raise_site
+    from simcluster.errors import UnsupportedError
+
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, UnsupportedError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return ""
+    site = raise_site(exc) if seen is exc else raise_site(seen) or raise_site(exc)
+    return f"{first_line(seen)}{site}"
 
 
 def _as_real_type(exc: BaseException) -> str:
@@ -608,7 +633,8 @@ class E2EResult:
     """The comparison of one scenario. ``verdict``: ``agree``; ``fidelity bug`` (the
     simulator differs from real gloo); ``unconfirmed`` (it differs where real gloo's outcome
     is itself timing — a one-rank group, or a simulated mismatch where real gloo finished —
-    ``why`` says which; docs/e2e.md)."""
+    ``why`` says which; docs/e2e.md); ``unsupported`` (the hook used what the simulator does
+    not model, ``why`` names it and the user line: nothing was predicted, nothing compared)."""
 
     scenario: Scenario
     hook: str
@@ -633,7 +659,7 @@ class E2EResult:
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
         if self.sim.note:
             lines.append(f"  note: {self.sim.note}")
-        if per_step:
+        if per_step and self.verdict != "unsupported":  # nothing was compared
             lines += _step_lines(self)
         for side in (self.sim, self.real):
             if side.failure is not None:
@@ -642,6 +668,9 @@ class E2EResult:
             for side in (self.sim, self.real):
                 if side.failure is None:
                     lines.append(f"  {side.name:<17} finished every step")
+        if self.verdict == "unsupported":
+            lines.append(f"  verdict: UNSUPPORTED by the simulator (no comparison): not modelled: {self.why}")
+            return "\n".join(lines)
         if self.verdict == "agree":
             both = "both sides failed alike (the hook's failure, confirmed)" if self.hook_failed else \
                 "gradients, hook calls and outcomes agree bitwise"
@@ -686,7 +715,10 @@ def _step_lines(result: E2EResult) -> list[str]:
 def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     """Compare the two sides (:func:`side_differences`), and the simulated side's DDP model
     with the real reducer (:attr:`Side.model_differences`); any difference is a fidelity bug
-    (unconfirmed on a one-rank group)."""
+    (unconfirmed on a one-rank group). A simulation that stopped at what it does not model
+    (:attr:`Side.unmodelled`) predicted nothing: the verdict is ``unsupported``."""
+    if sim.unmodelled:
+        return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
     diffs = side_differences(scenario, sim, real) + sim.model_differences
     why = _unconfirmed(scenario, sim, real) if diffs else ""
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
