@@ -26,7 +26,10 @@ One-rank groups: whether gloo's future is already complete when the hook returns
 load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
 reported as *unconfirmed*, never as a fidelity bug; so is a simulated collective mismatch where
 real gloo finished every step (gloo completes many mismatches silently, and callbacks that post
-collectives from worker threads post them in an order that is timing).
+collectives from worker threads post them in an order that is timing). A simulated mismatch
+where real gloo aborted a rank (SIGABRT, ``gloo::EnforceNotMet``) is the same failure
+(:func:`aborted_on_mismatch`). A hook using what the simulator does not model is
+*unsupported*: nothing is compared.
 """
 
 from __future__ import annotations
@@ -642,7 +645,8 @@ class E2EResult:
     real: Side
     differences: list[str]
     verdict: str
-    why: str = ""  # for "unconfirmed": why the disagreement is no evidence against the simulator
+    why: str = ""  # "unconfirmed": why the disagreement is no evidence against the simulator; "unsupported":
+    # what is not modelled; "agree": what made two different-looking failures one (e.g. an abort on a mismatch)
 
     @property
     def agree(self) -> bool:
@@ -674,6 +678,7 @@ class E2EResult:
         if self.verdict == "agree":
             both = "both sides failed alike (the hook's failure, confirmed)" if self.hook_failed else \
                 "gradients, hook calls and outcomes agree bitwise"
+            both += f": {self.why}" if self.why else ""
             lines.append(f"  verdict: agree — {both}")
         else:
             head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
@@ -720,7 +725,7 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     if sim.unmodelled:
         return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
     diffs = side_differences(scenario, sim, real) + sim.model_differences
-    why = _unconfirmed(scenario, sim, real) if diffs else ""
+    why = _unconfirmed(scenario, sim, real) if diffs else _agreed_because(sim, real)
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
 
@@ -729,6 +734,18 @@ ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs
 MISMATCH_FINISHED = ("the simulation met mismatched collectives where real gloo finished: gloo completes many "
                      "mismatches silently (docs/gloo-facts.md §6), and collectives posted from callbacks on worker "
                      "threads come in an order that is timing — the hook's liveness failure, not confirmed this run")
+
+
+ABORTED = ("the simulation's collective mismatch is what aborted real gloo's rank {rank} (SIGABRT, gloo::EnforceNotMet: "
+           "a received size differs from the posted one, docs/gloo-facts.md §6)")
+
+
+def _agreed_because(sim: Side, real: Side) -> str:
+    """For an agreement that is not the same failure word for word, what made it one (``""``
+    otherwise): the simulation's mismatch where real gloo aborted a rank (:func:`aborted_on_mismatch`)."""
+    if sim.failure is not None and real.failure is not None and aborted_on_mismatch(sim.failure, real.failure):
+        return ABORTED.format(rank=real.failure.rank)
+    return ""
 
 
 def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
@@ -761,7 +778,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
     else:
         s, g = sim.failure, real.failure
-        if _liveness(s) and _liveness(g):
+        if (_liveness(s) and _liveness(g)) or aborted_on_mismatch(s, g):
             pass
         elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
@@ -780,6 +797,30 @@ def _liveness(failure: SideFailure) -> bool:
     hook posts others) first meets a deadlock or a mismatch is timing, in real processes as
     in the simulator's threads — so the two agree with each other."""
     return failure.kind == "hung" or failure.error_type == "CollectiveMismatchError"
+
+
+GLOO_ENFORCE = "gloo::EnforceNotMet"
+"""What a gloo process that aborted on a mismatch printed (``terminate called after throwing
+an instance of 'gloo::EnforceNotMet'``, docs/gloo-facts.md §6)."""
+
+
+def aborted_on_mismatch(sim: SideFailure, real: SideFailure) -> bool:
+    """The simulation reported mismatched collectives and real gloo aborted a rank's process
+    on it: the same failure of the hook. Real gloo aborts (SIGABRT, ``gloo::EnforceNotMet``:
+    ``Received data size doesn't match expected size``) where the ranks' buffers differ in
+    bytes (docs/gloo-facts.md §6, measured). Narrow on purpose: the real rank *died* killed
+    by SIGABRT or with gloo's enforce message in its output; any other death, or any other
+    simulated failure, is still compared as ever.
+
+    >>> mismatch = SideFailure("raised", 0, "CollectiveMismatchError", "mismatched collectives on WORLD")
+    >>> aborted_on_mismatch(mismatch, SideFailure("died", 0, "died", "rank 0 was killed by SIGABRT while in …"))
+    True
+    >>> aborted_on_mismatch(mismatch, SideFailure("died", 0, "died", "rank 0 was killed by SIGKILL while in …"))
+    False
+    """
+    if sim.error_type != "CollectiveMismatchError" or real.kind != "died":
+        return False
+    return "killed by SIGABRT" in real.message or GLOO_ENFORCE in real.detail
 
 
 def root_error(failure: SideFailure) -> str:
