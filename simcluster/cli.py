@@ -26,7 +26,8 @@
 * **3** — simcluster itself broke (a bug of ours): the traceback is printed.
 * **4** — ``check --e2e`` (and ``e2e``): a *fidelity bug of the simulator* — the simulation and
   real DDP on real gloo disagree (:mod:`simcluster.real.e2e`); it takes precedence over 1,
-  since the simulated verdicts are then in doubt. ``e2e`` exits 1 when both sides failed alike.
+  since the simulated verdicts are then in doubt. ``e2e`` exits 1 when both sides failed alike,
+  and 3 when the hook used what the simulator does not model (*unsupported*: nothing compared).
 * **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
   at once; ``--json`` still gets the reports finished so far.
 

@@ -62,3 +62,20 @@ def terngrad_like(state, bucket):
     codes = torch.bernoulli(buf.abs() / scale) * buf.sign() * scale
     fut = dist.all_reduce(codes, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+
+def monitored_barrier_then_mean(state, bucket):
+    """dist.monitored_barrier (gloo only; not modelled by the simulator), then the mean."""
+    dist.monitored_barrier()
+    return _mean(bucket)
+
+
+def mismatched_sizes(state, bucket):
+    """Rank 1 all_reduces one element more than rank 0: a collective mismatch. Real gloo
+    aborts the process of the rank with the smaller buffer (SIGABRT, gloo::EnforceNotMet
+    'Received data size doesn't match expected size', docs/gloo-facts.md §6); the simulator
+    reports a CollectiveMismatchError."""
+    buf = bucket.buffer()
+    send = buf if dist.get_rank() == 0 else torch.cat([buf, buf.new_zeros(1)])
+    fut = dist.all_reduce(send, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0][:buf.numel()].div_(dist.get_world_size()))

@@ -570,3 +570,62 @@ def test_a_hook_calling_os_exit_dies_on_both_sides_and_they_agree(census, tmp_pa
     assert result.sim.failure.kind == result.real.failure.kind == "died"
     assert "os._exit(3)" in result.sim.failure.message and "exited with code 3" in result.real.failure.message
     assert "died: died" not in result.format() and "hung: hung" not in result.format()
+
+
+# --------------------------------------------------------------------------- what the simulator does not model
+
+
+def test_a_hook_using_what_the_simulator_does_not_model_is_unsupported_not_a_fidelity_bug(census, capsys) -> None:
+    """``dist.monitored_barrier`` in a hook: real gloo runs it (every step finishes); the
+    simulator does not model it. ``e2e`` said FIDELITY BUG (exit 4): the real reducer's
+    simulated side raised torch's ``monitored_barrier is only implemented for GLOO backend``
+    (its groups are named ``simcluster-gloo``). It is *unsupported*: exit 3, as ``check``
+    says it, naming the feature and the user line; nothing is compared."""
+    code = main(["e2e", f"{HOOKS}:monitored_barrier_then_mean", "--params", "3", "--steps", "2", "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "FIDELITY" not in out and "GLOO backend" not in out
+    verdict = next(line for line in out.splitlines() if "verdict:" in line)
+    assert "UNSUPPORTED by the simulator" in verdict and "monitored_barrier" in verdict
+    line = next(n for n, text in enumerate(Path(HOOKS).read_text().splitlines(), 1) if "dist.monitored_barrier()" in text)
+    assert f"e2e_hooks.py:{line}" in verdict
+    assert "real gloo         finished every step" in out  # measured: real gloo runs it in a hook
+
+
+# --------------------------------------------------------------------------- a mismatch real gloo aborts on
+
+
+def test_a_mismatch_real_gloo_aborts_on_agrees_with_the_simulated_mismatch(census) -> None:
+    """Ranks all_reduce buffers of different sizes (rank 1 one element more): real gloo kills
+    the process of the rank with the smaller buffer by SIGABRT (``gloo::EnforceNotMet``; 30/30
+    trials at world 2, docs/gloo-facts.md §6), the simulator reports a CollectiveMismatchError.
+    Both are the hook's failure: e2e said FIDELITY BUG (exit 4). Now they agree, saying why."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=1), f"{HOOKS}:mismatched_sizes", "none", timeout=60,
+                     start_method="forkserver")
+    assert result.real.failure is not None and result.real.failure.kind == "died", result.format()
+    assert "killed by SIGABRT" in result.real.failure.message
+    assert result.sim.failure is not None and result.sim.failure.error_type == "CollectiveMismatchError"
+    assert result.agree and result.hook_failed, result.format()
+    verdict = next(line for line in result.format().splitlines() if "verdict:" in line)
+    assert "SIGABRT" in verdict and "mismatch" in verdict
+
+
+def test_only_an_abort_on_a_simulated_mismatch_is_reconciled() -> None:
+    """Narrow: a simulated mismatch agrees with a real rank killed by SIGABRT or one whose
+    output holds gloo's enforce message; another death (SIGKILL, an exit code) or another
+    simulated failure (a deadlock, an IndexError) against an abort stays a fidelity bug."""
+    scenario = Scenario(2, ((3,),), steps=1)
+    mismatch = Side("sim", failure=SideFailure("raised", 0, "CollectiveMismatchError", "mismatched collectives", 0))
+
+    def died(message: str, detail: str = "") -> Side:
+        return Side("real", failure=SideFailure("died", 1, "died", message, None, detail), calls_known=False)
+
+    abort = died("rank 1 was killed by SIGABRT while in running job; its last event: posting all_reduce")
+    enforce = died("rank 1 exited with code 134 while in running job", "terminate called after throwing an "
+                   "instance of 'gloo::EnforceNotMet' what(): [enforce fail at pair.cc:456] op.preamble.length")
+    assert compare(scenario, MEAN, mismatch, abort).agree
+    assert compare(scenario, MEAN, mismatch, enforce).agree
+    for real in (died("rank 1 was killed by SIGKILL while in running job"), died("rank 1 exited with code 3")):
+        assert compare(scenario, MEAN, mismatch, real).verdict == "fidelity bug"
+    for other in (SideFailure("hung", 0, "DeadlockError", "deadlock", 0), SideFailure("raised", 0, "IndexError", "x", 0)):
+        assert compare(scenario, MEAN, Side("sim", failure=other), abort).verdict == "fidelity bug"

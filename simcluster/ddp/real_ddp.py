@@ -149,13 +149,28 @@ def _new_group_on(registry: GroupRegistry, engine: ThreadedEngine) -> Callable[.
     return new_group
 
 
+def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` during the run: torch's refuses every backend but one named
+    ``gloo`` (``ValueError: monitored_barrier is only implemented for GLOO backend``), and
+    this run's groups are named ``simcluster-gloo``; so the call goes to the simulated group,
+    which says it does not model it (``UnsupportedError``), as the DDP model's run does.
+    A non-member is skipped with torch's warning, as in torch."""
+    if c10d._rank_not_in_group(group):
+        c10d._warn_not_in_group("monitored_barrier")
+        return
+    (c10d._get_default_group() if group is None else group).monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 @contextlib.contextmanager
 def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any]) -> Iterator[None]:
-    """Install the proxy as torch's ``_world`` and the run's ``new_group`` for the run only."""
-    saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group)]
+    """Install the proxy as torch's ``_world``, the run's ``new_group`` and
+    :func:`_monitored_barrier` for the run only."""
+    saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group),
+             (c10d, "monitored_barrier", c10d.monitored_barrier), (dist, "monitored_barrier", dist.monitored_barrier)]
     try:
         c10d._world = proxy
         c10d.new_group = dist.new_group = new_group
+        c10d.monitored_barrier = dist.monitored_barrier = _monitored_barrier
         yield
     finally:
         for owner, name, value in saved:

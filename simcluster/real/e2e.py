@@ -26,7 +26,10 @@ One-rank groups: whether gloo's future is already complete when the hook returns
 load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
 reported as *unconfirmed*, never as a fidelity bug; so is a simulated collective mismatch where
 real gloo finished every step (gloo completes many mismatches silently, and callbacks that post
-collectives from worker threads post them in an order that is timing).
+collectives from worker threads post them in an order that is timing). A simulated mismatch
+where real gloo aborted a rank (SIGABRT, ``gloo::EnforceNotMet``) is the same failure
+(:func:`aborted_on_mismatch`). A hook using what the simulator does not model is
+*unsupported*: nothing is compared.
 """
 
 from __future__ import annotations
@@ -195,6 +198,10 @@ class SideFailure:
     message: str
     step: int | None = None
     detail: str = ""
+    unmodelled: str = ""
+    """On a simulated side: what the simulator does not model that the hook used (its
+    ``UnsupportedError``, with the rank and user line: ``SimProcessGroup does not support
+    monitored_barrier (rank 0, at hook.py:6 in hook: dist.monitored_barrier())``)."""
 
     def line(self) -> str:
         at = "" if self.step is None else f" at step {self.step}"
@@ -224,6 +231,10 @@ class Side:
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
+    unmodelled: str = ""
+    """On the simulated side: what the hook used that the simulator does not model (the real
+    reducer's run or the DDP model's stopped at an ``UnsupportedError``): the simulation
+    predicts nothing, and the verdict is *unsupported* (:func:`compare`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known or rank in self.calls
@@ -511,6 +522,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
                      "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
                      "share one (docs/e2e.md)")
     side.model_differences = _model_differences(scenario, model, side)
+    side.unmodelled = next((f.unmodelled for f in (side.failure, model.failure) if f is not None and f.unmodelled), "")
     side.seconds = time.monotonic() - started
     monitor.end()
     return side
@@ -585,7 +597,23 @@ def _sim_failure(exc: BaseException, calls: dict[int, list[HookCall]]) -> SideFa
     if isinstance(exc, HookExited):  # os._exit(n) in the hook: a real rank's process ends without reporting
         return SideFailure("died", rank, "died", first_line(exc), step, detail)
     kind = "hung" if type(exc).__name__ in _SIM_HUNG else "raised"
-    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), step, detail)
+    return SideFailure(kind, rank, _as_real_type(exc), first_line(exc), step, detail, _unmodelled(exc))
+
+
+def _unmodelled(exc: BaseException) -> str:
+    """``what (rank r, at file:line in fn: code)`` when ``exc`` is (or was caused by) the
+    simulator's :class:`~simcluster.errors.UnsupportedError`; else ``""``. The rank is the
+    one simcluster noted, the line the innermost of user code (as ``simcluster check`` says it)."""
+    from simcluster.checking.supervisor import raise_site
+    from simcluster.errors import UnsupportedError
+
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, UnsupportedError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return ""
+    site = raise_site(exc) if seen is exc else raise_site(seen) or raise_site(exc)
+    return f"{first_line(seen)}{site}"
 
 
 def _as_real_type(exc: BaseException) -> str:
@@ -608,7 +636,8 @@ class E2EResult:
     """The comparison of one scenario. ``verdict``: ``agree``; ``fidelity bug`` (the
     simulator differs from real gloo); ``unconfirmed`` (it differs where real gloo's outcome
     is itself timing — a one-rank group, or a simulated mismatch where real gloo finished —
-    ``why`` says which; docs/e2e.md)."""
+    ``why`` says which; docs/e2e.md); ``unsupported`` (the hook used what the simulator does
+    not model, ``why`` names it and the user line: nothing was predicted, nothing compared)."""
 
     scenario: Scenario
     hook: str
@@ -616,7 +645,8 @@ class E2EResult:
     real: Side
     differences: list[str]
     verdict: str
-    why: str = ""  # for "unconfirmed": why the disagreement is no evidence against the simulator
+    why: str = ""  # "unconfirmed": why the disagreement is no evidence against the simulator; "unsupported":
+    # what is not modelled; "agree": what made two different-looking failures one (e.g. an abort on a mismatch)
 
     @property
     def agree(self) -> bool:
@@ -633,7 +663,7 @@ class E2EResult:
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
         if self.sim.note:
             lines.append(f"  note: {self.sim.note}")
-        if per_step:
+        if per_step and self.verdict != "unsupported":  # nothing was compared
             lines += _step_lines(self)
         for side in (self.sim, self.real):
             if side.failure is not None:
@@ -642,9 +672,13 @@ class E2EResult:
             for side in (self.sim, self.real):
                 if side.failure is None:
                     lines.append(f"  {side.name:<17} finished every step")
+        if self.verdict == "unsupported":
+            lines.append(f"  verdict: UNSUPPORTED by the simulator (no comparison): not modelled: {self.why}")
+            return "\n".join(lines)
         if self.verdict == "agree":
             both = "both sides failed alike (the hook's failure, confirmed)" if self.hook_failed else \
                 "gradients, hook calls and outcomes agree bitwise"
+            both += f": {self.why}" if self.why else ""
             lines.append(f"  verdict: agree — {both}")
         else:
             head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
@@ -689,9 +723,12 @@ def _step_lines(result: E2EResult) -> list[str]:
 def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     """Compare the two sides (:func:`side_differences`), and the simulated side's DDP model
     with the real reducer (:attr:`Side.model_differences`); any difference is a fidelity bug
-    (unconfirmed on a one-rank group)."""
+    (unconfirmed on a one-rank group). A simulation that stopped at what it does not model
+    (:attr:`Side.unmodelled`) predicted nothing: the verdict is ``unsupported``."""
+    if sim.unmodelled:
+        return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
     diffs = side_differences(scenario, sim, real) + sim.model_differences
-    why = _unconfirmed(scenario, sim, real) if diffs else ""
+    why = _unconfirmed(scenario, sim, real) if diffs else _agreed_because(sim, real)
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
 
@@ -700,6 +737,18 @@ ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs
 MISMATCH_FINISHED = ("the simulation met mismatched collectives where real gloo finished: gloo completes many "
                      "mismatches silently (docs/gloo-facts.md §6), and collectives posted from callbacks on worker "
                      "threads come in an order that is timing — the hook's liveness failure, not confirmed this run")
+
+
+ABORTED = ("the simulation's collective mismatch is what aborted real gloo's rank {rank} (SIGABRT, gloo::EnforceNotMet: "
+           "a received size differs from the posted one, docs/gloo-facts.md §6)")
+
+
+def _agreed_because(sim: Side, real: Side) -> str:
+    """For an agreement that is not the same failure word for word, what made it one (``""``
+    otherwise): the simulation's mismatch where real gloo aborted a rank (:func:`aborted_on_mismatch`)."""
+    if sim.failure is not None and real.failure is not None and aborted_on_mismatch(sim.failure, real.failure):
+        return ABORTED.format(rank=real.failure.rank)
+    return ""
 
 
 def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
@@ -732,7 +781,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
     else:
         s, g = sim.failure, real.failure
-        if _liveness(s) and _liveness(g):
+        if (_liveness(s) and _liveness(g)) or aborted_on_mismatch(s, g):
             pass
         elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
@@ -751,6 +800,30 @@ def _liveness(failure: SideFailure) -> bool:
     hook posts others) first meets a deadlock or a mismatch is timing, in real processes as
     in the simulator's threads — so the two agree with each other."""
     return failure.kind == "hung" or failure.error_type == "CollectiveMismatchError"
+
+
+GLOO_ENFORCE = "gloo::EnforceNotMet"
+"""What a gloo process that aborted on a mismatch printed (``terminate called after throwing
+an instance of 'gloo::EnforceNotMet'``, docs/gloo-facts.md §6)."""
+
+
+def aborted_on_mismatch(sim: SideFailure, real: SideFailure) -> bool:
+    """The simulation reported mismatched collectives and real gloo aborted a rank's process
+    on it: the same failure of the hook. Real gloo aborts (SIGABRT, ``gloo::EnforceNotMet``:
+    ``Received data size doesn't match expected size``) where the ranks' buffers differ in
+    bytes (docs/gloo-facts.md §6, measured). Narrow on purpose: the real rank *died* killed
+    by SIGABRT or with gloo's enforce message in its output; any other death, or any other
+    simulated failure, is still compared as ever.
+
+    >>> mismatch = SideFailure("raised", 0, "CollectiveMismatchError", "mismatched collectives on WORLD")
+    >>> aborted_on_mismatch(mismatch, SideFailure("died", 0, "died", "rank 0 was killed by SIGABRT while in …"))
+    True
+    >>> aborted_on_mismatch(mismatch, SideFailure("died", 0, "died", "rank 0 was killed by SIGKILL while in …"))
+    False
+    """
+    if sim.error_type != "CollectiveMismatchError" or real.kind != "died":
+        return False
+    return "killed by SIGABRT" in real.message or GLOO_ENFORCE in real.detail
 
 
 def root_error(failure: SideFailure) -> str:

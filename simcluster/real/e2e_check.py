@@ -51,14 +51,18 @@ class E2ESummary:
         return [r for rs in self.results.values() for r in rs if r.verdict == "fidelity bug"]
 
     def column(self, name: str) -> str:
-        """The table cell: ``ok N``, ``FIDELITY k/N``, ``unconfirmed k/N`` or ``-``."""
+        """The table cell: ``ok N``, ``FIDELITY k/N``, ``unsupported k/N`` (the hook used what
+        the simulator does not model), ``unconfirmed k/N`` or ``-``."""
         results = self.results.get(name, [])
         if not results:
             return "-"
         bugs = sum(r.verdict == "fidelity bug" for r in results)
+        unsupported = sum(r.verdict == "unsupported" for r in results)
         unconfirmed = sum(r.verdict == "unconfirmed" for r in results)
         if bugs:
             return f"FIDELITY {bugs}/{len(results)}"
+        if unsupported:
+            return f"unsupported {unsupported}/{len(results)}"
         if unconfirmed:
             return f"unconfirmed {unconfirmed}/{len(results)}"
         return f"ok {len(results)}"
@@ -226,7 +230,8 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
     report.e2e = summary
     for result in summary.results.get(report.target, []):
         if not result.agree:
-            report.notes.append(f"e2e: {result.verdict}: {result.scenario.describe()}: {'; '.join(result.differences)}")
+            report.notes.append(f"e2e: {result.verdict}: {result.scenario.describe()}: "
+                                f"{'; '.join(result.differences) or result.why}")
     report.notes.append(f"e2e: {summary.column(report.target)}")
     return summary
 

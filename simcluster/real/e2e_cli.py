@@ -13,7 +13,9 @@ in the environment), every process is one rank of the run (env:// rendezvous;
 
 Exit codes: **0** both sides agree bitwise (also *unconfirmed*: a one-rank group, or a simulated
 mismatch where real gloo finished, see docs/e2e.md); **1** both sides failed alike (the hook's own failure, confirmed on the real
-backend); **4** a fidelity bug of the simulator (the sides differ); **2** usage error;
+backend); **3** unsupported: the hook used what the simulator does not model (e.g.
+``dist.monitored_barrier``; named with the user line, nothing compared — ``check``'s exit 3
+for the same hook); **4** a fidelity bug of the simulator (the sides differ); **2** usage error;
 **130** interrupted.
 """
 
@@ -73,11 +75,15 @@ def scenario_from_args(args: argparse.Namespace, world_size: int) -> Any:
 
 
 def exit_code(result: Any) -> int:
-    """0 agree (or unconfirmed), 1 both failed alike, 4 fidelity bug (the CLI's exit codes)."""
-    from simcluster.cli import EXIT_FAILED, EXIT_FIDELITY, EXIT_OK
+    """0 agree (or unconfirmed), 1 both failed alike, 3 unsupported (the hook used what the
+    simulator does not model: no verdict, as ``simcluster check`` says it), 4 fidelity bug
+    (the CLI's exit codes)."""
+    from simcluster.cli import EXIT_FAILED, EXIT_FIDELITY, EXIT_INTERNAL, EXIT_OK
 
     if result.verdict == "fidelity bug":
         return EXIT_FIDELITY
+    if result.verdict == "unsupported":
+        return EXIT_INTERNAL
     return EXIT_FAILED if result.hook_failed else EXIT_OK
 
 
