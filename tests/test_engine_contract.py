@@ -150,7 +150,7 @@ def test_a_mismatch_reads_the_same_on_both_engines() -> None:
         "  rank 0: all_reduce(float32, SUM)\n"
         f"  rank 1: all_reduce(float32, MAX) at tests/test_engine_contract.py:{line} in _post_line: engine.post(call)"
         "  # the user line a mismatch points at\n"
-        "On a real cluster this hangs or silently mixes up data."
+        "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."
     )
     assert without_replay(inline) == expected
     assert without_replay(threaded) == expected

@@ -142,7 +142,7 @@ def mismatch_error(inst: Instance, call: Call, problem: str) -> CollectiveMismat
     error = CollectiveMismatchError(
         f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
         f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
-        "On a real cluster this hangs or silently mixes up data."
+        "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."
     )
     error.simcluster_frames = frames  # type: ignore[attr-defined]
     return error
