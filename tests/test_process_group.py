@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from simcluster import SimCluster
+from simcluster.checking.check import check_hook
 from simcluster.limits import BACKEND_NAMES
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
@@ -330,3 +331,45 @@ def test_a_missing_attribute_is_named_on_torchs_type_as_real_gloo_names_it() -> 
         "'torch._C._distributed_c10d.Work' object has no attribute 'to_future'",
         "'torch._C._distributed_c10d.ProcessGroup' object has no attribute 'nope'",
     ]
+
+
+def _backend_aware_gather_mean(state, bucket):
+    """Reads all_gather_into_tensor's future by backend, as portable code from the wild does:
+    NCCL's [output] (one flat tensor), gloo's one view per rank."""
+    world = dist.get_world_size()
+    flat = bucket.buffer() / world
+    out = torch.empty(world * flat.numel(), dtype=flat.dtype)
+    fut = dist.all_gather_into_tensor(out, flat, async_op=True).get_future()
+
+    def mean(f):
+        rows = f.value()[0].view(world, -1) if dist.get_backend() == "nccl" else torch.stack(f.value())
+        return rows.sum(0)
+
+    return fut.then(mean)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_get_backend_names_the_modelled_backend_as_a_real_cluster_does(backend: str) -> None:
+    """``dist.get_backend()`` said ``nccl-sim`` under the NCCL model: a hook branching on it took
+    its gloo branch there and was reported broken (a false alarm)."""
+    seen = SimCluster(2, backend=backend).run(lambda rank: dist.get_backend()).values
+    assert seen == [backend, backend]
+    report = check_hook(_backend_aware_gather_mean, backends=(backend,), world_sizes=(2, 3), examples=10,
+                        database=None)
+    assert report.passed, report.format()
+
+
+def test_an_error_raised_in_a_collective_under_the_nccl_model_is_the_hooks_own() -> None:
+    """torch's collective error logger asks torch.cuda.nccl.version() for an "nccl" group, which a
+    CPU build lacks: the run stands in for it, so the hook sees the collective's own error."""
+    def rank_fn(rank: int) -> str:
+        try:
+            dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+        except Exception as exc:  # noqa: BLE001 - the error is the subject
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    messages = SimCluster(2, backend="nccl").run(rank_fn).values
+    assert all("BAND" in m and "AttributeError" not in m for m in messages), messages
+    with pytest.raises(AttributeError):  # and after the run, torch is as it was
+        torch.cuda.nccl.version()

@@ -64,7 +64,7 @@ from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
 from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, callback_exception
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
-from simcluster.fake.rank_context import GroupRegistry, RankWorld
+from simcluster.fake.rank_context import GroupRegistry, RankWorld, nccl_version_stand_in
 from simcluster.fake.state import StateSpec
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
@@ -162,15 +162,19 @@ def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: b
 
 
 @contextlib.contextmanager
-def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any]) -> Iterator[None]:
+def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend: str) -> Iterator[None]:
     """Install the proxy as torch's ``_world``, the run's ``new_group`` and
-    :func:`_monitored_barrier` for the run only."""
+    :func:`_monitored_barrier` for the run only (and, under the NCCL model, the stand-in
+    ``torch.cuda.nccl.version`` a SimCluster run installs too)."""
     saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group),
-             (c10d, "monitored_barrier", c10d.monitored_barrier), (dist, "monitored_barrier", dist.monitored_barrier)]
+             (c10d, "monitored_barrier", c10d.monitored_barrier), (dist, "monitored_barrier", dist.monitored_barrier),
+             (torch.cuda.nccl, "version", torch.cuda.nccl.version)]
     try:
         c10d._world = proxy
         c10d.new_group = dist.new_group = new_group
         c10d.monitored_barrier = dist.monitored_barrier = _monitored_barrier
+        if backend == "nccl":
+            torch.cuda.nccl.version = nccl_version_stand_in
         yield
     finally:
         for owner, name, value in saved:
@@ -301,7 +305,7 @@ def run_real_ddp(
                          gradient_as_bucket_view=gradient_as_bucket_view))
     engine.on_abort(lambda: _fail_pending(run.returned))
 
-    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine)):
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend.name):
         try:
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:

@@ -177,6 +177,12 @@ class SimProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return self._runtime.backend.name
 
+    @property
+    def model_backend(self) -> str:
+        """The modelled backend's name, ``"gloo"`` or ``"nccl"``: what ``dist.get_backend`` says
+        for this group, as on a real cluster (a subclass may answer ``getBackendName`` otherwise)."""
+        return self._runtime.backend.name
+
     def name(self) -> str:
         return self._runtime.backend.name
 

@@ -39,7 +39,8 @@ from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
 
-__all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches"]
+__all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches", "nccl_version_stand_in",
+           "NCCL_VERSION_STAND_IN"]
 
 _GENERATOR = torch.default_generator
 """What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
@@ -77,12 +78,12 @@ class RankWorld(c10d._World):
     def register(self, pg: SimProcessGroup, *, default: bool = False) -> None:
         """Make ``pg`` known to torch's front end on this rank (as ``init_process_group`` would)."""
         spec = pg.spec
-        # dist.get_backend() reads this. "nccl" itself would send torch's error logger
-        # into torch.cuda.nccl.version(), which a CPU build lacks (an AttributeError
-        # would then replace the error the hook should see), so the NCCL model is
-        # registered as "nccl-sim"; pg.getBackendName() still says "nccl".
-        name = pg.getBackendName()
-        self.pg_map[pg] = (name if name != "nccl" else "nccl-sim", None)
+        # dist.get_backend() reads this: the modelled backend's own name, "gloo" or "nccl",
+        # as a hook branching on it sees on a real cluster (whatever getBackendName() says:
+        # real DDP's groups answer "simcluster-gloo" there). torch's error logger calls
+        # torch.cuda.nccl.version() for an "nccl" group, which a CPU build lacks: a run under
+        # the NCCL model puts a stand-in there (install_torch_patches).
+        self.pg_map[pg] = (pg.model_backend, None)
         self.pg_names[pg] = spec.name
         self.pg_group_ranks[pg] = {g: i for i, g in enumerate(spec.ranks)}
         self.pg_backend_config[pg] = pg.getBackendName()
@@ -228,8 +229,9 @@ def _future_class_for(contexts: RankContexts, engine: Any) -> type:
 
 
 Patches = tuple[tuple[Any, ...], Any]
-"""What :func:`install_torch_patches` replaced: the five originals (``c10d.new_group``,
-``dist.new_group``, ``collect_all``, ``wait_all``, ``Future``) and the generators' originals."""
+"""What :func:`install_torch_patches` replaced: the six originals (``c10d.new_group``,
+``dist.new_group``, ``collect_all``, ``wait_all``, ``Future``, ``torch.cuda.nccl.version``)
+and the generators' originals."""
 
 
 def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any]]:
@@ -261,12 +263,14 @@ def install_torch_patches(
     holder[0] = current_rank
     futures_module = torch.futures
     saved = (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
-             futures_module.Future)
+             futures_module.Future, torch.cuda.nccl.version)
     try:
         c10d.new_group = dist.new_group = new_group
         futures_module.collect_all, futures_module.wait_all = futures.collect_all, futures.wait_all
         if engine is not None:
             futures_module.Future = _future_class_for(contexts, engine)
+        if contexts.runtime.backend.name == "nccl":
+            torch.cuda.nccl.version = nccl_version_stand_in
         return saved, install_generators()
     except BaseException:
         _restore(saved)
@@ -285,4 +289,15 @@ def restore_torch_patches(patches: Patches) -> None:
 def _restore(saved: tuple[Any, ...]) -> None:
     futures_module = torch.futures
     (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
-     futures_module.Future) = saved
+     futures_module.Future, torch.cuda.nccl.version) = saved
+
+
+NCCL_VERSION_STAND_IN = (2, 27, 3)
+"""What ``torch.cuda.nccl.version()`` answers during a run under the NCCL model: a real NCCL
+cluster has a CUDA build that knows its NCCL; this CPU build does not. Only torch's
+collective error logger reads it (for a log field), so its value changes nothing checked."""
+
+
+def nccl_version_stand_in() -> tuple[int, int, int]:
+    """:data:`NCCL_VERSION_STAND_IN` (``torch.cuda.nccl.version``'s stand-in during an NCCL-model run)."""
+    return NCCL_VERSION_STAND_IN
