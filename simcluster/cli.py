@@ -231,6 +231,10 @@ def _explain_command(args: argparse.Namespace) -> int:
         raise outcome.error
     if outcome.death is not None:
         print(f"simcluster: explain {args.target}: {outcome.death.summary('the hook')}", file=sys.stderr)
+        printed = [line for line in outcome.death.output.splitlines() if line.strip()]
+        if printed:
+            print("  what the hook printed in that step:\n" + "\n".join(f"    {line}" for line in printed[-30:]),
+                  file=sys.stderr)
         stack = format_stack(outcome.death.stacks)
         if stack:
             print("  the stuck code (outermost call first):\n" + stack, file=sys.stderr)

@@ -327,3 +327,22 @@ def test_explain_of_a_hook_killing_its_process_says_where():
     result = run_explain(target("kills_itself"))
     assert result.returncode == 1, result.stderr
     assert "the hook's process was killed by SIGKILL; it was at rank 0, DDP step 0, bucket 0" in result.stderr
+
+
+def test_what_a_stuck_hook_printed_is_in_its_report():
+    """The example's output is captured into a file the supervisor owns: a killed child's is kept."""
+    report, _ = check("prints_then_spins", deadline=1.0, backends=("gloo",))
+    (failure,) = report.failures
+    assert failure.property == "liveness" and "did not return within 1 s" in failure.message
+    assert failure.output == "rank 0: about to wait for the others"
+    result = run_explain(target("prints_then_spins"), "--deadline", "1")
+    assert result.returncode == 1
+    assert "what the hook printed in that step:\n    rank 0: about to wait for the others" in result.stderr
+
+
+def test_printed_output_of_a_stuck_run_keeps_its_last_lines() -> None:
+    from simcluster.checking.render import MAX_OUTPUT_LINES, printed_output
+
+    shown = printed_output("\n".join(f"line {i}" for i in range(100)), last=True).splitlines()
+    assert len(shown) == MAX_OUTPUT_LINES and shown[-1] == "line 99"
+    assert shown[0] == f"… {100 - MAX_OUTPUT_LINES + 1} earlier lines (the replay command prints them all)"

@@ -287,7 +287,7 @@ def _run_one(opts: Options, example: Example, backend: str, report: CheckReport,
     report.examples += 1
     printed = None
     try:
-        with captured_output() if capture else contextlib.nullcontext() as printed:
+        with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed:
             run_example(opts, example, backend)
     except Violation as v:
         if printed is not None:
@@ -363,7 +363,7 @@ def _hypothesis_test(opts: Options, backend: str, examples: int, count: list[int
                 return
         count[0] += 1
         try:
-            with captured_output() as printed:
+            with captured_output(opts.monitor.output_fd) as printed:
                 run_example(opts, example, backend)
         except Violation as violation:
             failing.add(example)

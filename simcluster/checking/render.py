@@ -53,13 +53,17 @@ MAX_OUTPUT_LINES = 30
 command runs the example again uncaptured and prints them all)."""
 
 
-def printed_output(text: str) -> str:
+def printed_output(text: str, *, last: bool = False) -> str:
     """What the hook printed in a failing run, as the report shows it: blank lines dropped,
-    at most :data:`MAX_OUTPUT_LINES` lines of at most :data:`MAX_LINE_CHARS` characters."""
+    at most :data:`MAX_OUTPUT_LINES` lines of at most :data:`MAX_LINE_CHARS` characters —
+    the first ones, or with ``last`` (a run that got stuck: what it did last) the last ones."""
     lines = [_clip(line.rstrip()) for line in text.splitlines() if line.strip()]
     if len(lines) > MAX_OUTPUT_LINES:
         more = len(lines) - MAX_OUTPUT_LINES + 1
-        lines = lines[:MAX_OUTPUT_LINES - 1] + [f"… and {more} more lines (the replay command prints them all)"]
+        if last:
+            lines = [f"… {more} earlier lines (the replay command prints them all)"] + lines[-(MAX_OUTPUT_LINES - 1):]
+        else:
+            lines = lines[:MAX_OUTPUT_LINES - 1] + [f"… and {more} more lines (the replay command prints them all)"]
     return "\n".join(lines)
 
 
@@ -276,10 +280,12 @@ def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) ->
     if token is None:
         return PropertyFailure("liveness", backend, message, 0, "-", "-", [],
                                f"simcluster check {opts.replay_target or opts.target}",
-                               error_type=error_type, details={"stack": death.stacks})
+                               error_type=error_type, details={"stack": death.stacks},
+                               output=printed_output(death.output, last=True))
     example, _ = decode_example(token)
     step = death.position[1] if death.position else 0
     info = {"example": example, "backend": backend, "schedule": [], "step": step, "error_type": error_type}
     result = failure(opts, "liveness", message, info, steps)
+    result.output = printed_output(death.output, last=True)
     result.details["stack"] = death.stacks
     return result

@@ -83,10 +83,13 @@ class Monitor:
     checking code calls it unconditionally.
     """
 
-    def __init__(self, page: mmap.mmap | None = None) -> None:
+    def __init__(self, page: mmap.mmap | None = None, output_fd: int | None = None) -> None:
         self._page = page
         self._seq = 0
         self.enabled = page is not None
+        self.output_fd = output_fd
+        """Where the child captures what user code prints during an example (None: a file of
+        its own per capture): the parent reads it when the child never answers."""
 
     def begin(self, payload: dict[str, Any]) -> None:
         """An example starts; ``payload`` (JSON-able: backend, replay token…) is what the
@@ -121,6 +124,7 @@ class ChildDeath:
     payload: dict[str, Any] | None  # what Monitor.begin announced (None: between examples)
     position: tuple[int, int, int] | None  # (rank, step, bucket) of the last hook call
     stacks: str  # faulthandler's dump of every thread ('' if none was taken)
+    output: str = ""  # what user code printed in the example it was running (captured)
 
     def where(self) -> str:
         """``rank 1, step 0, bucket 0`` (the last hook call), or what is known."""
@@ -162,13 +166,23 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
     start = time.monotonic()
     page = mmap.mmap(-1, _PAGE)
     stack_file = tempfile.TemporaryFile()
-    pid, read_end = fork_child(lambda out, parent: _child(job, Monitor(page), out, stack_file.fileno(), parent))
+    output_file = tempfile.TemporaryFile()
+    pid, read_end = fork_child(lambda out, parent: _child(job, Monitor(page, output_file.fileno()), out,
+                                                          stack_file.fileno(), parent))
     try:
-        return _watch(pid, page, read_end, stack_file, deadline, start)
+        outcome = _watch(pid, page, read_end, stack_file, deadline, start)
+        if outcome.death is not None:
+            outcome.death.output = os.pread(output_file.fileno(), _OUTPUT_KEPT, 0).decode("utf-8", "replace")
+        return outcome
     finally:
         os.close(read_end)
         stack_file.close()
+        output_file.close()
         page.close()
+
+
+_OUTPUT_KEPT = 1 << 20
+"""Bytes of a dead child's captured output read back (its first MiB)."""
 
 
 def fork_child(body: Callable[[int, int], None]) -> tuple[int, int]:

@@ -169,7 +169,7 @@ def record(
         story.steps.append(one)
         seen.clear()
         try:
-            with captured_output() as printed:
+            with captured_output(getattr(monitor, "output_fd", None)) as printed:
                 one.result = ddp.step(grads)
             one.events = list(one.result.trace.events)
         except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole

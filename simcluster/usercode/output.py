@@ -34,16 +34,23 @@ class Captured:
 
 
 @contextlib.contextmanager
-def captured_output() -> Iterator[Captured]:
+def captured_output(sink_fd: int | None = None) -> Iterator[Captured]:
     """Capture fds 1 and 2 and ``sys.stdout``/``sys.stderr`` for the block; the text is in
-    the yielded :class:`Captured` afterwards (decoded as UTF-8, bad bytes replaced)."""
+    the yielded :class:`Captured` afterwards (decoded as UTF-8, bad bytes replaced).
+
+    ``sink_fd``: a file to capture into, emptied first and left open — a supervised child's
+    (:class:`~simcluster.checking.supervisor.Monitor.output_fd`), which its parent reads if
+    the child is killed in the block; None: a temporary file of its own."""
     box = Captured()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     saved = os.dup(1), os.dup(2)
     old_streams = sys.stdout, sys.stderr
-    with tempfile.TemporaryFile() as sink:
+    if sink_fd is not None:
+        os.ftruncate(sink_fd, 0)
+        os.lseek(sink_fd, 0, os.SEEK_SET)
+    with (open(os.dup(sink_fd), "w+b") if sink_fd is not None else tempfile.TemporaryFile()) as sink:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         # a real text file (fileno, buffer, encoding: what code writing to sys.stdout may use),

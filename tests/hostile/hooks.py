@@ -96,3 +96,10 @@ def posts_from_joined_thread(state, bucket):
 def exiting_state(process_group):
     """A state factory (``--state``) that ends its process before any hook call."""
     sys.exit(3)
+
+
+def prints_then_spins(state, bucket):
+    """Says what it is about to do, then never returns."""
+    print(f"rank {dist.get_rank()}: about to wait for the others")
+    while True:
+        time.sleep(0.01)
