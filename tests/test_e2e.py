@@ -433,6 +433,23 @@ def test_counterexamples_are_run_end_to_end(census) -> None:
     assert all(r.agree for r in summary.results[hook]), summary.format()
 
 
+def test_a_legacy_row_is_not_run_end_to_end() -> None:
+    """`check --api legacy --e2e` ran a torch 1.8 hook on this machine's torch, whose bucket has
+    no get_tensor(): both sides raised AttributeError alike and the row said `ok 3`, as if real
+    gloo had confirmed a legacy verdict it never saw. Such a row is now left out, saying why."""
+    from simcluster.checking.check import check_hook
+    from simcluster.real.e2e_check import e2e_for_rows
+
+    hook = "simcluster.hooks.legacy:allreduce_hook"
+    report = check_hook(hook, backends=("gloo",), world_sizes=(2,), examples=2, steps=1, seed=0, api="legacy")
+    ran = []
+    row = {"name": hook, "target": hook, "state": "none", "tolerance": "fp32", "api": "legacy", "skipped": None}
+    summary = e2e_for_rows([row], [report], {"world_sizes": (2,), "steps": 1, "seed": 0}, 1,
+                           run=lambda *a, **k: ran.append(a))
+    assert ran == [] and summary.results[hook] == []
+    assert "legacy" in summary.notes[hook][0] and "torch" in summary.notes[hook][0]
+
+
 # --------------------------------------------------------------------------- torchrun
 
 
