@@ -216,3 +216,18 @@ def test_the_search_depends_on_the_hooks_module_not_on_what_else_is_imported(tmp
     assert drawn(RECORDING_HOOK, "recording_hook_again") == plain
     # control: the same literals in the hook's own module do reach the search
     assert drawn(RECORDING_HOOK + LITERALS, "recording_hook_with_literals") != plain
+
+
+def test_a_lossy_tolerance_still_tries_every_rank_at_float16s_largest_value() -> None:
+    """Under ``scale=``/``norm=`` the inputs stay within float16's range, and float16's largest
+    value is in it: torch's fp16_compress_hook divides each rank's 65504 by 3 in float16
+    (21840) and the float16 sum of three rounds to inf. The lowbit hook from the wild does the
+    same; `--tolerance scale=0.01` said ok unless a draw happened to land there. The explicit
+    edge example now covers the lossy tolerances too."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    report = check_hook(fp16_compress_hook, tolerance="scale=0.01", world_sizes=(3,), examples=1, steps=1,
+                        backends=("gloo",), database=None)
+    failed = [f for f in report.failures if f.property == "averages"]
+    assert failed, report.format()
+    assert "not finite" in failed[0].message and "65504" in failed[0].message

@@ -246,3 +246,14 @@ def test_what_the_hook_prints_is_shown_with_its_step(tmp_path: Path, capfd: pyte
     for step in (0, 1):
         section = out[out.index(f"What the hook printed during step {step}"):]
         assert section.splitlines()[1:3] == ["   hello from rank 0", "   hello from rank 1"]
+
+
+def test_explain_runs_a_legacy_hook(capsys: pytest.CaptureFixture[str]) -> None:
+    """`explain --api legacy` on any 1.7-1.9 hook (found with a DGC hook from the wild) said
+    the hook failed at step 0 with `GradBucket.index() exists only in torch >= 1.10`: the
+    recorder itself asked the legacy bucket for index(). The hook never calls it."""
+    code, out, _ = run(["explain", "simcluster.hooks.legacy:allreduce_hook", "--api", "legacy", "--steps", "2"],
+                       capsys)
+    assert "index() exists only" not in out
+    assert code == 0, out
+    assert "rank 1: calls the hook on bucket 0" in out and "The hook failed" not in out

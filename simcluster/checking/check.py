@@ -314,9 +314,11 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
 def _explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """Known-dangerous inputs tried after the drawn ones pass: every rank at the value dtype's
     largest finite value (sums of W such values overflow a hook that divides late, and at
-    W = 3 even a float16 sum of the divided values rounds to inf)."""
-    values = {"fp16": "float16", "bf16": "bfloat16"}.get(opts.tolerance)
-    if opts.tolerance not in ("fp32", "fp16", "bf16") or max(world_sizes) < 2:
+    W = 3 even a float16 sum of the divided values rounds to inf). Under a lossy tolerance
+    (``scale=``/``norm=``) the inputs are float16-range values, so the edge is float16's."""
+    lossy = opts.tolerance not in ("exact", "none") and parse_tolerance(opts.tolerance).lossy
+    values = "float16" if lossy else {"fp16": "float16", "bf16": "bfloat16"}.get(opts.tolerance)
+    if (opts.tolerance not in ("fp32", "fp16", "bf16") and not lossy) or max(world_sizes) < 2:
         return []
     world = 3 if 3 in world_sizes else max(world_sizes)
     top = torch.finfo(DTYPES[values or "float32"]).max

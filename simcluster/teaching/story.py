@@ -101,6 +101,12 @@ def step_gradients(gen: torch.Generator, world_size: int, shapes: Sequence[tuple
     return out
 
 
+def _bucket_index(bucket: Any) -> int:
+    """The bucket's index under either API: the recorder must not call ``index()`` on a
+    bucket that models torch 1.7-1.9 (it raises there, as torch 1.9's had none)."""
+    return bucket.get_index() if hasattr(bucket, "get_index") else bucket.index()
+
+
 def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[Any]) -> Callable[[Any, Any], Any]:
     """``hook`` with its calls appended to the running step's trace (``seen[0]`` keeps that trace)."""
 
@@ -110,7 +116,7 @@ def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[
         trace = engine.trace if engine is not None else None
         if trace is not None:
             seen[:] = [trace]
-        rank, index = dist.get_rank(), bucket.index()
+        rank, index = dist.get_rank(), _bucket_index(bucket)
         if trace is not None:
             trace.add(HookCall(rank, index, "call"))
         try:
