@@ -212,6 +212,7 @@ def _explain_command(args: argparse.Namespace) -> int:
 
     from simcluster.teaching.explain import explain_command
     from simcluster.limits import check_deadline
+    from simcluster.checking.render import printed_output
     from simcluster.checking.supervisor import format_stack, run_supervised
 
     deadline = EXPLAIN_DEADLINE if args.deadline is None else check_deadline(args.deadline)
@@ -231,9 +232,9 @@ def _explain_command(args: argparse.Namespace) -> int:
         raise outcome.error
     if outcome.death is not None:
         print(f"simcluster: explain {args.target}: {outcome.death.summary('the hook')}", file=sys.stderr)
-        printed = [line for line in outcome.death.output.splitlines() if line.strip()]
+        printed = printed_output(outcome.death.output, last=True)
         if printed:
-            print("  what the hook printed in that step:\n" + "\n".join(f"    {line}" for line in printed[-30:]),
+            print("  what the hook printed in that step:\n" + "\n".join(f"    {line}" for line in printed.splitlines()),
                   file=sys.stderr)
         stack = format_stack(outcome.death.stacks)
         if stack:

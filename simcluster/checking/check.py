@@ -285,7 +285,6 @@ def _run_one(opts: Options, example: Example, backend: str, report: CheckReport,
     """Run one example; a violation becomes a report entry (with what the hook printed, when
     ``capture``: a replay runs uncaptured and its prints show as they happen)."""
     report.examples += 1
-    printed = None
     try:
         with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed:
             run_example(opts, example, backend)

@@ -49,8 +49,9 @@ MAX_LINE_CHARS = 2000
 """Characters of one line of a diagnostic shown before the rest is summarised as a count
 (a hook's message can hold a whole tensor's repr on one line)."""
 MAX_OUTPUT_LINES = 30
-"""Lines of the hook's printed output shown with a failure (the first ones: the replay
-command runs the example again uncaptured and prints them all)."""
+"""Lines of the hook's printed output shown with a failure (the first ones, or the last ones
+of a run that got stuck: :func:`printed_output`; the replay command runs the example again
+uncaptured and prints them all)."""
 
 
 def printed_output(text: str, *, last: bool = False) -> str:

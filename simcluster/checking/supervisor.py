@@ -171,8 +171,10 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
                                                           stack_file.fileno(), parent))
     try:
         outcome = _watch(pid, page, read_end, stack_file, deadline, start)
-        if outcome.death is not None:
-            outcome.death.output = os.pread(output_file.fileno(), _OUTPUT_KEPT, 0).decode("utf-8", "replace")
+        if outcome.death is not None:  # what it printed last is what it was doing
+            size = os.fstat(output_file.fileno()).st_size
+            kept = os.pread(output_file.fileno(), _OUTPUT_KEPT, max(0, size - _OUTPUT_KEPT))
+            outcome.death.output = kept.decode("utf-8", "replace")
         return outcome
     finally:
         os.close(read_end)
@@ -182,7 +184,7 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
 
 
 _OUTPUT_KEPT = 1 << 20
-"""Bytes of a dead child's captured output read back (its first MiB)."""
+"""Bytes of a dead child's captured output read back (its last MiB)."""
 
 
 def fork_child(body: Callable[[int, int], None]) -> tuple[int, int]:

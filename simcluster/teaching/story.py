@@ -174,15 +174,15 @@ def record(
         one = StepStory(k, ddp.iteration, [list(c.params) for c in calls], numel, grads, [])
         story.steps.append(one)
         seen.clear()
-        try:
-            with captured_output(getattr(monitor, "output_fd", None)) as printed:
+        with captured_output(getattr(monitor, "output_fd", None)) as printed:
+            try:
                 one.result = ddp.step(grads)
-            one.events = list(one.result.trace.events)
-        except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
-            one.error = exc
+            except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
+                one.error = exc
+        one.printed = printed.text
+        if one.result is None:
             one.events = list(seen[0].events) if seen else []
             break
-        finally:
-            one.printed = printed.text
+        one.events = list(one.result.trace.events)
     story.states = list(ddp.states)
     return story
