@@ -56,11 +56,10 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from simcluster.errors import HookExited
-from simcluster.engine.frames import is_internal, short_path, user_frames
+from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, user_frames
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
            "end_process", "one_torch_thread", "how_it_ended", "kill_and_reap", "format_stack", "stuck_in",
@@ -437,13 +436,10 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
 
 def _parked_by_simcluster(thread: list[tuple[str, int, str]]) -> bool:
     """Whether the innermost frames (inside the innermost user frame) are simcluster's."""
-    import simcluster
-
-    own = str(Path(simcluster.__file__).parent.resolve())
     for path, _, _ in thread:
         if not is_internal(path):
             return False
-        if str(Path(path).resolve()).startswith(own):
+        if is_simcluster_code(path):
             return True
     return False
 

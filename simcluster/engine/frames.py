@@ -23,7 +23,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 
-__all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "format_frames", "short_path"]
+__all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "is_simcluster_code", "format_frames",
+           "short_path"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the simcluster package
+_SHIPPED_HOOKS = _PACKAGE + "hooks" + os.sep
+"""The repository's ``hooks/`` folder as installed (``simcluster.hooks``). An editable install
+leaves it beside the package; a wheel puts it inside — where it is still code under test."""
+
+
+def is_simcluster_code(filename: str) -> bool:
+    """Whether ``filename`` is the simulator's own code (not the hooks it ships to be checked)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE) and not path.startswith(_SHIPPED_HOOKS)
 
 
 def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -48,8 +60,9 @@ _TORCH_HOOKS = (os.sep + os.path.join("algorithms", "ddp_comm_hooks") + os.sep,
 
 
 def is_internal(filename: str) -> bool:
-    """Whether ``filename`` belongs to simcluster, torch (but not torch's DDP communication
-    hooks, which are code under test), Python's stdlib, the test runner or a console script."""
+    """Whether ``filename`` belongs to simcluster (but not the hooks it ships), torch (but not
+    torch's DDP communication hooks), Python's stdlib, the test runner or a console script.
+    The hooks are the code under test: their lines are what a report points at."""
     global _ROOTS
     if _ROOTS is None:
         _ROOTS = _roots()
@@ -57,7 +70,7 @@ def is_internal(filename: str) -> bool:
         return True
     path = os.path.abspath(filename)
     packages, stdlib = _ROOTS
-    if any(part in path for part in _TORCH_HOOKS):  # torch's own hooks are the code under test there
+    if any(part in path for part in _TORCH_HOOKS) or path.startswith(_SHIPPED_HOOKS):  # code under test
         return False
     if path.startswith(packages):
         return True

@@ -34,7 +34,6 @@ Example — a rank's code chaining on a collective (run inside a cluster)::
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from simcluster.engine.frames import is_simcluster_code
 from simcluster.engine.trace import CallbackRan
 from simcluster.names import callable_name
 
@@ -85,15 +85,12 @@ def callback_error(exc: BaseException) -> RuntimeError:
     return error
 
 
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the simcluster package
-
-
 def _real_frames(frames: traceback.StackSummary) -> list[traceback.FrameSummary]:
     """``frames`` (outermost first) without simcluster's own and the torch frames entered from them."""
     kept: list[traceback.FrameSummary] = []
     after_ours = False
     for frame in frames:
-        if os.path.abspath(frame.filename).startswith(_OWN_DIR + os.sep):
+        if is_simcluster_code(frame.filename):
             after_ours = True
         elif not (after_ours and frame.name == "raise_error"):
             kept.append(frame)
