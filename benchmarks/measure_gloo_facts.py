@@ -90,6 +90,36 @@ def callback_threads(rank: int, world_size: int, payload: Any) -> dict[str, Any]
     return {"pending": seen, "completed": inline}
 
 
+def grad_modes(rank: int, world_size: int, payload: Any) -> dict[str, list[bool]]:
+    """``torch.is_grad_enabled()`` where real DDP runs hook code: the hook body, a callback
+    on a completed future (inline), a collective's ``then`` callback, ``add_done_callback``;
+    for ``backward()`` and ``backward(create_graph=True)``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    seen: dict[str, list[bool]] = {}
+
+    def note(where: str) -> None:
+        seen.setdefault(where, []).append(torch.is_grad_enabled())
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def] - DDP rejects a bucket annotated other than GradBucket
+        note(f"{mode}: hook")
+        done: Any = torch.futures.Future()
+        done.set_result(None)
+        done.then(lambda f: note(f"{mode}: then on a completed future"))
+        fut = dist.all_reduce(bucket.buffer().div_(world_size), async_op=True).get_future()
+        fut.add_done_callback(lambda f: note(f"{mode}: add_done_callback"))
+        return fut.then(lambda f: note(f"{mode}: then (collective's future)") or f.value()[0])
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 2))
+    model.register_comm_hook(None, hook)
+    for mode in ("backward()", "backward()", "backward(create_graph=True)"):
+        model(torch.randn(3, 4)).sum().backward(create_graph=mode != "backward()")
+    return seen
+
+
 def blocking_callbacks(rank: int, world_size: int, payload: Any) -> str:
     """``payload`` callbacks in flight on one group, each waiting on a further all_reduce."""
     import torch
@@ -144,6 +174,8 @@ def facts() -> None:
         for name, value in cluster.run(future_values)[0].items():
             print(f"future value  {name:24s} {value}")
         print("callback threads (rank 0):", cluster.run(callback_threads)[0])
+        for where, modes in cluster.run(grad_modes)[0].items():
+            print(f"grad mode (rank 0) {where:52s} {modes}")
         print("swapped order A,B / B,A  ->", cluster.run(swapped_order), "(correct: A=3, B=210)")
         for name, outcome in cluster.run(self_p2p)[0].items():
             print(f"{name} to itself (rank 0) -> {outcome}")

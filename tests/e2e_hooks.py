@@ -79,3 +79,12 @@ def mismatched_sizes(state, bucket):
     send = buf if dist.get_rank() == 0 else torch.cat([buf, buf.new_zeros(1)])
     fut = dist.all_reduce(send, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0][:buf.numel()].div_(dist.get_world_size()))
+
+
+
+def marks_its_grad_mode(state, bucket):
+    """Writes the grad mode its body runs under into its result: +1 on each rank when grad
+    mode is off, as real DDP calls a hook (inside backward(); measured), +0 when on."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    buf.add_(0.0 if torch.is_grad_enabled() else 1.0)
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])

@@ -182,6 +182,54 @@ def test_every_hook_is_called_before_any_collective_completes() -> None:
     assert events.count("Posted") == 8 and events.index("Completed") > max(i for i, e in enumerate(events) if e == "Posted")
 
 
+
+def _grad_mode_recorder(seen: list[tuple[str, bool]]) -> Callable[[Any, Any], Any]:
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen.append(("hook", torch.is_grad_enabled()))
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(None)
+        done.then(lambda f: seen.append(("inline", torch.is_grad_enabled())))
+        return fut.then(lambda f: seen.append(("completion", torch.is_grad_enabled())) or f.value()[0])
+    return hook
+
+
+@pytest.mark.parametrize("outside", [True, False])
+def test_grad_modes_are_those_of_real_ddp_on_gloo(outside: bool) -> None:
+    """Measured on torch 2.13 with real DDP on gloo (docs/gloo-facts.md §3): a hook runs
+    with grad mode off (inside backward()), a callback on a completed future runs inline
+    in it (off), a completion callback on a gloo worker thread (on) — whatever the mode of
+    the code that started the step."""
+    seen: list[tuple[str, bool]] = []
+    ddp = SimDDP(SimCluster(2, seed=0), _grad_mode_recorder(seen), [(3,)])
+    with torch.set_grad_enabled(outside):
+        ddp.step(local_grads(2, [(3,)], 1)[0])
+        assert torch.is_grad_enabled() is outside  # the caller's mode is left as it was
+    assert sorted(set(seen)) == [("completion", True), ("hook", False), ("inline", False)]
+
+
+def test_nccl_completion_callbacks_run_in_the_issuing_threads_grad_mode() -> None:
+    seen: list[tuple[str, bool]] = []
+    SimCluster(2, seed=0, backend="nccl").run_hook(_grad_mode_recorder(seen), [torch.ones(3)] * 2)
+    assert sorted(set(seen)) == [("completion", False), ("hook", False), ("inline", False)]
+
+
+def test_a_hook_may_update_a_parameter_derived_buffer_in_place() -> None:
+    """With grad mode on (before), ``g.add_(p)`` — ``g`` one of the bucket's gradients, ``p``
+    its parameter, which requires grad — raised "a leaf Variable that requires grad is being used in an in-place
+    operation" — a false alarm: real DDP runs the hook with grad off."""
+    def decay_then_mean(state: Any, bucket: Any) -> torch.futures.Future:
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            g.add_(p, alpha=0.0)  # weight decay folded into the gradient (0: the mean stays checkable)
+        bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+    shapes = [(3,), (2,)]
+    steps = local_grads(2, shapes, 2)
+    for step, grads in zip(SimDDP(SimCluster(2, seed=0), decay_then_mean, shapes).run(steps), steps):
+        assert_mean(step, grads, 1e-6, 1e-6)
+
+
 # ------------------------------------------------------- torch's hooks, K steps
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(

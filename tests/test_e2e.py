@@ -125,6 +125,15 @@ def test_a_hook_drawing_from_torchs_rng_agrees_with_real_gloo(census) -> None:
     assert "torch's global RNG" in result.format()
 
 
+
+def test_a_hook_reading_its_grad_mode_agrees_with_real_ddp(census) -> None:
+    """Real DDP calls a hook inside backward(), grad mode off; the DDP model called it with
+    the caller's (on), and e2e's own cross-check found the model and the real reducer
+    apart. The hook adds 1 to its bucket when grad mode is off."""
+    result = run_e2e(Scenario(2, ((3,),), steps=2), f"{HOOKS}:marks_its_grad_mode", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()

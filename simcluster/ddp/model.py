@@ -66,7 +66,7 @@ import torch.distributed as dist
 
 from simcluster.fake.bucket import make_bucket
 from simcluster.fake.cluster import SimCluster
-from simcluster.fake.reducer import check_future, collect, copy_bucket, resolved
+from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, resolved
 from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls
@@ -274,7 +274,7 @@ class SimDDP:
             if self.on_hook_call is not None:
                 self.on_hook_call(rank, it, call.index)
             try:
-                future = self.hook(state, bucket)
+                future = call_hook(self.hook, state, bucket)
             except Exception as exc:
                 add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
                 raise

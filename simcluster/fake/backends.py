@@ -17,7 +17,11 @@ A hook's result can depend on the backend in five ways, and each model states al
    stream, so callbacks run at once in the issuing thread. **Difference from the real
    thing:** a CPU simulation cannot hand out a result before every rank has posted the
    collective, so the NCCL model completes a collective once all ranks posted it (in
-   the scheduler's order) and runs callbacks then, with no worker limit.
+   the scheduler's order) and runs callbacks then, with no worker limit. The thread
+   also sets the **grad mode** callbacks see (it is per thread): on gloo a callback run
+   at completion sees the worker thread's, grad enabled (measured), while the hook
+   itself runs with grad off, inside ``backward()``; on NCCL callbacks see the issuing
+   thread's (read from the code path, not run).
 4. **Completion order.** On gloo each rank's workers finish collectives on their own,
    so rank 0 may see collective B complete before A while rank 1 sees A first (measured:
    PowerSGD with two buckets posts its inner all_reduces in different orders on the two
@@ -66,6 +70,11 @@ class BackendModel:
     per_rank_delivery: bool
     """True: each rank sees a collective complete at its own moment (gloo: each rank's own
     worker threads), so two ranks may see two collectives complete in different orders."""
+    completion_grad_mode: bool | None
+    """The grad mode of the thread that runs a collective's completion callbacks: gloo's
+    worker threads have grad enabled (a new thread's default; measured); ``None``: the
+    issuing code's, read when the collective is posted (NCCL: callbacks run at once in
+    the issuing thread)."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -100,6 +109,7 @@ GLOO = BackendModel(
     gather_as_flat=False,
     fifo_per_group=False,
     per_rank_delivery=True,
+    completion_grad_mode=True,
 )
 
 NCCL = BackendModel(
@@ -110,6 +120,7 @@ NCCL = BackendModel(
     gather_as_flat=True,
     fifo_per_group=True,
     per_rank_delivery=False,
+    completion_grad_mode=None,
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

@@ -34,7 +34,7 @@ from simcluster.errors import UsageError, add_context_note
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
-from simcluster.fake.reducer import check_future, collect, raise_stored
+from simcluster.fake.reducer import call_hook, check_future, collect, raise_stored
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
 from simcluster.fake.state import LayoutModel, StateSpec
@@ -253,7 +253,7 @@ class SimCluster(Runtime):
                                                  lambda: LayoutModel(buckets[rank].parameters()))
             else:
                 states[rank] = self.state_for(rank, state)
-            future = hook(states[rank], buckets[rank])
+            future = call_hook(hook, states[rank], buckets[rank])
             check_future(future, hook, rank, f"bucket {bucket_index}")
             collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
 

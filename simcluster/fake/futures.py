@@ -58,6 +58,7 @@ _C_FUTURE_INIT = torch._C.Future.__init__
 _C_SET_RESULT = torch._C.Future.set_result
 _C_VALUE = torch._C.Future.value
 _C_WAIT = torch._C.Future.wait
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # per thread, C calls
 
 
 CALLBACK_ERROR = "Got the following error when running the callback"
@@ -280,12 +281,16 @@ class DoneFlag:
     callbacks. Not a :class:`SimFuture` — one C++ future fewer per collective call on
     the hot path; the engine only needs ``label``, ``done()`` and ``on_done``
     (:class:`~simcluster.engine.contract.Waitable`).
+
+    ``grad_mode`` is the grad mode the completion's callbacks run under: the thread that
+    runs them on the real backend has its own (``torch.is_grad_enabled()`` is per thread).
     """
 
-    __slots__ = ("_future", "_complete", "_resumers", "_guard")
+    __slots__ = ("_future", "_grad_mode", "_complete", "_resumers", "_guard")
 
-    def __init__(self, future: SimFuture) -> None:
+    def __init__(self, future: SimFuture, grad_mode: bool = True) -> None:
         self._future = future
+        self._grad_mode = grad_mode
         self._complete = False
         self._resumers: list[Callable[[], None]] = []
         self._guard = threading.Lock()  # as SimFuture's: only the threaded engine sets it from another thread
@@ -306,13 +311,21 @@ class DoneFlag:
 
     def deliver(self, outcome: tuple[Any, BaseException | None]) -> None:
         """Complete the work with a collective's ``(value, exception)`` for this rank:
-        its future first (running its callbacks), then this flag. The engine calls it
-        as the completion task, so no closure is made per collective and rank."""
+        its future first (running its callbacks, under the work's grad mode), then this
+        flag. The engine calls it as the completion task, so no closure is made per
+        collective and rank."""
         value, exc = outcome
-        if exc is not None:
-            self._future.set_error(exc)
-        else:
-            self._future.set_result(value)
+        before, mode = _grad_enabled(), self._grad_mode
+        if before is not mode:
+            _set_grad_enabled(mode)
+        try:
+            if exc is not None:
+                self._future.set_error(exc)
+            else:
+                self._future.set_result(value)
+        finally:
+            if before is not mode:
+                _set_grad_enabled(before)
         self.set()
 
     def on_done(self, resume: Callable[[], None]) -> None:

@@ -69,6 +69,8 @@ class Runtime(Protocol):
     backend: "BackendModel"
 
 
+_grad_enabled = torch.is_grad_enabled  # the issuing thread's grad mode (NCCL's completion callbacks run in it)
+
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ReduceOp = dist.ReduceOp
 _REDUCTIONS: dict[tuple[str, Any, torch.dtype, str], tuple[str, str | None, str]] = {}
@@ -234,7 +236,8 @@ class SimProcessGroup(dist.ProcessGroup):
             # the collective runs, and fails at wait() on every rank; its error names this call's line
             compute = _rejected(error, stack_user_frames(sys._getframe(1)), engine.trace)
         future = SimFuture(engine, self.global_rank, "")
-        finished = DoneFlag(future)
+        grad_mode = backend.completion_grad_mode
+        finished = DoneFlag(future, _grad_enabled() if grad_mode is None else grad_mode)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         call = Call(

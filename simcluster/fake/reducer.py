@@ -1,6 +1,6 @@
 """DDP's reducer, as a comm hook meets it: what the hook must return, and what becomes of its future.
 
-The one home of the hook's result contract, shared by :meth:`SimCluster.run_hook
+The one home of how DDP calls a hook (:func:`call_hook`) and of the hook's result contract, shared by :meth:`SimCluster.run_hook
 <simcluster.fake.cluster.SimCluster.run_hook>` (one bucket) and :meth:`SimDDP.step
 <simcluster.ddp.model.SimDDP.step>` (every bucket of a backward pass), in the order the
 reducer applies it:
@@ -40,7 +40,29 @@ from simcluster.fake.futures import CALLBACK_ERROR, SimFuture
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name
 
-__all__ = ["check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
+__all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
+
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
+
+
+def call_hook(hook: Callable[[Any, Any], Any], state: Any, bucket: Any) -> Any:
+    """``hook(state, bucket)`` as DDP's reducer calls it: from the autograd engine, during
+    ``backward()``, where grad mode is what ``create_graph`` says — off, in a plain
+    ``loss.backward()`` (measured on torch 2.13 / gloo: ``torch.is_grad_enabled()`` is
+    ``False`` in the hook and in a callback that runs inline, ``True`` in a callback run
+    later on a gloo worker thread, ``docs/gloo-facts.md`` §3). So a hook may, say, add a
+    parameter-derived term to its bucket in place; with grad mode on the same line raises
+    "a leaf Variable that requires grad is being used in an in-place operation".
+
+    The rank's thread gets its grad mode back afterwards, also when the hook raises. A
+    hook that waits inside parks on its own thread, whose grad mode stays off meanwhile
+    (grad mode is per thread), as on the real autograd thread."""
+    before = _grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        return hook(state, bucket)
+    finally:
+        _set_grad_enabled(before)
 
 
 def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:

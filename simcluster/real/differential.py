@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import make_bucket
+from simcluster.fake.reducer import call_hook
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
 from simcluster.real.gloo_runner import GlooCluster, first_failed_rank, resolve_target, run_gloo, target_name
@@ -134,9 +135,10 @@ class DifferentialReport:
 
 
 def _call_hook(hook: Callable[..., Any], state: Any, bucket: Any) -> Any:
-    """The hook's future, or :class:`Raised` if it raised or returned a non-Future."""
+    """The hook's future (called as DDP calls it: grad mode off), or :class:`Raised` if it
+    raised or returned a non-Future."""
     try:
-        fut = hook(state, bucket)
+        fut = call_hook(hook, state, bucket)
     except Exception as exc:  # noqa: BLE001 - the hook's exception is an outcome to compare
         return Raised.of(exc)
     if not isinstance(fut, torch._C.Future):
