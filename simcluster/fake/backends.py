@@ -21,7 +21,11 @@ A hook's result can depend on the backend in five ways, and each model states al
    also sets the **grad mode** callbacks see (it is per thread): on gloo a callback run
    at completion sees the worker thread's, grad enabled (measured), while the hook
    itself runs with grad off, inside ``backward()``; on NCCL callbacks see the issuing
-   thread's (read from the code path, not run).
+   thread's (read from the code path, not run). **Not modelled:** on gloo a collective
+   whose ranks all posted may finish before the hook calls ``then`` on its future; the
+   callback then runs inline, in the hook's thread (grad off, no worker held). The
+   simulator completes collectives only when rank code waits or returns, so a ``then``
+   in straight-line hook code always meets a pending future.
 4. **Completion order.** On gloo each rank's workers finish collectives on their own,
    so rank 0 may see collective B complete before A while rank 1 sees A first (measured:
    PowerSGD with two buckets posts its inner all_reduces in different orders on the two
