@@ -120,6 +120,36 @@ def grad_modes(rank: int, world_size: int, payload: Any) -> dict[str, list[bool]
     return seen
 
 
+def p_grad_in_hook(rank: int, world_size: int, payload: Any) -> dict[str, list[bool]]:
+    """What ``p.grad`` is while the hook runs, and after ``backward()``, per
+    ``gradient_as_bucket_view``: set? equal to the bucket's gradient? the same object after?"""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    seen: dict[str, list[bool]] = {}
+    for view in (False, True):
+        kept: list[Any] = []
+
+        def hook(state, bucket):  # type: ignore[no-untyped-def] - DDP rejects other bucket annotations
+            p, g = bucket.parameters()[0], bucket.gradients()[0]
+            kept[:] = [p, p.grad, p.grad is not None and bool(torch.equal(p.grad, g))]
+            return dist.all_reduce(bucket.buffer().div_(world_size), async_op=True).get_future().then(
+                lambda f: f.value()[0])
+
+        torch.manual_seed(rank)
+        model = DistributedDataParallel(torch.nn.Linear(3, 1, bias=False), gradient_as_bucket_view=view)
+        model.register_comm_hook(None, hook)
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+            p, grad, equal = kept
+            for name, value in ((f"view={view}: p.grad set in the hook", grad is not None),
+                                (f"view={view}: p.grad == bucket gradient in the hook", equal),
+                                (f"view={view}: the same p.grad object after backward", grad is p.grad)):
+                seen.setdefault(name, []).append(value)
+    return seen
+
+
 def blocking_callbacks(rank: int, world_size: int, payload: Any) -> str:
     """``payload`` callbacks in flight on one group, each waiting on a further all_reduce."""
     import torch
@@ -176,6 +206,8 @@ def facts() -> None:
         print("callback threads (rank 0):", cluster.run(callback_threads)[0])
         for where, modes in cluster.run(grad_modes)[0].items():
             print(f"grad mode (rank 0) {where:52s} {modes}")
+        for what, values in cluster.run(p_grad_in_hook)[0].items():
+            print(f"p.grad (rank 0, 2 iterations) {what:52s} {values}")
         print("swapped order A,B / B,A  ->", cluster.run(swapped_order), "(correct: A=3, B=210)")
         for name, outcome in cluster.run(self_p2p)[0].items():
             print(f"{name} to itself (rank 0) -> {outcome}")

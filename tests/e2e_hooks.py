@@ -88,3 +88,11 @@ def marks_its_grad_mode(state, bucket):
     buf = bucket.buffer().div_(dist.get_world_size())
     buf.add_(0.0 if torch.is_grad_enabled() else 1.0)
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def scales_by_its_param_grads(state, bucket):
+    """Reads each parameter's ``p.grad`` — the local gradient autograd left there, which DDP
+    copied into the bucket — and scales its share by the norm (a clipping-style hook)."""
+    norm = sum(float(p.grad.norm()) ** 2 for p in bucket.parameters()) ** 0.5
+    buf = bucket.buffer().div_(dist.get_world_size() * (1.0 + norm))
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])

@@ -230,6 +230,31 @@ def test_a_hook_may_update_a_parameter_derived_buffer_in_place() -> None:
         assert_mean(step, grads, 1e-6, 1e-6)
 
 
+
+@pytest.mark.parametrize("view", [False, True])
+def test_p_grad_is_the_local_gradient_in_the_hook_and_the_result_after(view: bool) -> None:
+    """Measured with real DDP on gloo (docs/ddp-facts.md): while the hook runs, each
+    parameter's ``p.grad`` equals its gradient in the bucket — the local one, every step —
+    and after the step the same ``p.grad`` object holds the averaged result."""
+    kept: list[tuple[int, torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            assert torch.equal(p.grad, g)
+            kept.append((dist.get_rank(), p, p.grad, p.grad.clone()))
+        return default_hooks.allreduce_hook(None, bucket)
+
+    shapes = [(3,), (2, 2)]
+    ddp = SimDDP(SimCluster(2, seed=0), hook, shapes, config=DDPConfig(gradient_as_bucket_view=view))
+    for local in local_grads(2, shapes, 3):
+        kept.clear()
+        step = ddp.step(local)
+        assert len(kept) == 4
+        for rank, param, grad, seen in kept:
+            i = next(k for k, q in enumerate(ddp.params[rank]) if q is param)
+            assert torch.equal(seen, local[rank][i])  # the local gradient, not the last step's result
+            assert grad is param.grad and grad is step.grads[rank][i]  # the same tensor now holds the result
+
 # ------------------------------------------------------- torch's hooks, K steps
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(

@@ -134,6 +134,15 @@ def test_a_hook_reading_its_grad_mode_agrees_with_real_ddp(census) -> None:
                      start_method="forkserver")
     assert result.agree and not result.hook_failed, result.format()
 
+
+def test_a_hook_reading_p_grad_agrees_with_real_ddp(census) -> None:
+    """In real DDP ``p.grad`` holds the local gradient when the hook runs (DDP copied it into
+    the bucket). The DDP model left it None at the first step (AttributeError: a false alarm)
+    and the previous step's average later."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=3), f"{HOOKS}:scales_by_its_param_grads", "none",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()

@@ -264,10 +264,14 @@ class SimDDP:
         if self.groups[rank] is None:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
+        as_view = self.config.gradient_as_bucket_view
         for pos, call in enumerate(calls):
+            if not as_view:  # autograd left the local gradient in p.grad; DDP copies it into the bucket
+                for i in call.params:
+                    params[i].grad = local[i].detach().clone()
             bucket = make_bucket(
                 call.index, [params[i] for i in call.params], [local[i] for i in call.params],
-                is_last=call.is_last, gradient_as_bucket_view=self.config.gradient_as_bucket_view,
+                is_last=call.is_last, gradient_as_bucket_view=as_view,
                 api=bucket_api,
             )
             where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"

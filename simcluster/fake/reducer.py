@@ -184,7 +184,9 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
 def copy_bucket(
     result: torch.Tensor, params: list[torch.nn.Parameter], as_view: bool, where: str, warnings: list[str]
 ) -> None:
-    """Copy ``result`` into the bucket's parameters' ``.grad`` (buffer order) as the reducer does."""
+    """Copy ``result`` into the bucket's parameters' ``.grad`` (buffer order) as the reducer does:
+    into the ``p.grad`` tensor the hook saw (same object before and after, measured), or
+    a new one where there is none."""
     try:  # views of the result's storage from element 0, whatever the result's own view
         views = [result.as_strided((n,), (1,), off).view(p.shape) for (off, n), p in zip(packing(params), params)]
     except RuntimeError as exc:
@@ -200,9 +202,8 @@ def copy_bucket(
             "its storage from element 0 as contiguous, not the values the view shows"
         )
     for p, view in zip(params, views):
-        if as_view and p.grad is not None:
-            if p.grad.untyped_storage().data_ptr() != result.untyped_storage().data_ptr():
-                with torch.no_grad():
-                    p.grad.copy_(view)
-        else:
+        if p.grad is None:
             p.grad = torch.empty(p.shape, dtype=p.dtype).copy_(view)
+        elif not as_view or p.grad.untyped_storage().data_ptr() != result.untyped_storage().data_ptr():
+            with torch.no_grad():  # into p.grad itself: a reference the hook kept sees the result (measured)
+                p.grad.copy_(view)
