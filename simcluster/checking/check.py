@@ -16,6 +16,7 @@ and the report lists every one (at most :data:`MAX_BUGS` per backend), each with
 
 The concerns around the search each have their module: :mod:`~simcluster.checking.options`
 (validating ``check_hook``'s arguments, choosing the properties),
+:mod:`~simcluster.checking.explicit` (the examples every search tries after its drawn ones pass),
 :mod:`~simcluster.checking.judge` (one example, the oracles' order, what a hook's
 exception counts as), :mod:`~simcluster.checking.replay` (the ``sc1.`` replay token),
 :mod:`~simcluster.checking.render` (a failure as a report entry and a replay command),

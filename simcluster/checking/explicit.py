@@ -43,8 +43,9 @@ collectives (oldest first), then the ready collectives; taking the second each t
 delivers a collective to rank 1 before rank 0, and then the *next* collective to rank 0
 before the first one: the ranks see completions in different orders, so callbacks run at
 different points of their programs. (Always-newest, ``reverse``, delivers to every rank in
-the same order.) On the NCCL model, which completes each group's collectives in issue
-order, it still reorders deliveries and callbacks across groups."""
+the same order.) The NCCL model completes each group's collectives in issue order and
+delivers to every rank at once, so there it only picks which group's collective completes
+next (a race between groups, when the hook uses several)."""
 
 RACE_SHAPES: tuple[tuple[int, ...], ...] = ((3,), (5,), (4,))
 """The race example's parameters when ``--params`` gives none: three buckets of different
