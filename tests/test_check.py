@@ -231,3 +231,60 @@ def test_a_lossy_tolerance_still_tries_every_rank_at_float16s_largest_value() ->
     failed = [f for f in report.failures if f.property == "averages"]
     assert failed, report.format()
     assert "not finite" in failed[0].message and "65504" in failed[0].message
+
+
+# --------------------------------------------------------------------------- the explicit race example
+RACE_HOOKS = str(Path(__file__).with_name("race_hooks.py"))
+
+
+def test_default_settings_catch_a_collective_posted_from_a_then_callback() -> None:
+    """A hook whose callback posts an un-awaited broadcast while DDP calls it for the next
+    bucket (tests/race_hooks.py) hangs real gloo; the drawn search at the default 50 examples
+    found it on 5 seeds in 20 (seed 0 not among them), the GCQ hook from the wild on 1 in 20.
+    The explicit race example finds it at the defaults, on gloo (ranks see completions in
+    different orders), and its replay token reproduces it."""
+    report = check_hook(f"{RACE_HOOKS}:callback_broadcast_hook")
+    gloo = [f for f in report.failures if f.backend == "gloo"]
+    assert [f.property for f in gloo] == ["liveness"], report.format()
+    (failure,) = gloo
+    assert "CollectiveMismatchError" in failure.message and "broadcast" in failure.message
+    assert "race_hooks.py" in failure.message  # the user line that posted it
+    again = check_hook(f"{RACE_HOOKS}:callback_broadcast_hook", backends=("gloo",), replay=failure.details["token"])
+    (replayed,) = again.failures
+    assert (replayed.property, replayed.message, replayed.schedule) == (
+        failure.property, failure.message, failure.schedule)
+
+
+def test_the_same_hook_without_the_callback_collective_passes_the_defaults() -> None:
+    report = check_hook(f"{RACE_HOOKS}:no_callback_collective_hook")
+    assert report.passed, report.format()
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_race_example_has_buckets_in_flight_and_ranks_that_disagree(steps: int) -> None:
+    """The race example alone (no drawn examples): the racy hook fails it at steps 1 (DDP's
+    find_unused_parameters layout, capped from step 0) and 3 (the rebuild splits the buckets
+    at step 1); the control passes it; it is the same example for every seed; and there is
+    none when no world of 2 or more is checked, or the fixed parameters make one bucket."""
+    from simcluster.checking.explicit import race_example
+    from simcluster.checking.judge import run_example
+    from simcluster.checking.options import make_options
+    from simcluster.errors import Violation
+    from simcluster.usercode.rank_local import RankLocal
+
+    def options(name: str, seed: int = 0, params: object = None) -> object:
+        return make_options(RankLocal(f"{RACE_HOOKS}:{name}"), target=name, replay_target=name, state="none",
+                            isolate=(), tolerance="fp32", backends=("gloo",), world_sizes=(1, 2, 3, 4, 8),
+                            steps=steps, examples=50, seed=seed, api="current", properties=None, params=params,
+                            subgroups=None, deadline=60.0, rng="per_rank")
+
+    racy = options("callback_broadcast_hook")
+    example = race_example(racy, (1, 2, 3, 4, 8), steps)
+    assert example is not None and example.world_size == 2
+    assert example == race_example(options("callback_broadcast_hook", seed=7), (1, 2, 3, 4, 8), steps)
+    with pytest.raises(Violation) as caught:
+        run_example(racy, example, "gloo")
+    assert caught.value.prop == "liveness"
+    run_example(options("no_callback_collective_hook"), example, "gloo")  # no violation
+    assert race_example(racy, (1,), steps) is None
+    assert race_example(options("callback_broadcast_hook", params="4x4"), (1, 2), steps) is None

@@ -16,6 +16,7 @@ and the report lists every one (at most :data:`MAX_BUGS` per backend), each with
 
 The concerns around the search each have their module: :mod:`~simcluster.checking.options`
 (validating ``check_hook``'s arguments, choosing the properties),
+:mod:`~simcluster.checking.explicit` (the examples every search tries after its drawn ones pass),
 :mod:`~simcluster.checking.judge` (one example, the oracles' order, what a hook's
 exception counts as), :mod:`~simcluster.checking.replay` (the ``sc1.`` replay token),
 :mod:`~simcluster.checking.render` (a failure as a report entry and a replay command),
@@ -47,13 +48,14 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from simcluster.checking import properties as P
+from simcluster.checking.explicit import explicit_examples
 from simcluster.checking.judge import ORDER, exit_head, keeps_residual, order_hint, run_example
 from simcluster.checking.options import Options, make_options
 from simcluster.checking.render import death_failure, failure
 from simcluster.checking.replay import decode_example, encode_example
 from simcluster.checking.report import CheckReport, PropertyFailure
 from simcluster.checking.tolerances import parse_tolerance
-from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec, examples as example_strategy
+from simcluster.checking.strategies import Example, examples as example_strategy
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor, run_supervised
 from simcluster.errors import HookExited, UsageError, Violation
 from simcluster.limits import BACKEND_NAMES
@@ -192,7 +194,7 @@ def _search(opts: Options, backend: str, report: CheckReport, world_sizes: Seque
         with _warnings_once_per_place(part.report):
             _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
             if not part.report.failures:
-                for explicit in _explicit_examples(opts, world_sizes, steps):
+                for explicit in explicit_examples(opts, world_sizes, steps):
                     _run_one(part.opts, explicit, backend, part.report, steps)
         return part.report
 
@@ -308,23 +310,6 @@ def _domain(tolerance: str, props: Sequence[str]) -> dict[str, Any]:
     if (tolerance == "none" and "error_feedback" in props) or parse_tolerance(tolerance).lossy:
         return {"values": torch.float16}
     return {"values": {"fp16": torch.float16, "bf16": torch.bfloat16}.get(tolerance)}
-
-
-def _explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
-    """Known-dangerous inputs tried after the drawn ones pass: every rank at the value dtype's
-    largest finite value (sums of W such values overflow a hook that divides late, and at
-    W = 3 even a float16 sum of the divided values rounds to inf). Under a lossy tolerance
-    (``scale=``/``norm=``) the inputs are float16-range values, so the edge is float16's."""
-    lossy = opts.tolerance not in ("exact", "none") and parse_tolerance(opts.tolerance).lossy
-    values = "float16" if lossy else {"fp16": "float16", "bf16": "bfloat16"}.get(opts.tolerance)
-    if (opts.tolerance not in ("fp32", "fp16", "bf16") and not lossy) or max(world_sizes) < 2:
-        return []
-    world = 3 if 3 in world_sizes else max(world_sizes)
-    top = torch.finfo(DTYPES[values or "float32"]).max
-    base = StepSpec((RankSpec("const", value=top),) * world)
-    shapes = opts.params or ((4,),)
-    layout = Layout(shapes, None, tuple(range(len(shapes))))
-    return [Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")]
 
 
 _PHASES = tuple(p for p in Phase if p is not Phase.explain)

@@ -1,0 +1,108 @@
+"""Explicit examples: known-dangerous inputs every check tries after its drawn examples pass.
+
+Hypothesis draws examples at random, and some bugs need a combination that a 50-example
+search reaches only now and then. Two such combinations are tried explicitly, the same
+ones for every seed (they depend only on the options), so a check that passed them says
+so for every seed:
+
+* :func:`edge_example` — every rank at the inputs' largest finite value (sums of W such
+  values overflow a hook that divides late; at W = 3 even a float16 sum of the divided
+  values rounds to inf).
+* :func:`race_example` — several buckets in flight at a small world size, completed under
+  :data:`RANKS_DISAGREE`, a schedule under which the ranks see completions in different
+  orders. A hook that posts a collective from a ``then`` callback (which runs when the
+  bucket's collective completes) while DDP calls it for the next bucket then posts its
+  collectives in a different order on different ranks: on real gloo the group hangs or
+  aborts. The drawn search needs three things at once for that — a world of 2 or more,
+  two buckets in one step (DDP's first iteration has one bucket; the rebuild splits it
+  from step 1), and a drawn schedule with choices left for the step with two buckets
+  (one schedule list serves every step, and step 0 mostly spends it) — and found the GCQ
+  hook from the wild (docs/hooks.md) on 1 seed in 20 at the default 50 examples
+  (docs/properties.md, "Explicit examples").
+
+Both are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
+on one is reported, shrunk by nothing, with its replay token like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from simcluster.checking.options import Options
+from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec
+from simcluster.checking.tolerances import parse_tolerance
+
+__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "explicit_examples", "edge_example", "race_example"]
+
+RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
+"""The race example's schedule: the second-oldest option at every real choice (in order
+after 256 choices). On the gloo model the options are the per-rank deliveries of completed
+collectives (oldest first), then the ready collectives; taking the second each time
+delivers a collective to rank 1 before rank 0, and then the *next* collective to rank 0
+before the first one: the ranks see completions in different orders, so callbacks run at
+different points of their programs. (Always-newest, ``reverse``, delivers to every rank in
+the same order.) The NCCL model completes each group's collectives in issue order and
+delivers to every rank at once, so there it only picks which group's collective completes
+next (a race between groups, when the hook uses several)."""
+
+RACE_SHAPES: tuple[tuple[int, ...], ...] = ((3,), (5,), (4,))
+"""The race example's parameters when ``--params`` gives none: three buckets of different
+sizes (one parameter each), so a collective paired with another bucket's shows as a size
+mismatch rather than silently summing the wrong data."""
+
+_RACE_CAP_MB = 1 / 2**20
+"""A 1-byte bucket cap: DDP closes a bucket at its first parameter, so from the rebuild
+on each parameter is a bucket of its own."""
+
+
+def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
+    """The explicit examples that apply to these options, in the order they are run."""
+    return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps))
+            if ex is not None]
+
+
+def _values(opts: Options) -> str | None:
+    """The name of the dtype whose values the tolerance's inputs hold (None: float32's)."""
+    lossy = opts.tolerance not in ("exact", "none") and parse_tolerance(opts.tolerance).lossy
+    if lossy or (opts.tolerance == "none" and "error_feedback" in opts.props):
+        return "float16"
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(opts.tolerance)
+
+
+def edge_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """Every rank of world 3 (else the largest) at the value dtype's largest finite value —
+    float16's under a lossy tolerance (``scale=``/``norm=``), whose inputs are float16-range.
+    Only under tolerances that judge *averages* against inputs of that range."""
+    lossy = opts.tolerance not in ("exact", "none") and parse_tolerance(opts.tolerance).lossy
+    if (opts.tolerance not in ("fp32", "fp16", "bf16") and not lossy) or max(world_sizes) < 2:
+        return None
+    values = _values(opts)
+    world = 3 if 3 in world_sizes else max(world_sizes)
+    top = torch.finfo(DTYPES[values or "float32"]).max
+    base = StepSpec((RankSpec("const", value=top),) * world)
+    shapes = opts.params or ((4,),)
+    layout = Layout(shapes, None, tuple(range(len(shapes))))
+    return Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")
+
+
+def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """Several buckets in flight at the smallest world of 2 or more, under :data:`RANKS_DISAGREE`.
+
+    The parameters are ``--params`` (when there are two or more) or :data:`RACE_SHAPES`,
+    one bucket each from the rebuild (step 1) on; with ``steps == 1`` DDP's
+    ``find_unused_parameters`` layout, which applies the cap from step 0. Gradients: small
+    integers, different on every rank and step — exactly averageable (``exact`` when the
+    tolerance is), within every tolerance's inputs. None when no world size is 2 or more
+    or ``--params`` has a single parameter."""
+    worlds = sorted(w for w in world_sizes if w >= 2)
+    shapes = opts.params or RACE_SHAPES
+    if not worlds or len(shapes) < 2:
+        return None
+    world = worlds[0]
+    values = _values(opts) or "float32"
+    layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1)
+    base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
+    return Example(world, layout, base, (1,) * (steps - 1), RANKS_DISAGREE, "float32", values,
+                   exact=opts.tolerance == "exact")
