@@ -255,6 +255,45 @@ def test_p_grad_is_the_local_gradient_in_the_hook_and_the_result_after(view: boo
             assert torch.equal(seen, local[rank][i])  # the local gradient, not the last step's result
             assert grad is param.grad and grad is step.grads[rank][i]  # the same tensor now holds the result
 
+
+@pytest.mark.parametrize("view", [False, True])
+def test_bucket_buffers_are_kept_from_the_rebuild_on(view: bool) -> None:
+    """Measured with real DDP on gloo (docs/ddp-facts.md): iteration 0's buffers are replaced
+    at the rebuild (iteration 1), then kept: each bucket's ``buffer()`` has the same storage
+    every iteration, filled with that iteration's local gradients — also after the hook
+    moved its own bucket with ``set_buffer``."""
+    seen: dict[int, list[tuple[int, int]]] = {}
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen.setdefault(ddp.iteration, []).append((bucket.index(), bucket.buffer().data_ptr()))
+        bucket.set_buffer(bucket.buffer().clone())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    shapes = [(3,), (2, 2), (5,)]
+    ddp = SimDDP(SimCluster(1, seed=0), hook, shapes,
+                 config=DDPConfig(bucket_cap_mb=16 / MiB, gradient_as_bucket_view=view))
+    for local in local_grads(1, shapes, 4):
+        ddp.step(local)
+    assert seen[1] == seen[2] == seen[3] and len(seen[1]) > 1  # kept, one per bucket
+    assert {p for _, p in seen[0]}.isdisjoint({p for _, p in seen[1]})  # new at the rebuild
+
+
+def test_a_buffer_kept_by_reference_holds_the_next_steps_gradients() -> None:
+    held: list[torch.Tensor] = []
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        held.append(bucket.buffer())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    shapes = [(3,)]
+    ddp = SimDDP(SimCluster(1, seed=0), hook, shapes)
+    steps = local_grads(1, shapes, 3)
+    for local in steps:
+        ddp.step(local)
+    assert torch.equal(held[1], steps[2][0][0])  # step 1's buffer now holds step 2's local gradient
+    assert not torch.equal(held[0], steps[2][0][0])  # iteration 0's was replaced at the rebuild
+
+
 # ------------------------------------------------------- torch's hooks, K steps
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(

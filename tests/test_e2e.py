@@ -143,6 +143,24 @@ def test_a_hook_reading_p_grad_agrees_with_real_ddp(census) -> None:
                      timeout=120, start_method="forkserver")
     assert result.agree and not result.hook_failed, result.format()
 
+
+def test_a_hook_holding_last_steps_buffer_agrees_with_real_ddp(census) -> None:
+    """DDP keeps each bucket's buffer across steps (after the rebuild) and writes the next
+    step's gradients into it, so a result kept by reference changes under the hook; the
+    DDP model made a new buffer every step and e2e's cross-check found it apart."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=4), f"{HOOKS}:mixes_last_result_by_reference", "none",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
+
+def test_a_hook_with_module_globals_agrees_with_real_ddp(census) -> None:
+    """Each real rank is a process with its own copy of the hook's module. The simulated side
+    ran the real reducer with one copy shared by every rank (and by the DDP model's run after
+    it), so a call counter in a module global made e2e call the simulator wrong."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=3), f"{HOOKS}:adds_its_call_count", "none",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()

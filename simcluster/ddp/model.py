@@ -64,12 +64,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simcluster.fake.bucket import make_bucket
+from simcluster.fake.bucket import make_bucket, packed_buffer
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, resolved
 from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
 from simcluster.names import callable_name
-from simcluster.ddp.layout import BucketCall, bucket_calls
+from simcluster.ddp.layout import BucketCall, bucket_calls, rebuild_iteration
 from simcluster.fake.process_group import SimProcessGroup
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
@@ -141,6 +141,23 @@ def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
     return factory
 
 
+def _apart_from(value: Any, buffers: dict[Any, torch.Tensor]) -> Any:
+    """``value`` as it is now, for a step's result: a tensor sharing storage with one of
+    ``buffers`` (a rank's bucket buffers, which the next step overwrites, as DDP's do) is
+    copied — the whole storage, viewed with the same offset, size and stride, so the
+    contract's storage checks read it as they read the original; lists are walked."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_apart_from(v, buffers) for v in value)
+    if not isinstance(value, torch.Tensor) or not buffers:
+        return value
+    ptr = value.untyped_storage().data_ptr()
+    if all(b.untyped_storage().data_ptr() != ptr for b in buffers.values()):
+        return value
+    copy = torch.empty(0, dtype=value.dtype)
+    copy.set_(value.untyped_storage().clone(), value.storage_offset(), value.size(), value.stride())
+    return copy
+
+
 def _gloo_gather_source(future: Any, backend: str) -> str:
     """Why a result of the wrong size may have come from a gather on gloo: the hook's future
     derives from an ``all_gather``/``all_gather_into_tensor`` (its label names the chain),
@@ -208,6 +225,10 @@ class SimDDP:
         self.iteration = 0
         self.groups: list[Any] = [None] * cluster.world_size
         self.states: list[Any] = [None] * cluster.world_size
+        self._buffers: list[dict[tuple[int, tuple[int, ...]], torch.Tensor]] = [{} for _ in range(cluster.world_size)]
+        """Each rank's bucket buffers, kept from one iteration to the next as DDP keeps them
+        (a hook holding last step's ``bucket.buffer()`` sees this step's gradients in it);
+        new ones from the rebuild on (:meth:`_buffer_generation`)."""
         for it in range(3):  # validates caps and ready_order now, not mid-run
             self.layout(it)
 
@@ -265,15 +286,20 @@ class SimDDP:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
         as_view = self.config.gradient_as_bucket_view
+        buffers = self._buffers[rank]
+        if it == self._buffer_generation():
+            buffers.clear()  # the rebuild allocates new buffers, whatever the new layout
         for pos, call in enumerate(calls):
             if not as_view:  # autograd left the local gradient in p.grad; DDP copies it into the bucket
                 for i in call.params:
                     params[i].grad = local[i].detach().clone()
+            key = (pos, call.params)
             bucket = make_bucket(
                 call.index, [params[i] for i in call.params], [local[i] for i in call.params],
                 is_last=call.is_last, gradient_as_bucket_view=as_view,
-                api=bucket_api,
+                api=bucket_api, into=buffers.get(key),
             )
+            buffers[key] = packed_buffer(bucket)
             where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
             if self.on_hook_call is not None:
                 self.on_hook_call(rank, it, call.index)
@@ -286,6 +312,13 @@ class SimDDP:
             futures.append(future)
         for call, future in zip(calls, futures):
             collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
+
+    def _buffer_generation(self) -> int | None:
+        """The first iteration whose buckets get new buffers: the rebuild's (measured: the
+        buffers of iteration 0 are replaced at iteration 1 even when the layout is the same,
+        and kept from then on, ``docs/ddp-facts.md``); None when DDP never rebuilds."""
+        c = self.config
+        return rebuild_iteration(static_graph=c.static_graph, find_unused_parameters=c.find_unused_parameters)
 
     # -- per-rank set-up ----------------------------------------------------------
     def _init_rank(self, rank: int) -> None:
@@ -322,9 +355,12 @@ class SimDDP:
                         if gathered:
                             add_context_note(exc, gathered)
                         raise
+                    finally:
+                        outputs[rank][-1] = _apart_from(outputs[rank][-1], self._buffers[rank])
             except (CopyBackError, SimClusterError) as exc:
                 errors.append((rank, exc))
-            grads[rank] = [p.grad for p in self.params[rank]]
+            kept = self._buffers[rank] if self.config.gradient_as_bucket_view else {}  # p.grad views them
+            grads[rank] = [_apart_from(p.grad, kept) for p in self.params[rank]]
         if errors:
             rank, exc = errors[0]
             for other, other_exc in errors[1:]:

@@ -56,6 +56,7 @@ from simcluster.errors import (
 __all__ = [
     "SimGradBucket",
     "make_bucket",
+    "packed_buffer",
     "packing",
 ]
 
@@ -323,8 +324,11 @@ def make_bucket(
     is_last: bool,
     gradient_as_bucket_view: bool = False,
     api: Api = "both",
+    into: torch.Tensor | None = None,
 ) -> SimGradBucket:
-    """Pack ``grads`` (one per parameter, same shape and dtype) into a fresh flat buffer.
+    """Pack ``grads`` (one per parameter, same shape and dtype) into a fresh flat buffer —
+    or into ``into``, the buffer this bucket had the iteration before (DDP keeps each
+    bucket's buffer until it rebuilds its buckets: measured, docs/ddp-facts.md).
 
     The grads are copied; they and the parameters are left alone, except with
     ``gradient_as_bucket_view=True``, where — as in DDP — each ``p.grad`` becomes the
@@ -347,7 +351,12 @@ def make_bucket(
     if api not in _AVAILABLE:
         raise UsageError(f"bucket {index}: api must be 'both', 'current' or 'legacy', got api={api!r}")
     with torch.no_grad():
-        buffer = torch.cat([g.detach().reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].detach().reshape(-1).clone()
+        if into is not None and into.dtype == grads[0].dtype and into.numel() == sum(g.numel() for g in grads):
+            buffer = torch.cat([g.detach().reshape(-1) for g in grads], out=into)
+        elif len(grads) > 1:
+            buffer = torch.cat([g.detach().reshape(-1) for g in grads])
+        else:
+            buffer = grads[0].detach().reshape(-1).clone()
     # Packed here by construction, so the constructor's checks are skipped (hot path).
     bucket = object.__new__(_bucket_class(SimGradBucket, api))
     layout = packing(params)
@@ -358,6 +367,12 @@ def make_bucket(
         for p, (off, n) in zip(params, layout):
             p.grad = buffer[off : off + n].view(p.shape)
     return bucket
+
+
+def packed_buffer(bucket: SimGradBucket) -> torch.Tensor:
+    """The buffer :func:`make_bucket` packed the gradients into, under either API (a legacy
+    bucket has no ``buffer()``); read before the hook runs, so a ``set_buffer`` cannot move it."""
+    return object.__getattribute__(bucket, "_buffer")
 
 
 class _ZerosLike:
