@@ -491,19 +491,32 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     import torch.distributed as dist
 
     from simcluster.ddp.real_ddp import run_real_ddp
+    from simcluster.fake.state import StateSpec
+    from simcluster.usercode.rank_local import RankLocal, rank_local_state
 
     monitor.begin({"scenario": scenario.describe()})
-    hook_fn, state_spec = load_hook_and_state(hook, state)
+    hook_fn, _ = load_hook_and_state(hook, state)  # load errors first, and the signature real DDP checks
     calls: dict[int, list[HookCall]] = {}
     side = Side(f"sim ({backend} model)")
     started = time.monotonic()
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
     seeded = torch.get_rng_state()
+    hook_local, state_local = RankLocal(hook), rank_local_state(state)
+
+    def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:
+        # Each rank imports the hook's module (and the state factory's) afresh, as a process
+        # does: module globals are the rank's own, and start clean for this run.
+        modules: dict[str, Any] = {}
+        spec = state_local if state_local.kind != "factory" else StateSpec.parse(
+            state_local.factory.load(modules), name=state_local.name)  # type: ignore[union-attr]
+        rank_hook = hook_local.load(modules)
+        return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
+
     try:
         run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
-                           world_size=scenario.world_size, hook=recording(hook_fn, calls, dist.get_rank),
-                           state=state_spec, iterations=scenario.steps, backend=backend, timeout=timeout,
+                           world_size=scenario.world_size, hook=None, setup=own_process,
+                           iterations=scenario.steps, backend=backend, timeout=timeout,
                            **scenario.ddp_kwargs())
     except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
         side.failure = _sim_failure(exc, calls)
@@ -511,7 +524,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         side.grads = run.grads
     side.calls = calls
     drew = not torch.equal(torch.get_rng_state(), seeded)
-    model = run_model(scenario, hook_fn, state_spec, backend=backend)
+    model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
     if drew and side.failure is None and model.failure is None:
         # The hook drew from torch's global RNG. Real ranks each own a generator (seed +
         # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
@@ -528,9 +541,13 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     return side
 
 
-def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backend: str = "gloo") -> Side:
+def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backend: str = "gloo",
+              inspect: Callable[..., Any] | None = None) -> Side:
     """The scenario under :class:`~simcluster.ddp.model.SimDDP` — the DDP model the property
-    search runs (simulated reducer, bucketing and copy-back, inline engine, in-order schedule)."""
+    search runs (simulated reducer, bucketing and copy-back, inline engine, in-order schedule).
+    ``hook`` and ``state`` as SimDDP takes them (a :class:`~simcluster.usercode.rank_local.RankLocal`
+    gives each simulated rank its own module, as a process has); ``inspect``: the hook whose
+    signature real DDP's registration checks (default ``hook``)."""
     import torch.distributed as dist
 
     from simcluster.ddp.model import DDPConfig, SimDDP
@@ -539,7 +556,7 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
 
     calls: dict[int, list[HookCall]] = {}
     side = Side("sim DDP model")
-    refused = _registration_refused(hook)
+    refused = _registration_refused(inspect or hook)
     if refused is not None:  # real DDP's register_comm_hook raises: the hook never runs
         side.failure = refused
         return side
