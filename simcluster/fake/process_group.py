@@ -158,6 +158,10 @@ class SimProcessGroup(dist.ProcessGroup):
         self.global_rank = global_rank
         self._rank_in_group = spec.ranks.index(global_rank)
         self._size = len(spec.ranks)
+        # this rank's collectives on the group that may not have finished yet (their "callbacks
+        # ran" flags), for gloo's barrier; reset when a new run (engine) starts
+        self._in_flight: list[DoneFlag] = []
+        self._in_flight_engine: object = None
 
     # The values given to torch's constructor above, read without its binding: on a Python
     # subclass, ProcessGroup.size()/rank() cost ~0.8 us each (measured; 0.1 on a plain
@@ -236,6 +240,7 @@ class SimProcessGroup(dist.ProcessGroup):
         future = SimFuture(engine, self.global_rank, "")
         finished = DoneFlag(future)
         shape = tuple(tensor.shape) if tensor is not None else ()
+        after = self._track(engine, finished, op, backend) if channel is None else ()
 
         call = Call(
             rank=self.global_rank,
@@ -251,10 +256,27 @@ class SimProcessGroup(dist.ProcessGroup):
             detail=detail,
             uses_worker=channel is None,
             payload=payload,
+            after=after,
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))
+
+    def _track(self, engine: object, finished: DoneFlag, op: str, backend: "BackendModel") -> tuple[DoneFlag, ...]:
+        """Record ``finished`` as in flight on this group; for a gloo ``barrier``, return what it
+        waits for first: this rank's earlier collectives of the group not finished yet."""
+        if self._in_flight_engine is not engine:
+            self._in_flight, self._in_flight_engine = [], engine
+        in_flight = self._in_flight
+        after: tuple[DoneFlag, ...] = ()
+        if op == "barrier" and backend.barrier_after_prior_work:
+            after = tuple(f for f in in_flight if not f.done())
+            in_flight.clear()
+            in_flight.extend(after)
+        elif len(in_flight) >= 16:  # prune now and then: the flags of finished work are dropped
+            in_flight[:] = [f for f in in_flight if not f.done()]
+        in_flight.append(finished)
+        return after
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
         """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a
