@@ -158,9 +158,9 @@ class SimProcessGroup(dist.ProcessGroup):
         self.global_rank = global_rank
         self._rank_in_group = spec.ranks.index(global_rank)
         self._size = len(spec.ranks)
-        # this rank's collectives on the group that may not have finished yet (their "callbacks
-        # ran" flags), for gloo's barrier; reset when a new run (engine) starts
-        self._in_flight: list[DoneFlag] = []
+        # this rank's collectives on the group that have not finished yet (their "callbacks ran"
+        # flags, which leave it when set), for gloo's barrier; a new one for each run (engine)
+        self._in_flight: dict[DoneFlag, None] = {}
         self._in_flight_engine: object = None
 
     # The values given to torch's constructor above, read without its binding: on a Python
@@ -238,9 +238,16 @@ class SimProcessGroup(dist.ProcessGroup):
             # the collective runs, and fails at wait() on every rank; its error names this call's line
             compute = _rejected(error, stack_user_frames(sys._getframe(1)), engine.trace)
         future = SimFuture(engine, self.global_rank, "")
-        finished = DoneFlag(future)
+        after: tuple[DoneFlag, ...] = ()
+        if channel is not None:  # point to point: not on the group's worker queue
+            finished = DoneFlag(future)
+        else:
+            if self._in_flight_engine is not engine:
+                self._in_flight, self._in_flight_engine = {}, engine
+            if op == "barrier" and backend.barrier_after_prior_work:
+                after = tuple(self._in_flight)  # gloo: the barrier waits for these first
+            finished = DoneFlag(future, self._in_flight)
         shape = tuple(tensor.shape) if tensor is not None else ()
-        after = self._track(engine, finished, op, backend) if channel is None else ()
 
         call = Call(
             rank=self.global_rank,
@@ -261,22 +268,6 @@ class SimProcessGroup(dist.ProcessGroup):
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))
-
-    def _track(self, engine: object, finished: DoneFlag, op: str, backend: "BackendModel") -> tuple[DoneFlag, ...]:
-        """Record ``finished`` as in flight on this group; for a gloo ``barrier``, return what it
-        waits for first: this rank's earlier collectives of the group not finished yet."""
-        if self._in_flight_engine is not engine:
-            self._in_flight, self._in_flight_engine = [], engine
-        in_flight = self._in_flight
-        after: tuple[DoneFlag, ...] = ()
-        if op == "barrier" and backend.barrier_after_prior_work:
-            after = tuple(f for f in in_flight if not f.done())
-            in_flight.clear()
-            in_flight.extend(after)
-        elif len(in_flight) >= 16:  # prune now and then: the flags of finished work are dropped
-            in_flight[:] = [f for f in in_flight if not f.done()]
-        in_flight.append(finished)
-        return after
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
         """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a
