@@ -424,3 +424,21 @@ def test_a_subclass_of_the_bucket_keeps_its_class_and_the_api_gating() -> None:
     with pytest.raises(AttributeError, match=r"GradBucket.get_tensor\(\) exists only in torch 1.7-1.9"):
         bucket.get_tensor()
     assert type(Mine(0, torch.zeros(2), [torch.zeros(2)], is_last=True)) is Mine  # api="both": no gating class
+
+
+def test_a_missing_method_is_named_on_torchs_type_as_real_ddp_names_it() -> None:
+    """A tutorial's hook calls ``bucket.allreduce()``, which GradBucket never had. Real DDP
+    (torch 2.13, gloo, world 1; docs/ddp-facts.md §1) raises AttributeError
+    ``'torch._C._distributed_c10d.GradBucket' object has no attribute 'allreduce'``; the
+    simulator named its own class (``'SimGradBucket' object …``), a type the user never wrote.
+    A method of the other API generation keeps its advice."""
+    params, grads = two_params()
+    for api in ("both", "current", "legacy"):
+        b = make_bucket(0, params, grads, is_last=True, api=api)
+        with pytest.raises(AttributeError) as info:
+            b.allreduce()
+        assert str(info.value) == "'torch._C._distributed_c10d.GradBucket' object has no attribute 'allreduce'"
+        assert not hasattr(b, "nope")
+    current = make_bucket(0, params, grads, is_last=True, api="current")
+    with pytest.raises(GradBucketAttributeError, match=r"get_tensors\(\) exists only in torch 1.7-1.9"):
+        current.get_tensors()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -244,3 +245,64 @@ def test_no_module_reaches_into_the_engine_or_runtime_of_another_object() -> Non
             if pattern.search(line):
                 found.append(f"{path.name}:{number}: {line.strip()}")
     assert found == []
+
+
+class _Gate:
+    """A waitable the test opens by hand (stands for an earlier collective's "callbacks ran")."""
+
+    label = "gate"
+
+    def __init__(self) -> None:
+        self._done = False
+        self._resumers: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._done
+
+    def on_done(self, resume: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done:
+                self._resumers.append(resume)
+                return
+        resume()
+
+    def open(self) -> None:
+        with self._lock:
+            self._done = True
+            resumers, self._resumers = self._resumers, []
+        for resume in resumers:
+            resume()
+
+
+def test_the_free_running_engine_holds_a_call_until_its_after_is_done() -> None:
+    """The real-reducer mode (e2e's simulated side) runs on the threaded engine, which
+    completes a collective when its last rank posts. A call's ``after`` (gloo's barrier:
+    the group's earlier work on that rank) must hold it until done, as on the baton
+    engine; the barrier completed at once before."""
+    engine = threaded_engine()
+    gates = {0: _Gate(), 1: _Gate()}
+    events: list[str] = []
+    both_posted = threading.Barrier(2)
+
+    def rank_code(rank: int) -> Callable[[], None]:
+        def run() -> None:
+            call = _call(rank, "barrier", ("barrier",))
+            call.deliver = lambda value: events.append(f"delivered {rank}")
+            call.after = (gates[rank],)
+            engine.post(call)
+            both_posted.wait(10)
+            if rank == 0:
+                time.sleep(0.2)  # a completion at the last post would have been delivered by now
+                events.append("gates open")
+                gates[1].open()
+                gates[0].open()
+
+        return run
+
+    engine.run([rank_code(0), rank_code(1)])
+    deadline = time.monotonic() + 5
+    while len(events) < 3 and time.monotonic() < deadline:  # deliveries run on the engine's workers
+        time.sleep(0.01)
+    assert events[0] == "gates open" and sorted(events[1:]) == ["delivered 0", "delivered 1"]
+    assert engine.failures == []

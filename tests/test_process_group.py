@@ -8,12 +8,15 @@ for random data. What each future holds is checked against the backend facts
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
+from simcluster.errors import DeadlockError
 from simcluster.limits import BACKEND_NAMES
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
@@ -373,3 +376,52 @@ def test_an_error_raised_in_a_collective_under_the_nccl_model_is_the_hooks_own()
     assert all("BAND" in m and "AttributeError" not in m for m in messages), messages
     with pytest.raises(AttributeError):  # and after the run, torch is as it was
         torch.cuda.nccl.version()
+
+
+def _barrier_after_async_all_reduce(rank: int) -> tuple[bool, bool]:
+    """An async all_reduce with a then-callback, then a synchronous barrier (as a
+    compression hook from the wild does): what the rank sees right after the barrier."""
+    ran = {"callback": False}
+    fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+
+    def callback(f: torch.futures.Future) -> list[torch.Tensor]:
+        ran["callback"] = True
+        return f.value()
+
+    fut.then(callback)
+    dist.barrier()
+    return fut.done(), ran["callback"]
+
+
+@pytest.mark.parametrize("schedule", [[1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], "reverse", "random"])
+def test_gloo_barrier_completes_after_the_groups_earlier_work_and_its_callbacks(schedule: object) -> None:
+    """Measured (torch 2.13, gloo, 2 ranks, docs/gloo-facts.md §8): after ``dist.barrier()``
+    returns, an all_reduce posted before it is done and its ``then`` callback has run — even
+    when the all_reduce cannot finish before the barrier is called (a peer posts late) and
+    the callback sleeps. The gloo model let the scheduler complete the barrier first
+    (schedule [1, 0, …]: neither was done), so a hook from the wild that zeroes its bucket
+    after the barrier failed replicas_agree on a schedule real gloo never runs."""
+    for seed in range(3):
+        result = SimCluster(3, seed=seed, backend="gloo", schedule=schedule).run(_barrier_after_async_all_reduce)
+        assert result.values == [(True, True)] * 3
+
+
+def test_a_gloo_barrier_called_inside_an_earlier_collectives_callback_deadlocks() -> None:
+    """Measured: real gloo hangs (both ranks, past the group's 8 s timeout) when a then-callback
+    running on the worker that ran an all_reduce calls ``dist.barrier()`` — the barrier waits
+    for that all_reduce, which finishes only when its callback returns. The simulator says
+    so, and why."""
+    def rank_fn(rank: int) -> Any:
+        fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+
+        def callback(f: torch.futures.Future) -> list[torch.Tensor]:
+            dist.barrier()
+            return f.value()
+
+        return fut.then(callback).wait()
+
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(2, backend="gloo", schedule="in_order").run(rank_fn)
+    message = str(info.value)
+    assert "barrier() (call #1 on WORLD): on ranks [0, 1] it waits, as gloo's barrier does" in message
+    assert "behind 2 busy backend worker threads" not in message

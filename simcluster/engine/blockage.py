@@ -7,7 +7,8 @@ most :data:`~simcluster.engine.matching.MAX_LISTED` times:
 * each parked wait, with the user line it waits at (read from the parked thread's stack);
 * each expectation (a future the reducer waits on) that never completes;
 * each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_line`);
-* each call queued behind busy backend worker threads;
+* each call queued behind busy backend worker threads, or (gloo's barrier) waiting for its
+  group's earlier collectives;
 * each thread rank code started (not a rank: its collectives are rejected).
 """
 
@@ -70,9 +71,14 @@ def _unmatched_and_starved(instances: Iterable[Instance], workers_per_channel: i
         line = unmatched_line(inst)
         if line is not None:
             unmatched.append(line)
-        waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing]
+        desc = inst.first.describe if inst.first else "?"
+        if inst.gated:
+            starved.append(
+                f"  {desc} (call #{inst.seq} on {inst.channel}): on ranks {rank_list(sorted(inst.gated))} it waits, "
+                "as gloo's barrier does, for that rank's earlier collectives of the group to finish (callbacks included)"
+            )
+        waiting = [r for r in inst.ranks if r in inst.calls and r not in inst.executing and r not in inst.gated]
         if waiting:
-            desc = inst.first.describe if inst.first else "?"
             starved.append(
                 f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {rank_list(waiting)} behind "
                 f"{workers_per_channel} busy backend worker threads of that group"

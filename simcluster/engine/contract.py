@@ -63,7 +63,9 @@ class Call:
     shapes, reduce op, root, … — also make up :attr:`describe`) or the run fails with
     :class:`~simcluster.errors.CollectiveMismatchError`. ``compute`` (called once, with
     every rank's call, in the order of ``ranks``) returns each rank's result; ``deliver``
-    hands a rank its result.
+    hands a rank its result. ``after`` holds what this rank's part waits for before it
+    executes (it holds its backend worker meanwhile): gloo's ``barrier`` waits for every
+    earlier collective of its group on that rank to finish, callbacks included.
     """
 
     rank: int
@@ -81,6 +83,7 @@ class Call:
     payload: Any = None
     seq: int = -1
     worker: int = -1
+    after: tuple[Waitable, ...] = ()
 
     @property
     def describe(self) -> str:

@@ -303,7 +303,7 @@ class Engine:
             pool.queue.append((inst, call))
             self._start_queued(pool)
         else:
-            self._mark_executing(inst, call.rank)
+            self._execute(inst, call)
 
     def pending_ops(self, channel: str) -> list[str]:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
@@ -357,7 +357,28 @@ class Engine:
             call.worker = pool.busy.index(False)  # the lowest free worker
             pool.busy[call.worker] = True
             pool.free -= 1
+            self._execute(inst, call)
+
+    def _execute(self, inst: Instance, call: Call) -> None:
+        """Start ``call``'s part — once everything in its ``after`` is done (gloo's barrier
+        waits on its worker for the group's earlier work; until then the collective is
+        not ready, so no schedule can complete it first)."""
+        pending = [w for w in call.after if not w.done()] if call.after else None
+        if not pending:
             self._mark_executing(inst, call.rank)
+            return
+        rank = call.rank
+        inst.gated.add(rank)
+        left = [len(pending)]
+
+        def opened() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                inst.gated.discard(rank)
+                self._mark_executing(inst, rank)
+
+        for waitable in pending:
+            waitable.on_done(opened)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)

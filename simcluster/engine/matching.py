@@ -47,7 +47,8 @@ class Instance:
     """One collective of one channel: the calls posted for it so far.
 
     ``first`` is the call that opened it; ``executing`` the ranks whose part holds a
-    backend worker (the baton engine's bookkeeping; the free-running one leaves it empty).
+    backend worker (the baton engine's bookkeeping; the free-running one leaves it empty);
+    ``gated`` the ranks whose part still waits for its ``Call.after`` (both engines).
     """
 
     channel: str
@@ -56,6 +57,7 @@ class Instance:
     calls: dict[int, Call] = field(default_factory=dict)
     executing: set[int] = field(default_factory=set)
     first: Call | None = None
+    gated: set[int] = field(default_factory=set)
 
     @property
     def complete(self) -> bool:

@@ -224,17 +224,47 @@ class ThreadedEngine:
                 f"{call.op} for rank {call.rank} posted from {self.where or 'a thread outside the run'}: each "
                 "rank's collectives must be issued by that rank's own code (give each rank its own state)"
             )
+        pending = [w for w in call.after if not w.done()] if call.after else None
         with self._lock:
             inst, mismatch = self._matcher.post(call)
-            complete = mismatch is None and inst.complete
+            if pending and mismatch is None:
+                inst.gated.add(call.rank)
+            complete = mismatch is None and inst.complete and not inst.gated
             if complete:
                 self._matcher.close(inst, call.op)
             self._steps += 1
         if mismatch is not None:
             self._fail(mismatch)
             raise RunAborted()
+        if pending:
+            self._gate(inst, call.rank, pending)
         if complete:
             self._complete(inst)
+
+    def _gate(self, inst: Instance, rank: int, pending: list[Waitable]) -> None:
+        """Hold ``rank``'s part of ``inst`` until ``pending`` are done (gloo's barrier waits
+        for its group's earlier work); whoever opens the last gate of a fully posted
+        collective completes it (on the thread that finished the awaited work)."""
+        left = [len(pending)]
+
+        def opened() -> None:
+            with self._lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+                inst.gated.discard(rank)
+                complete = inst.complete and not inst.gated and not self._aborting
+                if complete:
+                    self._matcher.close(inst, inst.calls[rank].op)
+                self._steps += 1
+            if complete:
+                try:
+                    self._complete(inst)
+                except RunAborted:
+                    pass  # recorded by _fail; the rank threads see it
+
+        for waitable in pending:
+            waitable.on_done(opened)
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""

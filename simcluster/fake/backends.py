@@ -30,8 +30,11 @@ A hook's result can depend on the backend in five ways, and each model states al
    so rank 0 may see collective B complete before A while rank 1 sees A first (measured:
    PowerSGD with two buckets posts its inner all_reduces in different orders on the two
    ranks and gloo aborts on the size mismatch); the gloo model lets the scheduler deliver
-   each rank's completion separately. On NCCL a group's collectives run on one stream,
-   in issue order, on every rank; the NCCL model completes them in that order.
+   each rank's completion separately — except ``barrier``, which on gloo starts on a rank
+   only after that rank's earlier collectives of the group finished, callbacks included
+   (measured), so nothing posted before a barrier can complete after it. On NCCL a group's
+   collectives run on one stream, in issue order, on every rank; the NCCL model completes
+   them in that order.
 5. **Which ops and dtypes are accepted, and when the error comes.** gloo raises for
    ``PREMUL_SUM`` and for bitwise ops on floating dtypes at ``wait()``, leaving the
    group usable; NCCL rejects unsupported ops when the call is made. The messages and
@@ -79,6 +82,11 @@ class BackendModel:
     worker threads have grad enabled (a new thread's default; measured); ``None``: the
     issuing code's, read when the collective is posted (NCCL: callbacks run at once in
     the issuing thread)."""
+    barrier_after_prior_work: bool
+    """True: ``barrier`` starts on a rank only once every collective that rank posted
+    earlier on the group has finished, its ``then`` callbacks included (gloo, measured:
+    docs/gloo-facts.md §8); False: no such wait is modelled (NCCL: a group's collectives
+    complete in issue order anyway)."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -114,6 +122,7 @@ GLOO = BackendModel(
     fifo_per_group=False,
     per_rank_delivery=True,
     completion_grad_mode=True,
+    barrier_after_prior_work=True,
 )
 
 NCCL = BackendModel(
@@ -125,6 +134,7 @@ NCCL = BackendModel(
     fifo_per_group=True,
     per_rank_delivery=False,
     completion_grad_mode=None,
+    barrier_after_prior_work=False,
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

@@ -242,6 +242,16 @@ class SimGradBucket:
     def __dir__(self) -> list[str]:
         return sorted(_AVAILABLE[self._api])
 
+    def __getattr__(self, name: str) -> Any:
+        # Only for names normal lookup did not find. A method of the other API generation
+        # (an _Unavailable of the gated class) keeps its era advice; any other name fails as
+        # a real bucket's does, worded on torch's type (measured: docs/ddp-facts.md §1), so
+        # a hook's `bucket.allreduce()` reads as it would under real DDP.
+        hidden = type(self).__dict__.get(name)
+        if isinstance(hidden, _Unavailable):
+            return hidden.__get__(self, type(self))
+        raise AttributeError(f"'torch._C._distributed_c10d.GradBucket' object has no attribute '{name}'")
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise GradBucketAttributeError(
             f"bucket {self._index}: cannot set attribute {name!r}; torch's GradBucket accepts no new "

@@ -280,20 +280,26 @@ class DoneFlag:
     Set once by the engine right after the work's future completed and ran its
     callbacks. Not a :class:`SimFuture` — one C++ future fewer per collective call on
     the hot path; the engine only needs ``label``, ``done()`` and ``on_done``
-    (:class:`~simcluster.engine.contract.Waitable`).
+    (:class:`~simcluster.engine.contract.Waitable`). ``in_flight``, if given, is a dict
+    the flag sits in (as a key) until it is set: its group's unfinished work on that rank,
+    what a gloo barrier waits for (:class:`~simcluster.fake.process_group.SimProcessGroup`).
 
     ``grad_mode`` is the grad mode the completion's callbacks run under: the thread that
     runs them on the real backend has its own (``torch.is_grad_enabled()`` is per thread).
     """
 
-    __slots__ = ("_future", "_grad_mode", "_complete", "_resumers", "_guard")
+    __slots__ = ("_future", "_grad_mode", "_complete", "_resumers", "_guard", "_in_flight")
 
-    def __init__(self, future: SimFuture, grad_mode: bool = True) -> None:
+    def __init__(self, future: SimFuture, in_flight: dict["DoneFlag", None] | None = None,
+                 grad_mode: bool = True) -> None:
         self._future = future
         self._grad_mode = grad_mode
         self._complete = False
         self._resumers: list[Callable[[], None]] = []
         self._guard = threading.Lock()  # as SimFuture's: only the threaded engine sets it from another thread
+        self._in_flight = in_flight
+        if in_flight is not None:
+            in_flight[self] = None
 
     @property
     def label(self) -> str:
@@ -306,6 +312,8 @@ class DoneFlag:
         with self._guard:
             self._complete = True
             resumers, self._resumers = self._resumers, []
+        if self._in_flight is not None:
+            self._in_flight.pop(self, None)  # one C call (identity hash): atomic under the GIL
         for resume in resumers:
             resume()
 

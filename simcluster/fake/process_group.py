@@ -160,6 +160,10 @@ class SimProcessGroup(dist.ProcessGroup):
         self.global_rank = global_rank
         self._rank_in_group = spec.ranks.index(global_rank)
         self._size = len(spec.ranks)
+        # this rank's collectives on the group that have not finished yet (their "callbacks ran"
+        # flags, which leave it when set), for gloo's barrier; a new one for each run (engine)
+        self._in_flight: dict[DoneFlag, None] = {}
+        self._in_flight_engine: object = None
 
     # The values given to torch's constructor above, read without its binding: on a Python
     # subclass, ProcessGroup.size()/rank() cost ~0.8 us each (measured; 0.1 on a plain
@@ -236,8 +240,18 @@ class SimProcessGroup(dist.ProcessGroup):
             # the collective runs, and fails at wait() on every rank; its error names this call's line
             compute = _rejected(error, stack_user_frames(sys._getframe(1)), engine.trace)
         future = SimFuture(engine, self.global_rank, "")
+        after: tuple[DoneFlag, ...] = ()
         grad_mode = backend.completion_grad_mode
-        finished = DoneFlag(future, _grad_enabled() if grad_mode is None else grad_mode)
+        if grad_mode is None:
+            grad_mode = _grad_enabled()
+        if channel is not None:  # point to point: not on the group's worker queue
+            finished = DoneFlag(future, None, grad_mode)
+        else:
+            if self._in_flight_engine is not engine:
+                self._in_flight, self._in_flight_engine = {}, engine
+            if op == "barrier" and backend.barrier_after_prior_work:
+                after = tuple(self._in_flight)  # gloo: the barrier waits for these first
+            finished = DoneFlag(future, self._in_flight, grad_mode)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         call = Call(
@@ -254,6 +268,7 @@ class SimProcessGroup(dist.ProcessGroup):
             detail=detail,
             uses_worker=channel is None,
             payload=payload,
+            after=after,
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
