@@ -253,7 +253,7 @@ def test_p_grad_is_the_local_gradient_in_the_hook_and_the_result_after(view: boo
         for rank, param, grad, seen in kept:
             i = next(k for k, q in enumerate(ddp.params[rank]) if q is param)
             assert torch.equal(seen, local[rank][i])  # the local gradient, not the last step's result
-            assert grad is param.grad and grad is step.grads[rank][i]  # the same tensor now holds the result
+            assert grad is param.grad and torch.equal(grad, step.grads[rank][i])  # the same tensor holds the result
 
 
 @pytest.mark.parametrize("view", [False, True])
@@ -659,7 +659,7 @@ def test_gradient_as_bucket_view_makes_p_grad_the_bucket_view() -> None:
         for rank in range(2):
             buffer = seen[-2 + rank]  # one bucket per iteration here: rank 0's call, then rank 1's
             for i, p in enumerate(ddp.params[rank]):
-                assert p.grad is step.grads[rank][i]
+                assert torch.equal(p.grad, step.grads[rank][i])  # a copy: the next step refills the buffer
                 assert p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
 
 

@@ -106,9 +106,11 @@ class DDPConfig:
 class StepResult:
     """One simulated backward pass.
 
-    ``grads[r][i]``: rank ``r``'s ``p.grad`` of parameter ``i`` after the copy-back.
+    ``grads[r][i]``: rank ``r``'s ``p.grad`` of parameter ``i`` after the copy-back (a copy
+    where ``p.grad`` views a bucket buffer, which the next step refills, as DDP does).
     ``bucket_params[k]``: parameter indices of bucket ``k`` (buffer order).
-    ``outputs[r][k]``: what rank ``r``'s future for bucket ``k`` resolved to.
+    ``outputs[r][k]``: what rank ``r``'s future for bucket ``k`` resolved to (likewise kept
+    apart from the buffers, with the same storage layout).
     ``warnings``: results DDP accepted but read differently from what the view shows.
     """
 
