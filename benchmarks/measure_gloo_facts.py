@@ -150,6 +150,42 @@ def p_grad_in_hook(rank: int, world_size: int, payload: Any) -> dict[str, list[b
     return seen
 
 
+def bucket_buffers(rank: int, world_size: int, payload: Any) -> dict[str, list[Any]]:
+    """Each iteration's bucket buffers (index, storage pointer) under real DDP: kept across
+    iterations? renewed at the rebuild? moved by the hook's ``set_buffer``?"""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    seen: dict[str, list[Any]] = {}
+    for view in (False, True):
+        for moves in (False, True):
+            calls: list[tuple[int, int]] = []
+            alive: list[Any] = []  # every buffer kept alive: a freed one's address could be reused
+
+            def hook(state, bucket):  # type: ignore[no-untyped-def] - DDP rejects other bucket annotations
+                alive.append(bucket.buffer())
+                calls.append((bucket.index(), bucket.buffer().data_ptr()))
+                if moves:
+                    bucket.set_buffer(bucket.buffer().clone())
+                return dist.all_reduce(bucket.buffer().div_(world_size), async_op=True).get_future().then(
+                    lambda f: f.value()[0])
+
+            torch.manual_seed(0)
+            model = DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)]),
+                                            gradient_as_bucket_view=view, bucket_cap_mb=0.02)
+            model.register_comm_hook(None, hook)
+            first: dict[int, int] = {}
+            for it in range(4):
+                calls.clear()
+                model(torch.randn(4, 64)).sum().backward()
+                names = []
+                for index, ptr in calls:
+                    names.append(first.setdefault(ptr, len(first)))
+                seen.setdefault(f"view={view}, set_buffer={moves}: buffers (numbered by first use)", []).append(names)
+    return seen
+
+
 def blocking_callbacks(rank: int, world_size: int, payload: Any) -> str:
     """``payload`` callbacks in flight on one group, each waiting on a further all_reduce."""
     import torch
@@ -206,6 +242,8 @@ def facts() -> None:
         print("callback threads (rank 0):", cluster.run(callback_threads)[0])
         for where, modes in cluster.run(grad_modes)[0].items():
             print(f"grad mode (rank 0) {where:52s} {modes}")
+        for what, values in cluster.run(bucket_buffers)[0].items():
+            print(f"bucket buffers per iteration (rank 0) {what:60s} {values}")
         for what, values in cluster.run(p_grad_in_hook)[0].items():
             print(f"p.grad (rank 0, 2 iterations) {what:52s} {values}")
         print("swapped order A,B / B,A  ->", cluster.run(swapped_order), "(correct: A=3, B=210)")
