@@ -339,6 +339,26 @@ def test_with_gradient_as_bucket_view_p_grad_is_the_same_view_every_step_after_t
     assert not any(a is b for a, b in zip(grads[0], grads[1]))
 
 
+def test_ddp_gives_every_rank_its_groups_rank_0_parameters() -> None:
+    """DDP's constructor broadcasts rank 0's parameters (measured: rank 1's hook reads rank
+    0's values, benchmarks/measure_gloo_facts.py census); on subgroups, each group's rank 0's.
+    A hook reading parameter values (weight decay folded into its bucket) saw each rank's own."""
+    shapes = [(3,), (2,)]
+    mine = [[torch.nn.Parameter(torch.full(s, float(r + 1))) for s in shapes] for r in range(4)]
+    ddp = SimDDP(SimCluster(4, seed=0), default_hooks.allreduce_hook, parameters=mine)
+    assert all(torch.equal(p, torch.full_like(p, 1.0)) for ps in mine for p in ps)  # at construction
+    seen: dict[int, float] = {}
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen[dist.get_rank()] = float(bucket.parameters()[0].detach()[0])
+        return default_hooks.allreduce_hook(state, bucket)
+
+    mine = [[torch.nn.Parameter(torch.full(s, float(r + 1))) for s in shapes] for r in range(4)]
+    ddp = SimDDP(SimCluster(4, seed=0), hook, parameters=mine, process_group_factory=subgroups([0, 1], [2, 3]))
+    ddp.step(local_grads(4, shapes, 1)[0])
+    assert seen == {0: 1.0, 1: 1.0, 2: 3.0, 3: 3.0}
+
+
 def test_a_buffer_kept_by_reference_holds_the_next_steps_gradients() -> None:
     held: list[torch.Tensor] = []
 

@@ -43,7 +43,8 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    as notes.
 
 Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
-inside the first step, and kept across steps, as DDP keeps it.
+inside the first step, and kept across steps, as DDP keeps it. Like DDP's constructor,
+``SimDDP`` gives every rank the parameter values of its group's rank 0.
 
 >>> import torch
 >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -245,6 +246,7 @@ class SimDDP:
         """With ``gradient_as_bucket_view``: each rank's ``p.grad`` view of its bucket buffer, by
         parameter index, kept with the buffers — real DDP gives ``p.grad`` the same view object
         every iteration after the rebuild (measured)."""
+        self._initial = _sync_module_states(self.params, process_group_factory)
         for it in range(3):  # validates caps and ready_order now, not mid-run
             self.layout(it)
 
@@ -342,6 +344,10 @@ class SimDDP:
                     "group this rank belongs to (create it with dist.new_group inside the factory)"
                 )
         self.groups[rank] = group
+        if self._initial is not None:  # DDP's constructor broadcasts group rank 0's parameters
+            with torch.no_grad():
+                for p, source in zip(self.params[rank], self._initial[group.spec.ranks[0]]):
+                    p.copy_(source)
         self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
@@ -396,6 +402,22 @@ class SimDDP:
                     )
             out.append([g.detach() for g in rank_grads])
         return out
+
+
+def _sync_module_states(params: list[list[torch.nn.Parameter]],
+                        process_group_factory: Callable[[int], Any] | None) -> list[list[torch.Tensor]] | None:
+    """DDP's constructor broadcasts the parameters of its group's rank 0 to every rank
+    (measured: rank 1's parameters hold rank 0's values from the first hook call on,
+    ``benchmarks/measure_gloo_facts.py census``). On the whole world that is done here, at
+    once; with ``process_group_factory`` the groups exist only inside the first step, so the
+    values are kept (returned) and copied as each rank learns its group."""
+    if process_group_factory is not None:
+        return [[p.detach().clone() for p in ps] for ps in params]
+    with torch.no_grad():
+        for ps in params[1:]:
+            for p, source in zip(ps, params[0]):
+                p.copy_(source)
+    return None
 
 
 class _ReadyGradients:
