@@ -3,6 +3,16 @@
     python benchmarks/measure_gloo_facts.py            # facts + timings (~1 min)
     python benchmarks/measure_gloo_facts.py facts      # facts only
     python benchmarks/measure_gloo_facts.py timings    # runner timings only
+    python benchmarks/measure_gloo_facts.py census     # what a hook observes: real DDP vs SimDDP (~10 s)
+
+The census (docs/ddp-facts.md §1, §4) runs one recording hook inside real DDP (2 gloo
+processes, then 1) and inside ``SimDDP`` with the same shapes, options and gradients, and
+prints every observation that differs: grad/inference/autocast mode, rank, world size and
+backend, the bucket's index, is_last, parameters and buffer (dtype, stride, offset,
+requires_grad, storage across iterations), every parameter's ``p.grad`` (None? the local
+gradient? last step's mean? a view of the buffer? the same object as last step?) and
+values, threads, and the order of hook calls and callbacks; then the same in each
+then-callback.
 
 Each experiment is a job run on real gloo processes through simcluster.real.gloo_runner, so
 a hang is a bounded GlooRunError (reported as "deadlock"), never a stuck script.
@@ -14,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from simcluster.errors import GlooRunError
@@ -231,6 +242,223 @@ def self_p2p(rank: int, world_size: int, payload: Any) -> dict[str, str]:
     return out
 
 
+# --------------------------------------------------------------------------- hook census
+
+CENSUS_SHAPES = ((4, 5), (5,), (3,))
+CENSUS_CONFIGS = {  # name -> DDP options; cap 16 bytes: two buckets after the rebuild ([2, 1], [0])
+    "one bucket": {},
+    "two buckets": {"bucket_cap_mb": 16 / 2**20},
+    "two buckets, view": {"bucket_cap_mb": 16 / 2**20, "gradient_as_bucket_view": True},
+    "two buckets, static_graph": {"bucket_cap_mb": 16 / 2**20, "static_graph": True},
+    "two buckets, find_unused": {"bucket_cap_mb": 16 / 2**20, "find_unused_parameters": True},
+    "two buckets, set_buffer": {"bucket_cap_mb": 16 / 2**20, "set_buffer": True},
+    "two buckets, view, set_buffer": {"bucket_cap_mb": 16 / 2**20, "gradient_as_bucket_view": True,
+                                      "set_buffer": True},
+}
+CENSUS_STEPS = 3
+
+
+def census_local_grads(step: int, rank: int) -> list[Any]:
+    """Rank ``rank``'s local gradients at ``step`` (the census model makes them exactly these)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return [torch.randn(s, generator=g) for s in CENSUS_SHAPES]
+
+
+def _grad_state(t: Any, step: int, rank: int, world: int, i: int, buffer: Any) -> str:
+    """What a gradient tensor holds, named against what it could be."""
+    import torch
+
+    if t is None:
+        return "None"
+    where = ""
+    if buffer is not None and t.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
+        where = " (views the bucket buffer)"
+    if torch.equal(t, census_local_grads(step, rank)[i]):
+        return "local grad" + where
+    if step > 0:
+        mean = sum(census_local_grads(step - 1, r)[i] for r in range(world)) / world
+        if torch.allclose(t, mean):
+            return "last step's mean" + where
+        if torch.equal(t, census_local_grads(step - 1, rank)[i]):
+            return "last step's local grad" + where
+    mean = sum(census_local_grads(step, r)[i] for r in range(world)) / world
+    if torch.allclose(t, mean):
+        return "this step's mean" + where
+    return "other" + where
+
+
+def census_hook(log: dict[int, list[Any]], params: dict[int, list[Any]], steps: dict[int, int],
+                set_buffer: bool) -> Any:
+    """A hook recording what it can observe, in the hook and in its then-callback; an
+    all-reduce mean otherwise. ``steps[rank]`` is the current step (the caller sets it)."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    threads: dict[int, dict[str, Any]] = {}
+    buffers: dict[tuple[int, int], Any] = {}
+    grads_seen: dict[tuple[int, int], Any] = {}
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def] - DDP rejects other bucket annotations
+        rank, world = dist.get_rank(), dist.get_world_size()
+        step, mine = steps[rank], params[rank]
+        idx = [next(i for i, q in enumerate(mine) if q is p) for p in bucket.parameters()]
+        buf = bucket.buffer()
+        seen = threads.setdefault(rank, {"hook": threading.get_ident()})
+        prev = buffers.get((rank, bucket.index()))
+        buffers[(rank, bucket.index())] = buf
+        rec: dict[str, Any] = {
+            "step": step, "where": "hook", "index": bucket.index(), "is_last": bucket.is_last(), "params": idx,
+            "grad_enabled": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(),
+            "autocast": torch.is_autocast_enabled(), "rank/world/backend": (rank, world, dist.get_backend()),
+            "buffer": (str(buf.dtype), tuple(buf.shape), buf.stride(), buf.storage_offset(), buf.requires_grad,
+                       buf.is_leaf, buf.grad_fn is None, bucket.buffer() is buf),
+            "same buffer storage as last step": None if prev is None else
+            prev.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr(),
+            "gradients share the buffer": [g.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+                                           for g in bucket.gradients()],
+            "p.grad": [_grad_state(p.grad, step, rank, world, i, buf) for i, p in enumerate(mine)],
+            "p.grad is leaf/requires_grad": [None if p.grad is None else (p.grad.is_leaf, p.grad.requires_grad)
+                                             for p in mine],
+            "requires_grad": [p.requires_grad for p in mine], "p.data[0]": [p.data.reshape(-1)[0].item() for p in mine],
+            "same thread as first hook call": threading.get_ident() == seen["hook"],
+            "p.grad is last step's p.grad object": [
+                None if (rank, i) not in grads_seen else mine[i].grad is grads_seen[(rank, i)] for i in idx],
+            "main thread": threading.current_thread() is threading.main_thread(),
+        }
+        for i in idx:
+            grads_seen[(rank, i)] = mine[i].grad
+        if set_buffer:
+            bucket.set_buffer(buf.clone())
+            rec["after set_buffer: p.grad"] = [_grad_state(p.grad, step, rank, world, i, bucket.buffer())
+                                               for i, p in enumerate(mine)]
+            buf = bucket.buffer()
+        log.setdefault(rank, []).append(rec)
+        fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
+
+        def callback(f):  # type: ignore[no-untyped-def]
+            cb = seen.setdefault("callback", threading.get_ident())
+            log[rank].append({
+                "step": step, "where": "callback", "index": bucket.index(), "grad_enabled": torch.is_grad_enabled(),
+                "inference": torch.is_inference_mode_enabled(),
+                "p.grad": [_grad_state(p.grad, step, rank, world, i, buf) for i, p in enumerate(mine)],
+                "value is the buffer": f.value()[0] is buf,
+                "same thread as hook": threading.get_ident() == seen["hook"],
+                "same thread as first callback": threading.get_ident() == cb,
+            })
+            return f.value()[0]
+
+        return fut.then(callback)
+
+    return hook
+
+
+def census_real(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
+    """The census hook inside real DDP: ``payload`` is a :data:`CENSUS_CONFIGS` entry."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    options = dict(payload)
+    set_buffer = options.pop("set_buffer", False)
+    model = torch.nn.Module()
+    for i, s in enumerate(CENSUS_SHAPES):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(torch.full(s, float(rank + 1))))
+    mine = list(model.parameters())
+    log: dict[int, list[Any]] = {}
+    steps = {rank: 0}
+    ddp = DistributedDataParallel(_CensusModel(model), **options)
+    ddp.register_comm_hook(None, census_hook(log, {rank: mine}, steps, set_buffer))
+    results = []
+    for step in range(CENSUS_STEPS):
+        steps[rank] = step
+        ddp(torch.cat([g.reshape(-1) for g in census_local_grads(step, rank)])).backward()
+        results.append([_grad_state(p.grad, step, rank, world_size, i, None) for i, p in enumerate(mine)])
+        ddp.zero_grad(set_to_none=True)
+    return {"log": log[rank], "after backward": results, "num_threads": torch.get_num_threads()}
+
+
+class _CensusModel(__import__("torch").nn.Module):
+    """``forward(x) = Σ_i (p_i * x_i).sum()``: each ``p_i.grad`` is exactly ``x_i``."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Any) -> Any:
+        total, offset = 0, 0
+        for p in self.inner.parameters():
+            total = total + (p * x[offset:offset + p.numel()].view(p.shape)).sum()
+            offset += p.numel()
+        return total
+
+
+def census_sim(world_size: int, payload: Any) -> list[dict[str, Any]]:
+    """The same census through the DDP model (``SimDDP``)."""
+    import torch
+
+    from simcluster.ddp.model import DDPConfig, SimDDP
+    from simcluster.fake.cluster import SimCluster
+
+    options = dict(payload)
+    set_buffer = options.pop("set_buffer", False)
+    params = {r: [torch.nn.Parameter(torch.full(s, float(r + 1))) for s in CENSUS_SHAPES] for r in range(world_size)}
+    log: dict[int, list[Any]] = {}
+    steps = {r: 0 for r in range(world_size)}
+    ddp = SimDDP(SimCluster(world_size, seed=0), census_hook(log, params, steps, set_buffer),
+                 parameters=[params[r] for r in range(world_size)], config=DDPConfig(**options))
+    results: dict[int, list[Any]] = {r: [] for r in range(world_size)}
+    for step in range(CENSUS_STEPS):
+        for r in steps:
+            steps[r] = step
+        ddp.step([census_local_grads(step, r) for r in range(world_size)])
+        for r in range(world_size):
+            results[r].append([_grad_state(p.grad, step, r, world_size, i, None) for i, p in enumerate(params[r])])
+    return [{"log": log[r], "after backward": results[r], "num_threads": torch.get_num_threads()}
+            for r in range(world_size)]
+
+
+def census_diff(world_size: int = 2, configs: Sequence[str] | None = None) -> list[str]:
+    """Run the census on real DDP and on SimDDP; one line per differing observation."""
+    lines = []
+    with GlooCluster(world_size, timeout=60.0) as cluster:
+        for name in configs or CENSUS_CONFIGS:
+            real = cluster.run(census_real, [CENSUS_CONFIGS[name]] * world_size)
+            sim = census_sim(world_size, CENSUS_CONFIGS[name])
+            for rank in range(world_size):
+                lines += [f"[{name}] rank {rank}: {d}" for d in _census_rank_diff(real[rank], sim[rank])]
+    return lines
+
+
+def _census_rank_diff(real: dict[str, Any], sim: dict[str, Any]) -> list[str]:
+    out = []
+    if real["after backward"] != sim["after backward"]:
+        out.append(f"after backward: real {real['after backward']} sim {sim['after backward']}")
+    order = lambda log: [(r["step"], r["where"], r["index"]) for r in log]  # noqa: E731
+    if order(real["log"]) != order(sim["log"]):
+        out.append(f"event order: real {order(real['log'])}\n    sim  {order(sim['log'])}")
+    key = lambda r: (r["step"], r["where"], r["index"])  # noqa: E731
+    sim_by = {key(r): r for r in sim["log"]}
+    for r in real["log"]:
+        s = sim_by.get(key(r))
+        if s is None:
+            out.append(f"{key(r)} only on real")
+            continue
+        for k in r:
+            if r[k] != s.get(k):
+                out.append(f"step {r['step']} {r['where']} bucket {r['index']}: {k}: real {r[k]!r} sim {s.get(k)!r}")
+    return out
+
+
+def census() -> None:
+    lines = census_diff() + [f"world 1: {line}" for line in census_diff(1, ["one bucket", "two buckets"])]
+    for line in lines:
+        print(line)
+    print(f"census: {len(lines)} differing observations (docs/ddp-facts.md §4 says which are timing)")
+
+
 def noop(rank: int, world_size: int, payload: Any) -> int:
     return rank
 
@@ -286,3 +514,5 @@ if __name__ == "__main__":
         facts()
     if "timings" in which:
         timings()
+    if "census" in which:
+        census()

@@ -126,3 +126,35 @@ def adds_its_call_count(state, bucket):
     _MY_CALLS["n"] += 1
     buf = bucket.buffer().div_(dist.get_world_size()).add_(float(_MY_CALLS["n"]))
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def model_parameters(process_group, model):
+    """State: the rank's model parameters (a factory taking the model)."""
+    return list(model.parameters())
+
+
+def scales_by_every_ready_grad(state, bucket):
+    """Scales its share by the norm of every model parameter's ``p.grad`` that is set — a
+    global clipping-style norm read inside the hook. With several buckets, a parameter whose
+    gradient is not ready yet has ``p.grad`` None in real DDP (after the loop's
+    ``zero_grad(set_to_none=True)``), so the norm covers the gradients ready so far."""
+    norm = sum(float(p.grad.norm()) ** 2 for p in state if p.grad is not None) ** 0.5
+    buf = bucket.buffer().div_(dist.get_world_size() * (1.0 + norm))
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def adds_last_steps_grad_by_reference(state, bucket):
+    """Keeps each parameter's ``p.grad`` object of the last step and adds its *current*
+    values to its share, if it is the very object ``p.grad`` is now (0 otherwise) — with
+    ``gradient_as_bucket_view`` real DDP gives ``p.grad`` the same view object every step
+    after the rebuild."""
+    extra = 0.0
+    for p in bucket.parameters():
+        if _KEPT_GRADS.get(id(p)) is p.grad:
+            extra += float(p.grad.sum())
+        _KEPT_GRADS[id(p)] = p.grad
+    buf = bucket.buffer().add_(extra).div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+_KEPT_GRADS = {}

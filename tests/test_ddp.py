@@ -278,6 +278,87 @@ def test_bucket_buffers_are_kept_from_the_rebuild_on(view: bool) -> None:
     assert {p for _, p in seen[0]}.isdisjoint({p for _, p in seen[1]})  # new at the rebuild
 
 
+@pytest.mark.parametrize("view", [False, True])
+def test_p_grad_of_a_gradient_not_ready_yet_is_none_in_an_earlier_buckets_hook(view: bool) -> None:
+    """Measured with real DDP on gloo after ``zero_grad(set_to_none=True)``
+    (benchmarks/measure_gloo_facts.py census): while bucket 0's hook runs, the parameters of
+    bucket 1 (gradients not ready yet) have ``p.grad`` None — every step, not last step's
+    average; bucket 0's hold their local gradients."""
+    seen: list[tuple[int, int, list[str]]] = []
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        rank = dist.get_rank()
+        states = ["none" if p.grad is None else "local" if torch.equal(p.grad, local[rank][i]) else "other"
+                  for i, p in enumerate(ddp.params[rank])]
+        seen.append((ddp.iteration, bucket.index(), states))
+        fut = dist.all_reduce(bucket.buffer().clone(), async_op=True).get_future()  # leaves the buffer alone
+        return fut.then(lambda f: f.value()[0].div_(2))
+
+    shapes = [(4, 5), (5,), (3,)]  # rebuilt, 16-byte cap: bucket 0 = [2, 1], bucket 1 = [0]
+    ddp = SimDDP(SimCluster(2, seed=0), hook, shapes,
+                 config=DDPConfig(bucket_cap_mb=16 / MiB, gradient_as_bucket_view=view))
+    for local in local_grads(2, shapes, 3):
+        ddp.step(local)
+    assert [s for s in seen if s[0] > 0] == [
+        (it, b, states) for it in (1, 2) for _ in range(2)
+        for b, states in ((0, ["none", "local", "local"]), (1, ["local", "local", "local"]))]
+
+
+def test_a_later_buckets_gradient_ready_before_an_earlier_bucket_is_launched_is_set() -> None:
+    """A gradient is ready at its place in the ready order, whichever bucket it is in; a
+    bucket is launched once it and every lower bucket are ready. With
+    ``find_unused_parameters`` the buckets follow reverse parameter order (bucket 0 = [1],
+    bucket 1 = [0]); with parameter 0 ready first, bucket 0's hook sees its ``p.grad`` set."""
+    seen: list[tuple[int, bool]] = []
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen.append((bucket.index(), ddp.params[dist.get_rank()][0].grad is not None))
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp = SimDDP(SimCluster(1, seed=0), hook, [(3,), (3,)],
+                 config=DDPConfig(bucket_cap_mb=12 / MiB, find_unused_parameters=True, ready_order=(0, 1)))
+    ddp.step(local_grads(1, [(3,), (3,)], 1)[0])
+    assert seen == [(0, True), (1, True)]
+
+
+def test_with_gradient_as_bucket_view_p_grad_is_the_same_view_every_step_after_the_rebuild() -> None:
+    """Measured with real DDP (census): ``p.grad`` is the same tensor object in the hook of
+    every iteration from the rebuild on (the bucket's kept view), new at the rebuild."""
+    grads: dict[int, list[torch.Tensor]] = {}
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        grads.setdefault(ddp.iteration, []).extend(p.grad for p in bucket.parameters())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    shapes = [(3,), (2, 2), (5,)]
+    ddp = SimDDP(SimCluster(1, seed=0), hook, shapes,
+                 config=DDPConfig(bucket_cap_mb=16 / MiB, gradient_as_bucket_view=True))
+    for local in local_grads(1, shapes, 4):
+        ddp.step(local)
+    assert all(a is b for a, b in zip(grads[1], grads[3])) and all(a is b for a, b in zip(grads[1], grads[2]))
+    assert not any(a is b for a, b in zip(grads[0], grads[1]))
+
+
+def test_ddp_gives_every_rank_its_groups_rank_0_parameters() -> None:
+    """DDP's constructor broadcasts rank 0's parameters (measured: rank 1's hook reads rank
+    0's values, benchmarks/measure_gloo_facts.py census); on subgroups, each group's rank 0's.
+    A hook reading parameter values (weight decay folded into its bucket) saw each rank's own."""
+    shapes = [(3,), (2,)]
+    mine = [[torch.nn.Parameter(torch.full(s, float(r + 1))) for s in shapes] for r in range(4)]
+    ddp = SimDDP(SimCluster(4, seed=0), default_hooks.allreduce_hook, parameters=mine)
+    assert all(torch.equal(p, torch.full_like(p, 1.0)) for ps in mine for p in ps)  # at construction
+    seen: dict[int, float] = {}
+
+    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+        seen[dist.get_rank()] = float(bucket.parameters()[0].detach()[0])
+        return default_hooks.allreduce_hook(state, bucket)
+
+    mine = [[torch.nn.Parameter(torch.full(s, float(r + 1))) for s in shapes] for r in range(4)]
+    ddp = SimDDP(SimCluster(4, seed=0), hook, parameters=mine, process_group_factory=subgroups([0, 1], [2, 3]))
+    ddp.step(local_grads(4, shapes, 1)[0])
+    assert seen == {0: 1.0, 1: 1.0, 2: 3.0, 3: 3.0}
+
+
 def test_a_buffer_kept_by_reference_holds_the_next_steps_gradients() -> None:
     held: list[torch.Tensor] = []
 

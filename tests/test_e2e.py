@@ -144,6 +144,24 @@ def test_a_hook_reading_p_grad_agrees_with_real_ddp(census) -> None:
     assert result.agree and not result.hook_failed, result.format()
 
 
+def test_a_hook_reading_every_params_grad_agrees_with_real_ddp(census) -> None:
+    """While an early bucket's hook runs, a parameter whose gradient is not ready yet has
+    ``p.grad`` None in real DDP (the loop zeroes grads to None between steps). The DDP model
+    showed last step's average there, so a hook norming every model gradient differed."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,), (3,)), steps=3, bucket_cap_mb=16 / 2**20),
+                     f"{HOOKS}:scales_by_every_ready_grad", f"{HOOKS}:model_parameters", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
+
+def test_a_hook_keeping_p_grad_by_reference_agrees_with_real_ddp(census) -> None:
+    """With gradient_as_bucket_view, ``p.grad`` is the same view object every step after the
+    rebuild; the DDP model made a new view every step."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=4, gradient_as_bucket_view=True),
+                     f"{HOOKS}:adds_last_steps_grad_by_reference", "none", timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
+
 def test_a_hook_holding_last_steps_buffer_agrees_with_real_ddp(census) -> None:
     """DDP keeps each bucket's buffer across steps (after the rebuild) and writes the next
     step's gradients into it, so a result kept by reference changes under the hook; the

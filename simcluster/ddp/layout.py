@@ -279,6 +279,12 @@ def _check_cap_list(caps: Sequence[float] | None) -> list[int]:
     return [int(mb * 2**20) for mb in caps]  # an empty list is ignored, as DDP does
 
 
+def ready_order_of(ready_order: Sequence[int] | None, n: int) -> list[int]:
+    """The order in which ``n`` parameters' gradients become ready: ``ready_order`` checked,
+    or reverse parameter order (measured for a plain stack, docs/ddp-facts.md §3)."""
+    return _check_ready_order(ready_order, n)
+
+
 def _check_ready_order(ready_order: Sequence[int] | None, n: int) -> list[int]:
     if ready_order is None:
         return list(range(n - 1, -1, -1))

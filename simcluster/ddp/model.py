@@ -7,9 +7,15 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    iteration 0 has one bucket in ``model.parameters()`` order; from iteration 1
    (``static_graph``: 2) DDP rebuilds them in gradient-ready order under the cap;
    ``find_unused_parameters`` applies the cap from iteration 0 and never rebuilds.
-2. **Hook calls.** Each rank builds a *fresh* bucket per call (its gradients packed
-   without gaps) and calls ``hook(state, bucket)`` for every bucket in index order,
-   ``is_last()`` only on the highest index. Every rank calls *all* its hooks before
+2. **Hook calls.** Each step starts with every ``p.grad`` None (the training loop's
+   ``zero_grad(set_to_none=True)``, torch's default); the gradients then become ready in
+   the ready order, each setting its ``p.grad`` (with ``gradient_as_bucket_view``, the
+   bucket's view, the same object every step after the rebuild). Each rank builds a
+   *fresh* bucket per call (its gradients packed without gaps, into the buffer kept from
+   the last step) and calls ``hook(state, bucket)`` for every bucket in index order, once
+   that bucket and every lower one are ready, ``is_last()`` only on the highest index —
+   so a hook sees ``p.grad`` None for a gradient not ready yet, as in real DDP (measured:
+   ``benchmarks/measure_gloo_facts.py census``). Every rank calls *all* its hooks before
    any collective completes — several buckets in flight, as in a backward pass that
    outruns the network — then the scheduler completes them in its (seeded) order.
 3. **Copy-back.** Once every future has completed, DDP's reducer copies what each
@@ -37,7 +43,8 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    as notes.
 
 Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
-inside the first step, and kept across steps, as DDP keeps it.
+inside the first step, and kept across steps, as DDP keeps it. Like DDP's constructor,
+``SimDDP`` gives every rank the parameter values of its group's rank 0.
 
 >>> import torch
 >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -50,9 +57,13 @@ inside the first step, and kept across steps, as DDP keeps it.
 
 Differs from real DDP: the gradients are inputs (no autograd, no forward); the
 ready order is one fixed permutation (``DDPConfig.ready_order``); a failed step leaves
-the simulation usable (real DDP's next iteration fails inside the reducer); not
-modelled: unused parameters' gradients, ``no_sync``, sparse gradients, the
-``set_grads_to_none`` path, mixed-device models.
+the simulation usable (real DDP's next iteration fails inside the reducer); the hooks
+of a step all run before any collective completes, and the copy-back after all complete
+(on real gloo a collective may finish, and the reducer copy an earlier bucket's result
+back, while later hooks and callbacks run: timing); then-callbacks run on the rank's own
+thread (gloo's run on its worker threads); not modelled: unused parameters' gradients,
+``no_sync``, sparse gradients, the ``set_grads_to_none`` path, a loop that does not zero
+its gradients to None between steps, mixed-device models.
 """
 
 from __future__ import annotations
@@ -64,12 +75,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simcluster.fake.bucket import make_bucket, packed_buffer
+from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, resolved
 from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
 from simcluster.names import callable_name
-from simcluster.ddp.layout import BucketCall, bucket_calls, rebuild_iteration
+from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
 from simcluster.fake.process_group import SimProcessGroup
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
@@ -231,6 +242,11 @@ class SimDDP:
         """Each rank's bucket buffers, kept from one iteration to the next as DDP keeps them
         (a hook holding last step's ``bucket.buffer()`` sees this step's gradients in it);
         new ones from the rebuild on (:meth:`_buffer_generation`)."""
+        self._views: list[dict[int, torch.Tensor]] = [{} for _ in range(cluster.world_size)]
+        """With ``gradient_as_bucket_view``: each rank's ``p.grad`` view of its bucket buffer, by
+        parameter index, kept with the buffers — real DDP gives ``p.grad`` the same view object
+        every iteration after the rebuild (measured)."""
+        self._initial = _sync_module_states(self.params, process_group_factory)
         for it in range(3):  # validates caps and ready_order now, not mid-run
             self.layout(it)
 
@@ -280,28 +296,22 @@ class SimDDP:
 
     def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
                           futures: list[Any], *, bucket_api: str, world: int) -> None:
-        """Rank ``rank``'s part of one backward pass: set up its state on first use, call the
-        hook for every bucket (``futures`` gets what each call returned), then wait on them
-        all as the reducer does. ``bucket_api`` (the buckets' API) and ``world`` (the world
-        size) are the same for every rank: :meth:`step` works them out once per backward."""
+        """Rank ``rank``'s part of one backward pass: set up its state on first use, let the
+        gradients become ready in the ready order and call the hook for each bucket once it
+        is ready (``futures`` gets what each call returned), then wait on them all as the
+        reducer does. ``bucket_api`` (the buckets' API) and ``world`` (the world size) are the
+        same for every rank: :meth:`step` works them out once per backward."""
         if self.groups[rank] is None:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
-        as_view = self.config.gradient_as_bucket_view
-        buffers = self._buffers[rank]
         if it == self._buffer_generation():
-            buffers.clear()  # the rebuild allocates new buffers, whatever the new layout
+            self._buffers[rank].clear()  # the rebuild allocates new buffers, whatever the new layout
+            self._views[rank].clear()
+        for p in params:  # the training loop's zero_grad(set_to_none=True), torch's default
+            p.grad = None
+        ready = _ReadyGradients(self, rank, calls, local, bucket_api)
         for pos, call in enumerate(calls):
-            if not as_view:  # autograd left the local gradient in p.grad; DDP copies it into the bucket
-                for i in call.params:
-                    params[i].grad = local[i].detach().clone()
-            key = (pos, call.params)
-            bucket = make_bucket(
-                call.index, [params[i] for i in call.params], [local[i] for i in call.params],
-                is_last=call.is_last, gradient_as_bucket_view=as_view,
-                api=bucket_api, into=buffers.get(key),
-            )
-            buffers[key] = packed_buffer(bucket)
+            bucket = ready.launch(pos)
             where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
             if self.on_hook_call is not None:
                 self.on_hook_call(rank, it, call.index)
@@ -334,6 +344,10 @@ class SimDDP:
                     "group this rank belongs to (create it with dist.new_group inside the factory)"
                 )
         self.groups[rank] = group
+        if self._initial is not None:  # DDP's constructor broadcasts group rank 0's parameters
+            with torch.no_grad():
+                for p, source in zip(self.params[rank], self._initial[group.spec.ranks[0]]):
+                    p.copy_(source)
         self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
@@ -388,6 +402,73 @@ class SimDDP:
                     )
             out.append([g.detach() for g in rank_grads])
         return out
+
+
+def _sync_module_states(params: list[list[torch.nn.Parameter]],
+                        process_group_factory: Callable[[int], Any] | None) -> list[list[torch.Tensor]] | None:
+    """DDP's constructor broadcasts the parameters of its group's rank 0 to every rank
+    (measured: rank 1's parameters hold rank 0's values from the first hook call on,
+    ``benchmarks/measure_gloo_facts.py census``). On the whole world that is done here, at
+    once; with ``process_group_factory`` the groups exist only inside the first step, so the
+    values are kept (returned) and copied as each rank learns its group."""
+    if process_group_factory is not None:
+        return [[p.detach().clone() for p in ps] for ps in params]
+    with torch.no_grad():
+        for ps in params[1:]:
+            for p, source in zip(ps, params[0]):
+                p.copy_(source)
+    return None
+
+
+class _ReadyGradients:
+    """One rank's gradients becoming ready during one backward pass, as DDP's reducer sees them.
+
+    A parameter's gradient is ready at its place in the ready order; a bucket is launched (its
+    hook called) once its own gradients and every lower bucket's are ready. Measured with
+    real DDP (``benchmarks/measure_gloo_facts.py census``, after ``zero_grad(set_to_none=True)``):
+    while a hook runs, ``p.grad`` is ``None`` for a parameter whose gradient is not ready yet
+    — not last step's value — and holds its local gradient once ready (the bucket's view of it
+    with ``gradient_as_bucket_view``, the same view object every iteration after the rebuild).
+    A bucket's buffer is filled when its first gradient is ready.
+    """
+
+    def __init__(self, ddp: "SimDDP", rank: int, calls: list[BucketCall], local: list[torch.Tensor],
+                 api: str) -> None:
+        self.ddp, self.rank, self.calls, self.local, self.api = ddp, rank, calls, local, api
+        self.order = ready_order_of(ddp.config.ready_order, len(local))
+        self.position = {i: n for n, i in enumerate(self.order)}
+        self.owner = {i: pos for pos, call in enumerate(calls) for i in call.params}
+        self.buckets: dict[int, SimGradBucket] = {}
+        self.ready = 0  # how many gradients of self.order are ready
+
+    def launch(self, pos: int) -> SimGradBucket:
+        """Bucket ``pos`` (call order), after every gradient up to its launch became ready."""
+        last = max(self.position[i] for call in self.calls[: pos + 1] for i in call.params)
+        while self.ready <= last:
+            self._make_ready(self.order[self.ready])
+            self.ready += 1
+        return self.buckets[pos]
+
+    def _make_ready(self, i: int) -> None:
+        pos = self.owner[i]
+        call, params = self.calls[pos], self.ddp.params[self.rank]
+        buffers, key = self.ddp._buffers[self.rank], (pos, self.calls[pos].params)
+        if pos not in self.buckets:
+            self.buckets[pos] = make_bucket(
+                call.index, [params[j] for j in call.params], [self.local[j] for j in call.params],
+                is_last=call.is_last, api=self.api, into=buffers.get(key),  # type: ignore[arg-type]
+            )
+            buffers[key] = packed_buffer(self.buckets[pos])
+        p = params[i]
+        if not self.ddp.config.gradient_as_bucket_view:  # autograd left it in p.grad; DDP copies it in
+            p.grad = self.local[i].detach().clone()
+            return
+        views, buffer = self.ddp._views[self.rank], buffers[key]
+        view = views.get(i)
+        if view is None or view.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
+            off, n = dict(zip(call.params, packing([params[j] for j in call.params])))[i]
+            view = views[i] = buffer[off : off + n].view(p.shape)
+        p.grad = view
 
 
 def _make_params(
