@@ -234,3 +234,22 @@ def test_gossip_hook_is_caught_and_its_replay_reproduces() -> None:
 @pytest.mark.parametrize("name", ["gossip_alias", "numpy_noise", "torch_noise", "module_rng_drop", "module_cache"])
 def test_replays_of_hooks_using_rngs_and_module_state_reproduce_20_of_20(name: str) -> None:
     _replay_reproduces(name, 20)
+
+
+def test_ranks_loading_their_copies_at_once_each_get_their_own_complete_copy() -> None:
+    # e2e's real DDP runs every rank's setup on its own thread, and each loads the state
+    # factory then the hook from its copy of the file. The loads used to share sys.modules
+    # unguarded: a rank got another rank's half-executed copy ("module ... has no attribute
+    # 'hook'": a FIDELITY BUG reported for a correct hook) or a copy shared with another rank.
+    factory, hook = RankLocal(spec("slow_import").replace(":hook", ":factory")), RankLocal(spec("slow_import"))
+
+    def load_rank(_: int) -> tuple[object, object]:
+        modules: dict[str, object] = {}
+        made = factory.load(modules)
+        return made, hook.load(modules)
+
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(load_rank, range(4)))
+    for made, rank_hook in loaded:
+        assert made.__globals__ is rank_hook.__globals__  # one copy per rank: factory and hook share it
+    assert len({id(h.__globals__) for _, h in loaded}) == 4  # and no two ranks share one
