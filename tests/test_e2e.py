@@ -703,3 +703,19 @@ def test_only_an_abort_on_a_simulated_mismatch_is_reconciled() -> None:
         assert compare(scenario, MEAN, mismatch, real).verdict == "fidelity bug"
     for other in (SideFailure("hung", 0, "DeadlockError", "deadlock", 0), SideFailure("raised", 0, "IndexError", "x", 0)):
         assert compare(scenario, MEAN, Side("sim", failure=other), abort).verdict == "fidelity bug"
+
+
+def test_subgroup_counterexamples_left_out_are_noted_once_per_backend() -> None:
+    # a hook reducing over WORLD fails averages on DDP subgroups on both backends: the two notes
+    # were the same line twice (P2P_bf16_compress_hook, hooks from the wild)
+    from simcluster.checking.check import check_hook
+    from simcluster.real.e2e_check import _counterexamples
+
+    hook = str(Path(__file__).parent / "report_hooks.py") + ":averages_over_world"
+    report = check_hook(hook, world_sizes=(2,), examples=20, steps=1, seed=0, subgroups=True,
+                        properties=["averages"])
+    notes: list[str] = []
+    _counterexamples(report, notes)
+    subgroup_notes = [n for n in notes if "subgroups" in n]
+    assert len(subgroup_notes) == len(set(subgroup_notes)) >= 1, notes
+    assert all(" on gloo " in n or " on nccl " in n for n in subgroup_notes), notes

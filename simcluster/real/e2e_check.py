@@ -115,7 +115,8 @@ def _counterexamples(report: Any, notes: list[str]) -> list[Scenario]:
         seen.add(token)
         example, backend = decode_example(token)
         if example.subgroups > 1:
-            notes.append(f"the {failure.property} counterexample runs DDP on subgroups: not run end to end")
+            notes.append(f"the {failure.property} counterexample on {backend} runs DDP on subgroups: "
+                         "not run end to end")
             continue
         label = f"counterexample: {failure.property} on {backend}"
         out.append(scenario_from_example(example, label + (" (replayed on the gloo model)" if backend != "gloo" else "")))
