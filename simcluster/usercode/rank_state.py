@@ -258,7 +258,7 @@ class SettingsAudit:
         """``warnings.filters`` changed while rank ``rank``'s code ran. Filters only added
         while modules were imported for the first time in this process (the rank's own
         copies are not in ``sys.modules``) are what that import does in every process —
-        torch imports sympy on the first optimizer step, adding 7 filters — so they become
+        torch imports sympy on the first optimizer step, adding a filter — so they become
         the new baseline. Any other change is the rank's own: undone and reported."""
         now = warnings.filters
         if len(sys.modules) > self._modules and _kept_in_order(self._filters, now):
