@@ -5,7 +5,7 @@
     simcluster check [TARGET ...] [--state SPEC] [--tolerance T] [--backend gloo|nccl|all]
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
-                     [--properties P,Q] [--params SHAPES] [--subgroups] [--deadline SECONDS]
+                     [--properties P,Q] [--params SHAPES] [--subgroups] [--gradient-as-bucket-view] [--deadline SECONDS]
                      [--rng per_rank|same] [--isolate MOD[,MOD]] [--jobs N] [--quiet]
                      [--e2e [--e2e-examples N]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
@@ -115,6 +115,8 @@ def _add_check_parser(sub: Any) -> None:
                        help="fix the parameters' shapes, e.g. 4x5,5,1000 (values, caps, orders still drawn)")
     check.add_argument("--subgroups", action="store_true",
                        help="also draw DDP on equal subgroups of the world, whatever the state")
+    check.add_argument("--gradient-as-bucket-view", action="store_true",
+                       help="run every drawn DDP with gradient_as_bucket_view=True (a hook whose owner requires it)")
     check.add_argument("--steps", type=int, default=3, metavar="K", help="DDP steps per example (default 3)")
     check.add_argument("--examples", type=int, default=50, metavar="N", help="Hypothesis examples per backend")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="0 .. 2**32-1 (default 0)")
@@ -266,6 +268,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     extra: dict[str, Any] = {"params": parse_shapes(args.params)} if args.params is not None else {}
     if args.subgroups:
         extra["subgroups"] = True
+    if args.gradient_as_bucket_view:
+        extra["gradient_as_bucket_view"] = True
     return extra | {
         "backends": BACKEND_NAMES if args.backend == "all" else (args.backend,),
         "world_sizes": parse_world_sizes(args.world_sizes),

@@ -532,3 +532,25 @@ def test_bad_replay_token_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2
     assert_one_line_error(err)
     assert "replay token" in err
+
+
+def test_gradient_as_bucket_view_runs_every_drawn_ddp_in_view_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    # OverlappedAdamW (hooks from the wild) requires DDP(gradient_as_bucket_view=True); the search
+    # drew it rarely and shrank it off, so its precondition failed on every reported example.
+    hook = "tests/user_hooks.py:needs_bucket_views"
+    base = ["check", hook, "--no-database", "--quiet", "--jobs", "1", "--backend", "gloo", "--examples", "20"]
+    assert main(base) == 1
+    out = capsys.readouterr().out
+    assert "DDP parameter gradient no longer matches its bucket view" in out
+    assert main(base + ["--gradient-as-bucket-view"]) == 0, capsys.readouterr().out
+
+
+def test_gradient_as_bucket_view_is_in_the_replay_line(capsys: pytest.CaptureFixture[str]) -> None:
+    hook = "tests/report_hooks.py:forgot_division"
+    code = main(["check", hook, "--no-database", "--quiet", "--jobs", "1", "--backend", "gloo", "--examples", "10",
+                 "--world-sizes", "2", "--gradient-as-bucket-view"])
+    out = capsys.readouterr().out
+    assert code == 1
+    replay = next(line for line in out.splitlines() if "replay:" in line)
+    assert "--gradient-as-bucket-view" in replay
+    assert "gradient_as_bucket_view" in next(line for line in out.splitlines() if "layout:" in line)

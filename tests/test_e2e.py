@@ -721,3 +721,30 @@ def test_only_an_abort_on_a_simulated_mismatch_is_reconciled() -> None:
         assert compare(scenario, MEAN, mismatch, real).verdict == "fidelity bug"
     for other in (SideFailure("hung", 0, "DeadlockError", "deadlock", 0), SideFailure("raised", 0, "IndexError", "x", 0)):
         assert compare(scenario, MEAN, Side("sim", failure=other), abort).verdict == "fidelity bug"
+
+
+def test_subgroup_counterexamples_left_out_are_noted_once_per_backend() -> None:
+    # a hook reducing over WORLD fails averages on DDP subgroups on both backends: the two notes
+    # were the same line twice (P2P_bf16_compress_hook, hooks from the wild)
+    from simcluster.checking.check import check_hook
+    from simcluster.real.e2e_check import _counterexamples
+
+    hook = str(Path(__file__).parent / "report_hooks.py") + ":averages_over_world"
+    report = check_hook(hook, world_sizes=(2,), examples=20, steps=1, seed=0, subgroups=True,
+                        properties=["averages"])
+    notes: list[str] = []
+    _counterexamples(report, notes)
+    subgroup_notes = [n for n in notes if "subgroups" in n]
+    assert len(subgroup_notes) == len(set(subgroup_notes)) >= 1, notes
+    assert all(" on gloo " in n or " on nccl " in n for n in subgroup_notes), notes
+
+
+def test_view_mode_grads_keep_their_bucket_layout_on_every_side(census) -> None:
+    # real DDP's p.grad with gradient_as_bucket_view=True views its bucket at the parameter's offset
+    # (measured: (4, 5), (5,) -> offsets 0, 20 at iteration 0; 5, 0 after the rebuild); the real
+    # reducer's and the gloo processes' records cloned it to offset 0, and e2e called every
+    # view-mode run a FIDELITY BUG of the model
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=2, gradient_as_bucket_view=True), MEAN, "none", timeout=120)
+    assert result.verdict == "agree", result.format()
+    assert [g.storage_offset() for g in result.real.grads[0][0]] == [0, 20]
+    assert [g.storage_offset() for g in result.real.grads[1][0]] == [5, 0]

@@ -257,3 +257,18 @@ def test_explain_runs_a_legacy_hook(capsys: pytest.CaptureFixture[str]) -> None:
     assert "index() exists only" not in out
     assert code == 0, out
     assert "rank 1: calls the hook on bucket 0" in out and "The hook failed" not in out
+
+
+def test_the_trace_says_what_a_hook_returned_when_it_is_not_a_future(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # an optimizer-in-the-hook that returns nothing (hooks from the wild): the trace used to say
+    # "hook returns its future", then the failure said it returned None
+    out, trace = explain_failing(tmp_path, capsys, 2, "    return None\n")
+    assert "rank 0: hook returns None, not a future, for bucket 0" in trace
+    assert "returns its future" not in trace
+    assert "returned None" in out[out.index("4. The hook failed at step 0:"):]
+
+
+def test_the_trace_says_a_hook_returned_its_future(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook"]) == 0
+    assert "rank 0: hook returns its future for bucket 0" in capsys.readouterr().out

@@ -138,7 +138,7 @@ def test_hang_is_killed_within_the_timeout_and_no_child_survives(cluster: GlooCl
     assert time.monotonic() - began < 1.0 + 5.0
     assert 0 in info.value.unfinished
     assert "did not finish within timeout=1 s" in str(info.value)
-    assert "rank 0: in running test_gloo_runner:hang_on_rank_0" in str(info.value)
+    assert "rank 0: in the job test_gloo_runner:hang_on_rank_0" in str(info.value)
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -146,7 +146,7 @@ def test_rank_killed_by_gloo_abort_shows_its_output(cluster: GlooCluster) -> Non
     with pytest.raises(GlooRunError) as info:
         cluster.run(mismatched_sizes)
     message = str(info.value)
-    assert "was killed by SIGABRT" in message
+    assert "was killed by SIGABRT while in the job test_gloo_runner:mismatched_sizes" in message
     assert "Is there a distributed collective mismatch in your code?" in message
 
 

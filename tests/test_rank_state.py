@@ -10,6 +10,7 @@ import os
 import random
 import re
 import subprocess
+import warnings
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -234,3 +235,52 @@ def test_gossip_hook_is_caught_and_its_replay_reproduces() -> None:
 @pytest.mark.parametrize("name", ["gossip_alias", "numpy_noise", "torch_noise", "module_rng_drop", "module_cache"])
 def test_replays_of_hooks_using_rngs_and_module_state_reproduce_20_of_20(name: str) -> None:
     _replay_reproduces(name, 20)
+
+
+def test_ranks_loading_their_copies_at_once_each_get_their_own_complete_copy() -> None:
+    # e2e's real DDP runs every rank's setup on its own thread, and each loads the state
+    # factory then the hook from its copy of the file. The loads used to share sys.modules
+    # unguarded: a rank got another rank's half-executed copy ("module ... has no attribute
+    # 'hook'": a FIDELITY BUG reported for a correct hook) or a copy shared with another rank.
+    factory, hook = RankLocal(spec("slow_import").replace(":hook", ":factory")), RankLocal(spec("slow_import"))
+
+    def load_rank(_: int) -> tuple[object, object]:
+        modules: dict[str, object] = {}
+        made = factory.load(modules)
+        return made, hook.load(modules)
+
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(load_rank, range(4)))
+    for made, rank_hook in loaded:
+        assert made.__globals__ is rank_hook.__globals__  # one copy per rank: factory and hook share it
+    assert len({id(h.__globals__) for _, h in loaded}) == 4  # and no two ranks share one
+
+
+def test_a_first_import_setting_filters_and_environ_is_not_the_ranks_change() -> None:
+    # torch.optim.AdamW's first step imports sympy (7 warnings filters) and inductor
+    # (TORCHINDUCTOR_CACHE_DIR) in the process; the audit blamed the rank that stepped
+    # first (OverlappedAdamW, an optimizer-in-the-hook) and refused to check the hook.
+    sys.modules.pop("lazy_settings_lib", None)
+    os.environ.pop("SIMCLUSTER_TEST_LAZY_LIB_DIR", None)
+    sys.path.insert(0, str(HOOKS))
+    try:
+        def rank_fn(rank: int) -> None:
+            import lazy_settings_lib  # noqa: F401 - first import on rank 0's turn
+
+        SimCluster(2).run(rank_fn)
+        assert os.environ["SIMCLUSTER_TEST_LAZY_LIB_DIR"] == "/tmp/lazy-lib"  # kept, as in a process
+    finally:
+        sys.path.remove(str(HOOKS))
+        os.environ.pop("SIMCLUSTER_TEST_LAZY_LIB_DIR", None)
+
+
+def test_a_rank_changing_filters_after_an_import_is_still_reported() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 1:
+            import json  # noqa: F401 - already imported: no first import on this turn
+            warnings.filters.clear()  # the rank's own change: removes the process's filters
+
+    before = list(warnings.filters)
+    with pytest.raises(SharedSettingError, match="rank 1 changed warnings.filters"):
+        SimCluster(2).run(rank_fn)
+    assert warnings.filters == before

@@ -134,3 +134,13 @@ def global_rank_hook(state: GroupState, bucket: dist.GradBucket) -> torch.future
 def group_rank_hook(state: GroupState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Picks its own scale with ``state.group.rank()`` — the rank in its group (correct)."""
     return _own_scale_mean(state, bucket, state.group.rank())
+
+
+def needs_bucket_views(state, bucket):
+    """An optimizer-in-the-hook's precondition (OverlappedAdamW, hooks from the wild): DDP runs
+    with ``gradient_as_bucket_view=True``, so every ``p.grad`` is the bucket's view of it."""
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        if p.grad is None or not p.grad.is_set_to(g):
+            raise RuntimeError("DDP parameter gradient no longer matches its bucket view")
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])

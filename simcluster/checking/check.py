@@ -79,7 +79,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                replay: str | None = None, params: Sequence[Sequence[int]] | str | None = None,
                subgroups: bool | None = None, deadline: float = DEFAULT_DEADLINE,
                supervise: bool = True, rng: str = "per_rank",
-               isolate: str | Sequence[str] | None = None) -> CheckReport:
+               isolate: str | Sequence[str] | None = None, gradient_as_bucket_view: bool = False) -> CheckReport:
     """Check ``hook`` and return a :class:`~simcluster.checking.report.CheckReport` (never raises for findings).
 
     ``hook``: a ``module:name`` / ``file.py:name`` string — every simulated rank then gets its
@@ -102,7 +102,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     ``[(4, 5), (5,)]`` or ``"4x5,5"`` (values, world sizes, caps, ready orders and
     schedules are still drawn). ``subgroups``: draw DDP on equal subgroups of the world
     whatever the state (default: only with ``state="group"``); a factory then receives
-    the rank's subgroup. ``properties``: a subset of
+    the rank's subgroup. ``gradient_as_bucket_view``: every drawn DDP runs with
+    ``gradient_as_bucket_view=True`` (a hook whose owner requires it). ``properties``: a subset of
     :data:`~simcluster.checking.report.PROPERTIES` (default: all that apply). ``progress``: called
     with a line per backend. ``replay``: a token from a failure: run just that example.
     Usage errors raise :class:`~simcluster.errors.UsageError`.
@@ -140,7 +141,7 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                         replay_target=replay_target or loadable_spec(hook) or "", state=state, isolate=isolated,
                         tolerance=tolerance, backends=backends, world_sizes=world_sizes, steps=steps,
                         examples=examples, seed=seed, api=api, properties=properties, params=params,
-                        subgroups=subgroups, deadline=deadline, rng=rng)
+                        subgroups=subgroups, deadline=deadline, rng=rng, bucket_view=gradient_as_bucket_view)
     report = _new_report(opts, backends)
     if replay is not None:
         _replay(opts, replay, report, supervise)
@@ -323,6 +324,7 @@ def _digest(opts: Options, backend: str, steps: int) -> bytes:
         f"simcluster check|{opts.target}|{backend}|{opts.tolerance}|{opts.state_name}|{opts.api}|{steps}"
         + ("" if opts.params is None else f"|params={opts.params}")
         + ("|subgroups" if opts.subgroups and opts.state.kind != "group" else "")
+        + ("|gradient_as_bucket_view" if opts.bucket_view else "")
         + ("" if opts.rng == "per_rank" else f"|rng={opts.rng}")
         + (f"|isolate={','.join(opts.hook.isolate)}" if isinstance(opts.hook, RankLocal) and opts.hook.isolate else "")
     ).encode()
@@ -374,7 +376,8 @@ def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_size
                     examples: int, seed: int | None, database: Any) -> None:
     count = [0]
     strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps, subgroups=opts.subgroups,
-                                params=opts.params, **_domain(opts.tolerance, opts.props))
+                                params=opts.params, bucket_view=opts.bucket_view,
+                                **_domain(opts.tolerance, opts.props))
     test = _hypothesis_test(opts, backend, examples, count)
     test._hypothesis_internal_add_digest = _digest(opts, backend, steps)  # type: ignore[attr-defined]
     wrapped = given(strategy)(test)

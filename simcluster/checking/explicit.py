@@ -83,7 +83,7 @@ def edge_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     top = torch.finfo(DTYPES[values or "float32"]).max
     base = StepSpec((RankSpec("const", value=top),) * world)
     shapes = opts.params or ((4,),)
-    layout = Layout(shapes, None, tuple(range(len(shapes))))
+    layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
     return Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")
 
 
@@ -102,7 +102,8 @@ def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
         return None
     world = worlds[0]
     values = _values(opts) or "float32"
-    layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1)
+    layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1,
+                    gradient_as_bucket_view=opts.bucket_view)
     base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
     return Example(world, layout, base, (1,) * (steps - 1), RANKS_DISAGREE, "float32", values,
                    exact=opts.tolerance == "exact")

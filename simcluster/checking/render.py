@@ -232,6 +232,8 @@ def replay_command(opts: Options, backend: str, world: int, token: str, steps: i
         parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
     if opts.subgroups and opts.state.kind != "group":
         parts.append("--subgroups")
+    if opts.bucket_view:
+        parts.append("--gradient-as-bucket-view")
     if opts.api != "current":
         parts.append(f"--api {opts.api}")
     if opts.rng != "per_rank":

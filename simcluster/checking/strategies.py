@@ -152,7 +152,7 @@ def fixed_shapes(params: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]
 
 
 def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True,
-            params: Sequence[Sequence[int]] | None = None) -> st.SearchStrategy[Layout]:
+            params: Sequence[Sequence[int]] | None = None, bucket_view: bool = False) -> st.SearchStrategy[Layout]:
     """A :class:`Layout`: 1 to ``max_params`` parameters, a cap, a ready order.
 
     Caps are drawn as 1/8 to 8/8 of the parameters' float32 bytes (at least 16) (so the rebuild makes
@@ -160,7 +160,9 @@ def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True,
     ``static_graph`` / ``find_unused_parameters`` / ``gradient_as_bucket_view`` (rarely
     on; they shrink to off). Shrinks towards one ``(1,)`` parameter, the smallest
     cap, identity ready order. ``params``: fixed parameter shapes (``--params``); caps,
-    ready orders and flags are still drawn.
+    ready orders and flags are still drawn. ``bucket_view``: every layout has
+    ``gradient_as_bucket_view=True`` (``--gradient-as-bucket-view``: for hooks whose owner
+    requires it, e.g. an optimizer stepping on ``p.grad`` as the bucket's views).
     """
     fixed = None if params is None else fixed_shapes(params)
     # Sub-strategies are built once, not per draw (building costs more than drawing).
@@ -182,7 +184,7 @@ def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True,
         static = fu = view = False
         if flags and draw(quarter) == 3:
             static, fu, view = draw(flag), draw(flag), draw(flag)
-        return Layout(param_shapes, cap, order, static, fu, view)
+        return Layout(param_shapes, cap, order, static, fu, view or bucket_view)
 
     return build()
 
@@ -447,17 +449,18 @@ class Example:
 def examples(*, world_size_choices: Sequence[int] = (1, 2, 3, 4, 8), steps: int = 3,
              dtype: torch.dtype = torch.float32, values: torch.dtype | None = None, exact: bool = False,
              subgroups: bool = False, max_params: int = 4,
-             params: Sequence[Sequence[int]] | None = None) -> st.SearchStrategy[Example]:
+             params: Sequence[Sequence[int]] | None = None, bucket_view: bool = False) -> st.SearchStrategy[Example]:
     """A whole :class:`Example`. ``subgroups=True`` also draws a split of the world into
     equal groups of consecutive ranks (DDP runs on each), when the world size allows.
-    ``params``: fixed parameter shapes (see :func:`layouts`).
+    ``params``: fixed parameter shapes, ``bucket_view``: DDP's gradient_as_bucket_view always
+    on (see :func:`layouts`).
 
     Every sub-strategy is built once here, not per example: building Hypothesis
     strategies costs more than drawing from them.
     """
     values = values or dtype
     worlds = world_sizes(world_size_choices)
-    layout_st = layouts(max_params=max_params, params=params)
+    layout_st = layouts(max_params=max_params, params=params, bucket_view=bucket_view)
     grads_st = {w: gradient_specs(w, steps, values, exact=exact) for w in sorted(set(world_size_choices))}
     group_st = {w: st.sampled_from([d for d in range(1, w + 1) if w % d == 0]) for w in grads_st}
     schedule_st = schedules()

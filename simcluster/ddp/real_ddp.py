@@ -82,7 +82,8 @@ class RealDDPRun:
     ``hook_calls[r]``: rank ``r``'s hook calls in call order, each
     ``(iteration, bucket index, is_last, indices into model.parameters())``.
     ``grads[k][r][i]``: parameter ``i``'s ``.grad`` on rank ``r`` after iteration
-    ``k``'s ``backward()`` (a clone; ``None`` if the parameter got no gradient).
+    ``k``'s ``backward()`` (a copy keeping its layout, :func:`layout_copy`; ``None`` if the
+    parameter got no gradient).
     ``trace``: the collectives posted (event order depends on thread timing).
     ``initial[r][i]``: parameter ``i`` on rank ``r`` once DDP's constructor broadcast
     rank 0's; ``params[k][r][i]``: after iteration ``k`` and its optimizer step (clones).
@@ -411,7 +412,7 @@ class _Training:
             if real is None:
                 raise
             raise real from None  # what real DDP raises: the failed collective's own error
-        self.grads[k][rank] = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        self.grads[k][rank] = [None if p.grad is None else layout_copy(p.grad) for p in params]
         if step is not None:
             self.engine.set_status(f"optimizer step of iteration {k}")
             step()
@@ -437,3 +438,14 @@ def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:
     for other_rank, other_label, other in failures[1:]:
         add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {first_line(other, typed=True)}")
     raise exc
+
+
+def layout_copy(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` copied to the CPU with its layout: with ``gradient_as_bucket_view=True`` DDP's ``p.grad``
+    views its bucket's buffer at the parameter's offset (measured: iteration 0 of a (4, 5), (5,)
+    model gives offsets 0 and 20, after the rebuild 5 and 0; docs/ddp-facts.md), and the
+    model's results keep it — a plain ``clone()`` said offset 0, and e2e called every view-mode
+    run a FIDELITY BUG of the model."""
+    t = grad.detach()
+    storage = t.untyped_storage().clone().cpu()  # the whole storage: the offset and stride stay meaningful
+    return torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())

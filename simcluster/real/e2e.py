@@ -272,6 +272,8 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
                 emit: Callable[[int, str], None]) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
+    from simcluster.ddp.real_ddp import layout_copy
+
     calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
     step = 0
@@ -283,7 +285,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
         for step in range(scenario.steps):
             emit(rank, f"step {step}: forward and backward")
             ddp(inputs[step]).sum().backward()
-            grads.append([None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()])
+            grads.append([None if p.grad is None else layout_copy(p.grad) for p in model.parameters()])
             ddp.zero_grad(set_to_none=True)
         emit(rank, "finished every step")
     except BaseException as exc:

@@ -115,7 +115,8 @@ def _counterexamples(report: Any, notes: list[str]) -> list[Scenario]:
         seen.add(token)
         example, backend = decode_example(token)
         if example.subgroups > 1:
-            notes.append(f"the {failure.property} counterexample runs DDP on subgroups: not run end to end")
+            notes.append(f"the {failure.property} counterexample on {backend} runs DDP on subgroups: "
+                         "not run end to end")
             continue
         label = f"counterexample: {failure.property} on {backend}"
         out.append(scenario_from_example(example, label + (" (replayed on the gloo model)" if backend != "gloo" else "")))
@@ -134,6 +135,7 @@ def _edge(row: dict[str, Any], options: dict[str, Any]) -> list[Scenario]:
     grads = tuple(tuple(tuple(torch.full(s, top, dtype=torch.float32) for s in shapes) for _ in range(world))
                   for _ in range(steps))
     return [Scenario(world, shapes, steps, None, options["seed"], grads=grads,
+                     gradient_as_bucket_view=bool(options.get("gradient_as_bucket_view")),
                      label=f"edge: every rank at {str(values).removeprefix('torch.')} max")]
 
 
@@ -147,6 +149,7 @@ def _drawn(options: dict[str, Any], count: int) -> list[Scenario]:
         numel = sum(torch.Size(s).numel() for s in shapes)
         cap = None if rng.random() < 0.5 else max(16, rng.randint(numel, 4 * numel)) / 2**20
         out.append(Scenario(rng.choice(worlds), shapes, options["steps"], cap, rng.randrange(2**31),
+                            gradient_as_bucket_view=bool(options.get("gradient_as_bucket_view")),
                             label=f"drawn {n + 1}"))
     return out
 

@@ -51,6 +51,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e2e.add_argument("--steps", type=int, default=3, metavar="K", help="DDP steps (default 3)")
     e2e.add_argument("--bucket-cap-mb", "--bucket-cap", dest="bucket_cap_mb", type=float, default=None, metavar="X",
                      help="DDP's bucket_cap_mb (default: DDP's)")
+    e2e.add_argument("--gradient-as-bucket-view", action="store_true",
+                     help="DDP(..., gradient_as_bucket_view=True) on both sides")
     e2e.add_argument("--seed", type=int, default=0, metavar="S", help="draws the gradients (default 0)")
     e2e.add_argument("--backend", default="gloo", choices=BACKEND_NAMES,
                      help="real backend and the simulator's model of it (nccl: under torchrun on GPUs)")
@@ -71,7 +73,8 @@ def scenario_from_args(args: argparse.Namespace, world_size: int) -> Any:
         raise UsageError(f"--timeout {args.timeout!r} must be > 0 seconds")
     return Scenario(world_size=check_int("--world-size", world_size, *WORLD_SIZES),
                     shapes=parse_shapes(args.params), steps=check_int("--steps", args.steps, *STEPS),
-                    bucket_cap_mb=args.bucket_cap_mb, seed=check_int("--seed", args.seed, *SEEDS))
+                    bucket_cap_mb=args.bucket_cap_mb, seed=check_int("--seed", args.seed, *SEEDS),
+                    gradient_as_bucket_view=args.gradient_as_bucket_view)
 
 
 def exit_code(result: Any) -> int:

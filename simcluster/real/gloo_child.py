@@ -121,7 +121,7 @@ def _serve(rank: int, world_size: int, store_path: str, conn: mpc.Connection,
                 _leave(0)
             sys.path[:0] = [p for p in sys_path if p not in sys.path]
             _rng_restore(fresh_rng)
-            phase = f"running {name}"
+            phase = f"the job {name}"
             result = _child_target(name, main_path)(rank, world_size, payload)
             conn.send(("returned", rank, None))
             phase = "pickling its result"

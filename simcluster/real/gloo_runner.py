@@ -144,7 +144,7 @@ class _World:
         self.children: list[_Child] = []
         self.conns: list[mpc.Connection] = []
         self.log_offsets = [0] * world_size
-        self.phase = ["starting"] * world_size
+        self.phase = ["its start-up"] * world_size
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.dir, f"rank{rank}.log")
@@ -188,7 +188,7 @@ class _World:
         main_path = getattr(sys.modules.get("__main__"), "__file__", None)
         for rank, conn in enumerate(self.conns):
             self.log_offsets[rank] = _file_size(self.log_path(rank))
-            self.phase[rank] = f"running {name}"
+            self.phase[rank] = f"the job {name}"
             job = (name, payloads[rank], list(sys.path), main_path)
             conn.send_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
 

@@ -74,7 +74,7 @@ def _result_tensor(value: Any) -> torch.Tensor | None:
 def event_line(e: Any) -> str:
     """One trace event in words (DDP's reducer taking a result is said as such)."""
     if isinstance(e, HookCall):
-        verb = {"call": "calls the hook on", "return": "hook returns its future for", "raise": "hook RAISES on"}
+        verb = {"call": "calls the hook on", "return": f"hook returns {e.returned} for", "raise": "hook RAISES on"}
         return f"rank {e.rank}: {verb[e.phase]} bucket {e.bucket}"
     line = Trace([e]).format()
     head, sep, rest = line.partition(": callback collect.<locals>.store of ")

@@ -52,6 +52,8 @@ class HookCall:
     rank: int
     bucket: int
     phase: str
+    returned: str = "its future"
+    """For ``"return"``: what the hook returned, in words (``"None, not a future"``)."""
 
 
 @dataclass
@@ -126,10 +128,17 @@ def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[
                 trace.add(HookCall(rank, index, "raise"))
             raise
         if trace is not None:
-            trace.add(HookCall(rank, index, "return"))
+            trace.add(HookCall(rank, index, "return", _returned(future)))
         return future
 
     return recorded
+
+
+def _returned(value: Any) -> str:
+    """What a hook returned, in words: ``"its future"``, or e.g. ``"None, not a future"``."""
+    if isinstance(value, torch._C.Future):  # every future, a simulated one too (torch.futures.Future is
+        return "its future"                  # patched to a per-cluster subclass during a run)
+    return f"{'None' if value is None else 'a ' + type(value).__name__}, not a future,"
 
 
 def record(

@@ -39,6 +39,7 @@ import copy
 import importlib.machinery
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -57,6 +58,11 @@ SHARED_PACKAGES = frozenset({"torch", "numpy", "simcluster", "hypothesis", "pyte
 
 _ABSENT = object()
 _CODE: dict[tuple[str, str], tuple[float, Any]] = {}
+_LOADING = threading.RLock()
+"""Held while a rank's copies load: a load swaps names in the process-wide ``sys.modules``.
+Ranks that load at once (real DDP's rank threads under ``simcluster e2e``) otherwise take
+each other's half-executed copies. A module whose import waits on another rank (a
+collective at import time) would wait holding it; real processes import apart."""
 
 
 class _CachedSourceLoader(importlib.machinery.SourceFileLoader):
@@ -193,8 +199,19 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
                spec: str, what: str) -> ModuleType:
     """Load ``name`` (and, through its imports, the ``isolate`` modules) as copies into
     ``modules``, with a private ``sys.modules`` view while it runs; restore everything after."""
-    if name in modules:
-        return modules[name]
+    with _LOADING:
+        if name not in modules:
+            _load_copies(modules, name, path, isolate, spec, what)
+        module = modules[name]
+    if not isinstance(module, ModuleType):  # pragma: no cover - import_module always gives a module
+        raise TargetLoadError(f"{what} {spec!r}: {name} did not load as a module")
+    return module
+
+
+def _load_copies(modules: dict[str, Any], name: str, path: Path | None, isolate: tuple[str, ...],
+                 spec: str, what: str) -> None:
+    """:func:`_load_into`'s work, under its lock: ``name`` and the ``isolate`` modules it
+    imports, loaded fresh into ``modules``."""
     names = (name, *(n for n in isolate if n != name))
     saved = {n: sys.modules.get(n, _ABSENT) for n in names}
     finder = _CachedFinder(names)
@@ -208,9 +225,9 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
             # ``from pkg import helpers`` reads the attribute of the shared package first
             _set_parent_attribute(n, modules.get(n, _ABSENT))
         if path is not None:
-            module = exec_file(name, path, spec, what, loader=_CachedSourceLoader(name, str(path)))
+            modules[name] = exec_file(name, path, spec, what, loader=_CachedSourceLoader(name, str(path)))
         else:
-            module = import_module(name, spec, what)
+            modules[name] = import_module(name, spec, what)
         for n in names:
             if n not in modules and n in sys.modules:
                 modules[n] = sys.modules[n]
@@ -222,9 +239,6 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
             else:
                 sys.modules[n] = original
             _restore_parent_attribute(n, original)
-    if not isinstance(module, ModuleType):  # pragma: no cover - import_module always gives a module
-        raise TargetLoadError(f"{what} {spec!r}: {name} did not load as a module")
-    return module
 
 
 def _set_parent_attribute(name: str, value: Any) -> None:

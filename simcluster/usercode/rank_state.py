@@ -35,6 +35,7 @@ from __future__ import annotations
 import operator
 import os
 import random
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -223,6 +224,7 @@ class SettingsAudit:
         self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
         self._filters = list(warnings.filters)
         self._filter_key = _filters()
+        self._modules = len(sys.modules)
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         if self.changes:  # a new list only after a run that saw a change (the report keeps the old one)
             self.changes = []
@@ -232,16 +234,40 @@ class SettingsAudit:
         if _all_settings() != self._all:
             self._check_settings(rank)
         if _filters() != self._filter_key:
-            self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
-                                 f"{len(warnings.filters)} filters, first {warnings.filters[:1]!r}"))
-            warnings.filters[:] = self._filters
-            warnings._filters_mutated()  # type: ignore[attr-defined]
+            self._check_filters(rank)
         if os.environ._data != self._environ:  # type: ignore[attr-defined]
-            self.changes.append(("os.environ", rank, "", _environ_diff(self._environ)))
-            for key in [k for k in os.environ if os.environ.encodekey(k) not in self._environ]:  # type: ignore[attr-defined]
-                del os.environ[key]
-            for key, value in self._environ.items():
-                os.environ[os.environ.decodekey(key)] = os.environ.decodevalue(value)  # type: ignore[attr-defined]
+            self._check_environ(rank)
+        self._modules = len(sys.modules)
+
+    def _check_environ(self, rank: int) -> None:
+        """``os.environ`` changed while rank ``rank``'s code ran. Variables only added while
+        modules were imported for the first time in this process are that import's doing in
+        every process (torch's inductor, imported on the first optimizer step, sets
+        ``TORCHINDUCTOR_CACHE_DIR``): the new baseline. Any other change is undone and reported."""
+        now = os.environ._data  # type: ignore[attr-defined]
+        if len(sys.modules) > self._modules and all(now.get(k) == v for k, v in self._environ.items()):
+            self._environ = dict(now)
+            return
+        self.changes.append(("os.environ", rank, "", _environ_diff(self._environ)))
+        for key in [k for k in os.environ if os.environ.encodekey(k) not in self._environ]:  # type: ignore[attr-defined]
+            del os.environ[key]
+        for key, value in self._environ.items():
+            os.environ[os.environ.decodekey(key)] = os.environ.decodevalue(value)  # type: ignore[attr-defined]
+
+    def _check_filters(self, rank: int) -> None:
+        """``warnings.filters`` changed while rank ``rank``'s code ran. Filters only added
+        while modules were imported for the first time in this process (the rank's own
+        copies are not in ``sys.modules``) are what that import does in every process —
+        torch imports sympy on the first optimizer step, adding a filter — so they become
+        the new baseline. Any other change is the rank's own: undone and reported."""
+        now = warnings.filters
+        if len(sys.modules) > self._modules and _kept_in_order(self._filters, now):
+            self._filters, self._filter_key = list(now), _filters()
+            return
+        self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
+                             f"{len(now)} filters, first {now[:1]!r}"))
+        warnings.filters[:] = self._filters
+        warnings._filters_mutated()  # type: ignore[attr-defined]
 
     def _check_settings(self, rank: int) -> None:
         for (name, get, put), before in zip(_SETTINGS, self._all):
@@ -261,6 +287,12 @@ class SettingsAudit:
             f"rank {rank} {what} while its code ran{more}: simulated ranks share this process-wide setting, so "
             "the other ranks would see it (on a real cluster each process has its own); simcluster undid it and "
             f"cannot check this hook faithfully — set it before training starts, not in the hook. Replay: {replay()}")
+
+
+def _kept_in_order(before: list[Any], now: list[Any]) -> bool:
+    """Every filter of ``before`` is still in ``now``, in the same order (others only added)."""
+    rest = iter(now)
+    return all(any(f is g or f == g for g in rest) for f in before)
 
 
 def _environ_diff(before: dict[Any, Any]) -> str:
