@@ -577,9 +577,9 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         except Exception as exc:  # noqa: BLE001 - the hook's (or the model's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
             break
-        # recorded as the other two sides record p.grad (a contiguous clone): with
-        # gradient_as_bucket_view a step's grads keep the offsets of their bucket views
-        side.grads.append([[g.clone() for g in rank] for rank in result.grads])
+        # a step's grads as SimDDP keeps them: with gradient_as_bucket_view, copies that keep
+        # their bucket views' storage layout, as the other two sides record p.grad
+        side.grads.append([list(rank) for rank in result.grads])
     side.calls = calls
     return side
 
