@@ -1,0 +1,87 @@
+"""CPU instructions per simulated step: a speed measure that machine noise does not move.
+
+    python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64]
+
+Wall-clock timings on a shared VM swing by 2x from one minute to the next (CPU steal,
+neighbours), so a 5 % change to the hot path cannot be seen in them. Instruction counts
+can: this script re-runs itself under valgrind's callgrind with instrumentation off, warms
+up, switches instrumentation on (``callgrind_control -i on``) for ``--steps`` calls of
+``SimCluster.run_hook(allreduce_hook, ...)`` and off again, and prints instructions per
+step — repeatable to about 0.3 %. ``--floor`` counts torch's own share instead (each
+rank's ``allreduce_hook`` on a process group that completes at once, as
+``bench_engine.py``'s ``hook`` column). Needs valgrind; about 15 s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def _measured(args: argparse.Namespace) -> None:
+    """The part that runs under callgrind."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(args.n, generator=gen) for _ in range(args.world)]
+    if args.floor:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_engine
+
+        groups = [bench_engine._InstantGroup(r, args.world) for r in range(args.world)]
+
+        def step() -> None:
+            for rank in range(args.world):
+                allreduce_hook(groups[rank], bench_engine._Bucket(grads[rank].clone())).wait()
+    else:
+        from simcluster import SimCluster
+
+        cluster = SimCluster(args.world, seed=0)
+
+        def step() -> None:
+            cluster.run_hook(allreduce_hook, grads)
+    for _ in range(20):
+        step()
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    for _ in range(args.steps):
+        step()
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--n", type=int, default=64, help="bucket elements")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--floor", action="store_true", help="torch's own share of a step instead")
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inside:
+        _measured(args)
+        return
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("count_instructions: needs valgrind (callgrind) on PATH")
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
+               "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps)]
+    if args.floor:
+        command.append("--floor")
+    with tempfile.TemporaryDirectory() as scratch:  # callgrind writes its output file into the cwd
+        done = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
+    what = "torch's share (hook floor)" if args.floor else "simcluster"
+    print(f"{what}: world {args.world}, {args.n}-element buckets: "
+          f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per step")
+
+
+if __name__ == "__main__":
+    main()
