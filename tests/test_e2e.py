@@ -214,6 +214,19 @@ def test_a_failed_future_reaches_the_reducer_as_on_real_gloo(census, hook: str, 
     assert result.real.failure.error_type == result.sim.failure.error_type == "RuntimeError"
 
 
+def test_a_hook_real_ddp_refuses_at_registration_fails_before_step_0_on_both_sides(census) -> None:
+    """register_comm_hook raises KeyError 'bucket' for ``hook(state, grad)`` before any step
+    (wild5: fairscale's FSDP slowmo_hook). The real side's report said "rank 0 raised at
+    step 0": its step counter started at 0 while DDP was still being set up."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:grad_not_bucket", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    real = result.real.failure
+    assert real.error_type == "KeyError" and real.message == "'bucket'", result.format()
+    assert real.step is None and "at step" not in real.line(), real.line()
+    assert not result.real.calls.get(real.rank), "the real reducer never called the hook"
+
+
 # --------------------------------------------------------------------------- faults
 
 

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "EVENT_PREFIX", "RAISED_NOTE"]
+           "run_e2e", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -276,7 +276,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
 
     calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
-    step = 0
+    step: int | None = None  # None: constructing DDP or registering the hook, before step 0
     try:
         emit(rank, "constructing DistributedDataParallel")
         ddp = DistributedDataParallel(model, process_group=group, **scenario.ddp_kwargs())
@@ -291,9 +291,10 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
     except BaseException as exc:
         last = calls.get(rank, [])
         at = last[-1][0] if last else step
-        exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} at step {at}")
+        when = f"at step {at}" if at is not None else SETUP_PHASE
+        exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} {when}")
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} hook calls {json.dumps(last)}")
-        emit(rank, f"step {at}: raised {type(exc).__name__}: {first_line(exc)}")
+        emit(rank, f"{'before step 0' if at is None else f'step {at}'}: raised {type(exc).__name__}: {first_line(exc)}")
         raise
     return {"grads": grads, "calls": calls.get(rank, [])}
 
@@ -382,9 +383,18 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     return side
 
 
-RAISED_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
-"""The note a failing real rank adds to its exception (:func:`run_rank`): rank, error type, step."""
+SETUP_PHASE = "before step 0 (constructing DDP, registering the hook)"
+"""Where a real rank that raised before its first step (e.g. ``register_comm_hook`` refusing
+the hook) failed: its note and report name no step (they said "at step 0")."""
+RAISED_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) (?:at step (\d+)|{re.escape(SETUP_PHASE)})")
+"""The note a failing real rank adds to its exception (:func:`run_rank`): rank, error type,
+step (group 3; ``None`` when it raised before step 0)."""
 _CALLS_NOTE = re.compile(rf"^{EVENT_PREFIX}: rank \d+ hook calls (\[.*\])$", re.MULTILINE)
+
+
+def noted_step(note: re.Match[str] | None) -> int | None:
+    """The step a :data:`RAISED_NOTE` match names (``None``: no note, or raised before step 0)."""
+    return int(note.group(3)) if note is not None and note.group(3) is not None else None
 
 
 def noted_calls(traceback_text: str) -> list[HookCall] | None:
@@ -435,7 +445,7 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
         error_type = note.group(2) if note else _error_type(own)
         lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
         message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
-        return SideFailure("raised", rank, error_type, message, int(note.group(3)) if note else None, own)
+        return SideFailure("raised", rank, error_type, message, noted_step(note), own)
     hung = err.unfinished or [0]
     parts = []
     for rank in hung:
