@@ -158,3 +158,29 @@ def adds_last_steps_grad_by_reference(state, bucket):
 
 
 _KEPT_GRADS = {}
+
+
+def grad_not_bucket(state, grad):
+    """A FSDP-style hook signature (``hook(state, grad)``): real DDP's register_comm_hook
+    looks the parameter named ``bucket`` up and raises KeyError before any step runs."""
+    dist.all_reduce(grad)
+
+
+def own_group(process_group):
+    """A second group of the same ranks, made with ``new_group`` (every rank calls it)."""
+    return dist.new_group(dist.get_process_group_ranks(process_group))
+
+
+def posts_world_from_group_callbacks(state, bucket):
+    """All-reduce a copy on ``state`` (a group of its own); from that collective's callback —
+    on one of that group's gloo worker threads — all-reduce the bucket on WORLD and wait
+    there. Two buckets' callbacks post their WORLD collectives in an order that is timing:
+    a race that can hang real gloo."""
+    fut = dist.all_reduce(bucket.buffer().clone(), group=state, async_op=True).get_future()
+
+    def on_world(_):
+        buf = bucket.buffer()
+        dist.all_reduce(buf, async_op=True).get_future().wait()
+        return buf.div_(dist.get_world_size())
+
+    return fut.then(on_world)

@@ -7,11 +7,13 @@ import copy
 import doctest
 import os
 import pickle
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from simcluster.fake.bucket import SimGradBucket, make_bucket, packing
@@ -248,6 +250,7 @@ def test_make_bucket_checks_grads_against_parameters() -> None:
 _OBSERVE = r'''
 import copy
 import torch
+import torch.distributed as dist
 
 CURRENT = ["buffer", "gradients", "index", "is_last", "parameters", "set_buffer"]
 LEGACY = ["get_index", "get_model_params_for_bucket", "get_per_parameter_tensors", "get_tensor",
@@ -442,3 +445,23 @@ def test_a_missing_method_is_named_on_torchs_type_as_real_ddp_names_it() -> None
     current = make_bucket(0, params, grads, is_last=True, api="current")
     with pytest.raises(GradBucketAttributeError, match=r"get_tensors\(\) exists only in torch 1.7-1.9"):
         current.get_tensors()
+
+
+def test_python_type_errors_name_torchs_bucket_type_as_real_ddp_does() -> None:
+    """A FSDP-style hook ``hook(state, grad)`` handed a bucket calls ``dist.all_reduce(grad)``.
+    Real DDP (torch 2.13, gloo, world 1; benchmarks/measure_bucket_type_errors.py,
+    docs/ddp-facts.md §1) names ``torch._C._distributed_c10d.GradBucket`` in Python's own
+    TypeErrors; the simulator named ``SimGradBucket``, a class the user never wrote."""
+    params, grads = two_params()
+    real = "torch._C._distributed_c10d.GradBucket"
+    for api in ("both", "current", "legacy"):
+        b = make_bucket(0, params, grads, is_last=True, api=api)
+        assert isinstance(b, SimGradBucket) and repr(type(b)) == f"<class '{real}'>"
+        with pytest.raises(TypeError, match=re.escape(f"but got <class '{real}'> instead.")):
+            dist.all_reduce(b)
+        with pytest.raises(TypeError, match=re.escape(f"'{real}' object is not subscriptable")):
+            b[0]
+        with pytest.raises(TypeError, match=re.escape(f"unsupported operand type(s) for /: '{real}' and 'int'")):
+            b / 2
+        with pytest.raises(TypeError, match=re.escape(f"object of type '{real}' has no len()")):
+            len(b)

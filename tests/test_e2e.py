@@ -27,8 +27,8 @@ import torch
 from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
-from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, root_error, run_e2e, run_real,
-                                 run_model, run_sim, side_differences, _model_differences)
+from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, race_reached, root_error,
+                                 run_e2e, run_real, run_model, run_sim, side_differences, _model_differences)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -212,6 +212,47 @@ def test_a_failed_future_reaches_the_reducer_as_on_real_gloo(census, hook: str, 
     assert result.agree and result.hook_failed, result.format()
     assert result.real.failure.message == result.sim.failure.message == message, result.format()
     assert result.real.failure.error_type == result.sim.failure.error_type == "RuntimeError"
+
+
+def test_a_hook_real_ddp_refuses_at_registration_fails_before_step_0_on_both_sides(census) -> None:
+    """register_comm_hook raises KeyError 'bucket' for ``hook(state, grad)`` before any step
+    (wild5: fairscale's FSDP slowmo_hook). The real side's report said "rank 0 raised at
+    step 0": its step counter started at 0 while DDP was still being set up."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:grad_not_bucket", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    real = result.real.failure
+    assert real.error_type == "KeyError" and real.message == "'bucket'", result.format()
+    assert real.step is None and "at step" not in real.line(), real.line()
+    assert not result.real.calls.get(real.rank), "the real reducer never called the hook"
+
+
+RACY = f"{HOOKS}:posts_world_from_group_callbacks"
+RACY_STATE = f"{HOOKS}:own_group"
+TWO_BUCKETS = Scenario(2, ((1,), (1,), (2,), (1,)), steps=3, bucket_cap_mb=16 / 1024 / 1024)
+
+
+def test_race_reached_finds_a_callback_order_race_and_nothing_in_a_plain_hook() -> None:
+    reached = race_reached(TWO_BUCKETS, RACY, RACY_STATE)
+    assert reached is not None and reached[1].error_type == "CollectiveMismatchError", reached
+    assert race_reached(TWO_BUCKETS, f"{HOOKS}:terngrad_like", "none") is None
+
+
+def test_a_real_hang_the_simulator_meets_under_another_order_is_unconfirmed(monkeypatch) -> None:
+    """SimiGrad (wild5) posts WORLD all_reduces from subgroup callbacks: real gloo hung on 1
+    seed in 11 where the simulation's one order of completions finished, and e2e said FIDELITY
+    BUG. The simulator meets the mismatch under another order (check finds it): timing, as a
+    simulated mismatch where real gloo finished already is (unconfirmed)."""
+    import simcluster.real.e2e as e2e
+
+    hung = SideFailure("hung", 0, "hung", "ranks [0, 1] did not finish within 30 s and were killed", None)
+    monkeypatch.setattr(e2e, "run_real", lambda *a, **k: Side("real gloo", failure=hung, calls_known=False))
+    monkeypatch.setattr(e2e, "run_sim", lambda *a, **k: Side("sim (gloo model)", grads=[[[]]]))
+    result = e2e.run_e2e(TWO_BUCKETS, RACY, RACY_STATE)
+    assert result.verdict == "unconfirmed", result.format()
+    assert "real gloo hung where this simulation finished" in result.why and "schedule random(seed=" in result.why
+    # a hook with no race stays a fidelity bug when only real gloo hangs
+    assert e2e.run_e2e(TWO_BUCKETS, f"{HOOKS}:terngrad_like", "none").verdict == "fidelity bug"
 
 
 # --------------------------------------------------------------------------- faults

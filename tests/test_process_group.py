@@ -263,6 +263,28 @@ def test_new_group_and_new_subgroups_inside_a_run() -> None:
     assert out == [(0, 2, 1.0), (1, 2, 1.0), (-1, -1, 5.0), (-1, -1, 5.0)]
 
 
+@pytest.mark.parametrize("world, ranks, error, first_line", [
+    # measured on real gloo, torch 2.13: benchmarks/measure_new_group_errors.py
+    (1, [], TypeError, "__init__(): incompatible constructor arguments. The following argument types are supported:"),
+    (2, [], TypeError, "__init__(): incompatible constructor arguments. The following argument types are supported:"),
+    (1, [0, 5], ValueError, "the new group's world size should be less or equal to the world size set by "
+                            "init_process_group"),
+    (2, [0, 5], ValueError, "Rank 5 is out of range. Valid ranks are 0 to 1 (world_size=2)"),
+    (2, [0, 0], ValueError, "ranks list must not contain duplicate entries, got [0, 0]"),
+])
+def test_a_bad_new_group_rank_list_raises_what_torch_raises(world: int, ranks: list[int], error: type,
+                                                            first_line: str) -> None:
+    """A factory splitting a one-rank world in halves calls ``new_group([])`` (wild5: SimiGrad);
+    real torch raises a pybind TypeError, the simulator raised its own ValueError, and e2e
+    compared two different errors. The first line is what e2e compares, byte for byte."""
+    def body(rank: int) -> None:
+        dist.new_group(ranks)
+
+    with pytest.raises(error) as info:
+        SimCluster(world).run(body)
+    assert str(info.value).splitlines()[0] == first_line
+
+
 def test_new_subgroups_without_size_fails_on_cpu_as_torch_does() -> None:
     with pytest.raises(ValueError, match="Default group size only takes effect when CUDA is available"):
         SimCluster(2).run(lambda r: dist.new_subgroups())

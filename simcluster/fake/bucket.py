@@ -98,6 +98,10 @@ def packing(parameters: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
     return out
 
 
+_TORCH_BUCKET_TYPE = "torch._C._distributed_c10d.GradBucket"
+"""Real DDP's bucket type as Python's errors name it (its pybind ``tp_name``)."""
+
+
 class SimGradBucket:
     """A duck type of ``torch.distributed.GradBucket`` (current and legacy API).
 
@@ -250,7 +254,7 @@ class SimGradBucket:
         hidden = type(self).__dict__.get(name)
         if isinstance(hidden, _Unavailable):
             return hidden.__get__(self, type(self))
-        raise AttributeError(f"'torch._C._distributed_c10d.GradBucket' object has no attribute '{name}'")
+        raise AttributeError(f"'{_TORCH_BUCKET_TYPE}' object has no attribute '{name}'")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise GradBucketAttributeError(
@@ -308,7 +312,21 @@ def _gated_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
     hidden = {name: _Unavailable(name) for name in _AVAILABLE["both"] - _AVAILABLE[api]}
     cls = type(base.__name__, (base,), {"__slots__": (), "__module__": base.__module__, **hidden})
     cls.__qualname__ = base.__qualname__
+    if base is SimGradBucket:
+        _wear_torchs_name(cls)
     return cls
+
+
+def _wear_torchs_name(cls: type) -> None:
+    """Name ``cls`` as real DDP's bucket type is named, so Python's own errors about a
+    misused bucket read as real DDP's do: ``'torch._C._distributed_c10d.GradBucket' object
+    is not subscriptable``, ``… but got <class 'torch._C._distributed_c10d.GradBucket'>
+    instead`` (a pybind type's ``tp_name`` is the dotted path; measured, docs/ddp-facts.md).
+    Otherwise they named ``SimGradBucket``, a class the user never wrote. Only the simulator's
+    own bucket classes wear it: a user's subclass keeps its name."""
+    cls.__name__ = _TORCH_BUCKET_TYPE
+    cls.__qualname__ = "GradBucket"
+    cls.__module__ = _TORCH_BUCKET_TYPE.rpartition(".")[0]
 
 
 _GATED_CLASSES: dict[tuple[type[SimGradBucket], str], type[SimGradBucket]] = {}
@@ -318,7 +336,7 @@ def _bucket_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
     """The class of a bucket of ``api`` (``base`` itself for ``"both"``; a gated subclass,
     made once per ``(base, api)``, otherwise). An unknown ``api`` gives ``base``: its
     constructor then raises the ``UsageError``."""
-    if api == "both" or api not in _AVAILABLE:
+    if api not in _AVAILABLE or (api == "both" and base is not SimGradBucket):
         return base
     found = _GATED_CLASSES.get((base, api))
     if found is None:

@@ -46,6 +46,29 @@ _GENERATOR = torch.default_generator
 """What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
 
 
+
+def check_new_group_ranks(rank: int, ranks: list[int], world_size: int) -> None:
+    """Refuse a bad ``dist.new_group`` rank list (``ranks`` sorted, as torch sorts them) with
+    the exception real torch 2.13 raises, first line byte for byte, so e2e compares like with
+    like (measured: ``benchmarks/measure_new_group_errors.py``, docs/gloo-facts.md): a
+    duplicate, more ranks than the world, a rank out of range -- ``ValueError``; an empty
+    list -- torch gets as far as constructing the group and fails there with a pybind
+    ``TypeError``. The simulator raised one ValueError of its own for all four until
+    2026-12-03 (wild5: a hook's factory splitting a one-rank world in halves)."""
+    where = f"simcluster: dist.new_group(ranks={ranks!r}) on rank {rank} of a world of {world_size}"
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks list must not contain duplicate entries, got {ranks}")
+    if len(ranks) > world_size:
+        raise ValueError("the new group's world size should be less or equal to the world size set by "
+                         "init_process_group")
+    for r in ranks:
+        if r < 0 or r >= world_size:
+            raise ValueError(f"Rank {r} is out of range. Valid ranks are 0 to {world_size - 1} (world_size={world_size})")
+    if not ranks:
+        raise TypeError("__init__(): incompatible constructor arguments. The following argument types are "
+                        f"supported:\n{where}: an empty rank list; torch 2.13 fails constructing the group's "
+                        "ProcessGroup with this pybind error (measured)")
+
 class RankWorld(c10d._World):
     """One rank's private ``_World``: torch's group registry, per instance.
 
@@ -114,8 +137,7 @@ class GroupRegistry:
         ``GroupMember.NON_GROUP_MEMBER`` as in torch."""
         world_size = len(self.worlds)
         members = tuple(sorted(range(world_size) if ranks is None else ranks))
-        if not members or any(not 0 <= m < world_size for m in members) or len(set(members)) != len(members):
-            raise ValueError(f"new_group(ranks={ranks!r}) on rank {rank}: ranks must be distinct ranks of 0..{world_size - 1}")
+        check_new_group_ranks(rank, list(members), world_size)
         k = self._calls.get((rank, members), 0)
         self._calls[(rank, members)] = k + 1
         spec = self._groups.get((members, k))

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "EVENT_PREFIX", "RAISED_NOTE"]
+           "run_e2e", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -276,7 +276,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
 
     calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
-    step = 0
+    step: int | None = None  # None: constructing DDP or registering the hook, before step 0
     try:
         emit(rank, "constructing DistributedDataParallel")
         ddp = DistributedDataParallel(model, process_group=group, **scenario.ddp_kwargs())
@@ -291,9 +291,10 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
     except BaseException as exc:
         last = calls.get(rank, [])
         at = last[-1][0] if last else step
-        exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} at step {at}")
+        when = f"at step {at}" if at is not None else SETUP_PHASE
+        exc.add_note(f"{EVENT_PREFIX}: rank {rank} raised {type(exc).__name__} {when}")
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} hook calls {json.dumps(last)}")
-        emit(rank, f"step {at}: raised {type(exc).__name__}: {first_line(exc)}")
+        emit(rank, f"{'before step 0' if at is None else f'step {at}'}: raised {type(exc).__name__}: {first_line(exc)}")
         raise
     return {"grads": grads, "calls": calls.get(rank, [])}
 
@@ -382,9 +383,18 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     return side
 
 
-RAISED_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) at step (\d+)")
-"""The note a failing real rank adds to its exception (:func:`run_rank`): rank, error type, step."""
+SETUP_PHASE = "before step 0 (constructing DDP, registering the hook)"
+"""Where a real rank that raised before its first step (e.g. ``register_comm_hook`` refusing
+the hook) failed: its note and report name no step (they said "at step 0")."""
+RAISED_NOTE = re.compile(rf"{EVENT_PREFIX}: rank (\d+) raised (\w+) (?:at step (\d+)|{re.escape(SETUP_PHASE)})")
+"""The note a failing real rank adds to its exception (:func:`run_rank`): rank, error type,
+step (group 3; ``None`` when it raised before step 0)."""
 _CALLS_NOTE = re.compile(rf"^{EVENT_PREFIX}: rank \d+ hook calls (\[.*\])$", re.MULTILINE)
+
+
+def noted_step(note: re.Match[str] | None) -> int | None:
+    """The step a :data:`RAISED_NOTE` match names (``None``: no note, or raised before step 0)."""
+    return int(note.group(3)) if note is not None and note.group(3) is not None else None
 
 
 def noted_calls(traceback_text: str) -> list[HookCall] | None:
@@ -435,7 +445,7 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
         error_type = note.group(2) if note else _error_type(own)
         lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
         message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
-        return SideFailure("raised", rank, error_type, message, int(note.group(3)) if note else None, own)
+        return SideFailure("raised", rank, error_type, message, noted_step(note), own)
     hung = err.unfinished or [0]
     parts = []
     for rank in hung:
@@ -544,12 +554,13 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
 
 
 def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backend: str = "gloo",
-              inspect: Callable[..., Any] | None = None) -> Side:
+              inspect: Callable[..., Any] | None = None, schedule: Any = None) -> Side:
     """The scenario under :class:`~simcluster.ddp.model.SimDDP` — the DDP model the property
     search runs (simulated reducer, bucketing and copy-back, inline engine, in-order schedule).
     ``hook`` and ``state`` as SimDDP takes them (a :class:`~simcluster.usercode.rank_local.RankLocal`
     gives each simulated rank its own module, as a process has); ``inspect``: the hook whose
-    signature real DDP's registration checks (default ``hook``)."""
+    signature real DDP's registration checks (default ``hook``); ``schedule``: the order
+    collectives complete in (default in order: :class:`~simcluster.engine.scheduler.InOrder`)."""
     import torch.distributed as dist
 
     from simcluster.ddp.model import DDPConfig, SimDDP
@@ -562,7 +573,8 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
     if refused is not None:  # real DDP's register_comm_hook raises: the hook never runs
         side.failure = refused
         return side
-    cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend, schedule=InOrder())
+    cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend,
+                         schedule=InOrder() if schedule is None else schedule)
     config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
                        find_unused_parameters=scenario.find_unused_parameters,
                        gradient_as_bucket_view=scenario.gradient_as_bucket_view)
@@ -918,10 +930,66 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
 
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
             timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess") -> E2EResult:
-    """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`)."""
+    """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`).
+    Where only real gloo hung or died, the simulator is asked whether another order of
+    completions meets the same trouble (:func:`race_reached`) before it is blamed."""
     real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method)
     sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout)
-    return compare(scenario, hook, sim, real)
+    result = compare(scenario, hook, sim, real)
+    if result.verdict == "fidelity bug" and _only_real_stalled(sim, real):
+        reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout)
+        if reached is not None:
+            seed, failure = reached
+            why = RACE_REACHED.format(kind=real.failure.kind, error=failure.error_type,  # type: ignore[union-attr]
+                                      seed=seed, line=failure.line())
+            return E2EResult(scenario, hook, sim, real, result.differences, "unconfirmed", why)
+    return result
+
+
+RACE_TRIES = 32
+"""How many seeded random orders of completions :func:`race_reached` tries."""
+RACE_REACHED = ("real gloo {kind} where this simulation finished every step, and the DDP model meets {error} on the "
+                "same scenario under another order of completions (schedule random(seed={seed}): {line}): the "
+                "hook's race, decided by timing on real gloo too — not confirmed this run")
+_STALLS = ("CollectiveMismatchError", "DeadlockError")
+
+
+def _only_real_stalled(sim: Side, real: Side) -> bool:
+    """Real gloo hung or a rank died (a mismatch aborts gloo) where the simulation finished."""
+    return sim.failure is None and real.failure is not None and real.failure.kind in ("hung", "died")
+
+
+def race_reached(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
+                 timeout: float = 60.0) -> tuple[int, SideFailure] | None:
+    """The first of :data:`RACE_TRIES` seeded random orders of completions under which the
+    DDP model (SimDDP) meets a collective mismatch or a deadlock on ``scenario``: ``(seed,
+    failure)``, or ``None``. A hook posting collectives from callbacks on gloo's worker threads
+    races (docs/e2e.md): real gloo can hang on one run where the simulation's one order
+    finished, which is no evidence against the simulator when another order meets it too.
+    Supervised: a hook that hangs here gives ``None``."""
+    from simcluster.checking.supervisor import run_supervised
+
+    outcome = run_supervised(lambda monitor: _search_orders(scenario, hook, state, backend, monitor),
+                             deadline=timeout)
+    return outcome.value if outcome.death is None and outcome.error is None else None
+
+
+def _search_orders(scenario: Scenario, hook: str, state: str, backend: str,
+                   monitor: Any) -> tuple[int, SideFailure] | None:
+    from simcluster.engine.scheduler import SeededRandom
+    from simcluster.usercode.rank_local import RankLocal, rank_local_state
+
+    monitor.begin({"scenario": scenario.describe(), "search": "orders of completions"})
+    hook_fn, _ = load_hook_and_state(hook, state)
+    found = None
+    for seed in range(RACE_TRIES):
+        side = run_model(scenario, RankLocal(hook), rank_local_state(state), backend=backend, inspect=hook_fn,
+                         schedule=SeededRandom(seed))
+        if side.failure is not None and side.failure.error_type in _STALLS:
+            found = (seed, side.failure)
+            break
+    monitor.end()
+    return found
 
 
 if __name__ == "__main__":  # pragma: no cover

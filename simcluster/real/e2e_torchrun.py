@@ -112,12 +112,12 @@ def run_rank_quietly(me: _Rank, payload: dict[str, Any], device: Any) -> dict[st
 
 def _error_outcome(me: _Rank, exc: BaseException) -> dict[str, Any]:
     from simcluster.errors import first_line
-    from simcluster.real.e2e import RAISED_NOTE
+    from simcluster.real.e2e import RAISED_NOTE, noted_step
 
     text = "".join(traceback.format_exception(exc))
     note = RAISED_NOTE.search(text)
     return {"type": type(exc).__name__, "message": first_line(exc), "traceback": text,
-            "step": int(note.group(3)) if note else None, "last": me.last}
+            "step": noted_step(note), "last": me.last}
 
 
 def _watchdog(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> None:
