@@ -54,6 +54,9 @@ class HookCall:
     phase: str
     returned: str = "its future"
     """For ``"return"``: what the hook returned, in words (``"None, not a future"``)."""
+    future: str = ""
+    """For ``"return"`` of a simulated future: its trace label (``"then(f) of all_reduce#0 on
+    WORLD"``), so the reducer's wait on it can be told as that bucket's."""
 
 
 @dataclass
@@ -128,7 +131,7 @@ def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[
                 trace.add(HookCall(rank, index, "raise"))
             raise
         if trace is not None:
-            trace.add(HookCall(rank, index, "return", _returned(future)))
+            trace.add(HookCall(rank, index, "return", _returned(future), str(getattr(future, "label", ""))))
         return future
 
     return recorded
