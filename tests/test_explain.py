@@ -376,3 +376,19 @@ def test_the_timeline_marks_the_rebuild_and_names_no_simcluster_internals(tmp_pa
     story = record(allreduce_hook, world_size=2, steps=2, shapes=((5,),), bucket_cap_mb=None)
     svg = render_svg(story, NET)
     assert "REBUILT" in svg and "collect.&lt;locals&gt;.store" not in svg and "future is complete" in svg
+
+
+def test_a_wait_on_a_worker_says_it_holds_the_worker_and_a_pick_says_who_picked(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The clipping hook's callbacks wait on a later bucket and starve gloo's 2 workers of the
+    group (the deadlock report: 'behind 2 busy backend worker threads'). The trace said
+    'blocks in wait() on … (gloo-worker WORLD#1)' and '(picked 1 of 2 ready)' without saying
+    that the wait holds the worker, or who picks."""
+    code, out, _ = run(["explain", "simcluster.hooks.buggy:clip_waits_for_last_bucket",
+                        "--state", "simcluster.hooks.buggy:ClipState"], capsys)
+    assert code == 1 and "busy backend worker threads" in out
+    trace = _step(out, 1)
+    waits = [line for line in trace.splitlines() if "blocks in wait()" in line]
+    assert waits and all("gloo worker thread" in w and "holds" in w for w in waits)
+    picks = [line for line in trace.splitlines() if "completes on ranks" in line]
+    assert picks and all("seeded scheduler picked it among 2" in p for p in picks)

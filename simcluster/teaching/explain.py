@@ -44,7 +44,7 @@ import torch
 
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import CallbackRan, Completed, Trace
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
 from simcluster.ddp.layout import rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
@@ -110,6 +110,13 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
             which = f"the future the hook returned for bucket {bucket}" if bucket is not None else future
             return f"rank {e.rank}: {which} is complete ({future}); DDP reads it at the end of backward()"
         return f"rank {e.rank}: callback {e.callback} of {future} runs {_where_words(e.where)}"
+    if isinstance(e, Blocked):
+        held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
+        where = _where_words(e.context).removesuffix(" (grad mode on)")
+        return f"rank {e.rank}: blocks in wait() on {e.future} ({where}{held})"
+    if isinstance(e, Completed) and e.options > 1:
+        return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
+                f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
     return Trace([e]).format()
 
 
