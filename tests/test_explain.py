@@ -392,3 +392,17 @@ def test_a_wait_on_a_worker_says_it_holds_the_worker_and_a_pick_says_who_picked(
     assert waits and all("gloo worker thread" in w and "holds" in w for w in waits)
     picks = [line for line in trace.splitlines() if "completes on ranks" in line]
     assert picks and all("seeded scheduler picked it among 2" in p for p in picks)
+
+
+def test_replicas_that_differ_by_design_are_not_only_called_drift(capsys: pytest.CaptureFixture[str]) -> None:
+    """post_localSGD_hook averages inside subgroups from its start iteration on: replicas
+    differ by design, and local SGD re-syncs them with a model averager. Explain said only
+    'the model copies would drift apart', which reads as a bug to a learner."""
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook:post_localSGD_hook",
+                        "--state", "simcluster.checking.defaults:post_localsgd_state", "--world-size", "4",
+                        "--steps", "3"], capsys)
+    assert code == 0
+    step2 = _step(out, 2)
+    assert "on group" in step2 and "replicas agree bitwise: NO" in step2      # subgroup averaging from iteration 2
+    assert "model averager" in step2 and "re-broadcasts parameters" in step2
+    assert "replicas agree bitwise: NO" not in _step(out, 1)
