@@ -406,3 +406,16 @@ def test_replicas_that_differ_by_design_are_not_only_called_drift(capsys: pytest
     assert "on group" in step2 and "replicas agree bitwise: NO" in step2      # subgroup averaging from iteration 2
     assert "model averager" in step2 and "re-broadcasts parameters" in step2
     assert "replicas agree bitwise: NO" not in _step(out, 1)
+
+
+def test_a_legacy_explanation_names_the_legacy_buckets_tensor(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --api legacy the bucket has no buffer() (the simulated legacy bucket raises on it,
+    as 1.7-1.9's had none); explain's section title said 'bucket.buffer()' all the same."""
+    code, out, _ = run(["explain", "simcluster.hooks.legacy:allreduce_hook", "--api", "legacy", "--steps", "1"], capsys)
+    assert code == 0
+    title = next(line for line in out.splitlines() if line.startswith("2. What each rank's hook receives"))
+    assert "buffer()" not in title and "get_tensors()" in title
+    assert "--api legacy: the bucket is torch 1.7-1.9's" in out
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook",
+                        "--api", "legacy", "--steps", "1"], capsys)
+    assert code == 1 and "GradBucket.buffer() exists only in torch >= 1.10" in out   # what the title would claim

@@ -137,7 +137,7 @@ def _bucket_flat(step: StepStory, rank: int, k: int) -> torch.Tensor:
 _REBUILD_ITERATION = rebuild_iteration()  # explain's DDP: no static_graph, no find_unused_parameters
 
 
-def _reading_notes(backend: str) -> list[str]:
+def _reading_notes(backend: str, api: str = "current") -> list[str]:
     """What real DDP does around the hook, which the trace below does not show by itself
     (measured on torch 2.13 with real DDP over gloo: ``docs/ddp-facts.md`` §1 and §4,
     ``docs/gloo-facts.md`` §3)."""
@@ -148,7 +148,10 @@ def _reading_notes(backend: str) -> list[str]:
     else:
         callbacks = ("a callback attached with then() to a collective still in flight runs in the code that "
                      "completes the collective (the NCCL model: the rank's own thread here)")
-    return [
+    legacy = ["--api legacy: the bucket is torch 1.7-1.9's (get_index(), get_tensors(), get_tensor() in 1.9) "
+              "and the future's value a one-element list, as that era's DDP took it; the rest below was measured on "
+              "torch 2.13"] if api == "legacy" else []
+    return legacy + [
         "the hook: DDP's reducer calls it inside loss.backward(), on the rank's own thread, as soon as the bucket's "
         "gradients and every lower bucket's are ready; grad mode is OFF there (torch.is_grad_enabled() is False)",
         "bucket.buffer(): the rank's local gradients of the bucket's parameters, flat, in bucket.parameters() order; "
@@ -288,12 +291,13 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
            f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",
            *_section("How to read this (what real DDP does around the hook, measured on torch 2.13 / gloo):",
-                     _reading_notes(story.backend))]
+                     _reading_notes(story.backend, story.api))]
     previous = None
     for step in story.steps:
         out.append(f"== step {step.step} (DDP iteration {step.iteration}) ==")
         out += _section("1. The buckets:", _layout_lines(story, step, previous))
-        out += _section("2. What each rank's hook receives (bucket.buffer(): its local gradients):", [
+        flat = "bucket.buffer()" if story.api == "current" else "bucket.get_tensors()[0], get_tensor() in 1.9"
+        out += _section(f"2. What each rank's hook receives ({flat}: its local gradients):", [
             f"rank {r}, bucket {k}: {_bucket_flat(step, r, k).tolist()}"
             for r in range(story.world_size) for k in range(len(step.bucket_params))])
         title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")

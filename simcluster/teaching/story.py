@@ -88,6 +88,8 @@ class Story:
     bucket_cap_mb: float | None
     steps: list[StepStory] = field(default_factory=list)
     states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
+    api: str = "current"
+    """The bucket API the hook met: ``"current"`` (torch >= 1.10) or ``"legacy"`` (1.7-1.9)."""
 
     @property
     def failed(self) -> StepStory | None:
@@ -175,7 +177,7 @@ def record(
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
     if monitor is not None:
         ddp.on_hook_call = monitor.at
-    story = Story(world_size, backend, seed, shapes, bucket_cap_mb)
+    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api)
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
         if monitor is not None:
