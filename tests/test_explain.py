@@ -404,7 +404,7 @@ def test_replicas_that_differ_by_design_are_not_only_called_drift(capsys: pytest
     assert code == 0
     step2 = _step(out, 2)
     assert "on group" in step2 and "replicas agree bitwise: NO" in step2      # subgroup averaging from iteration 2
-    assert "model averager" in step2 and "re-broadcasts parameters" in step2
+    assert "model averager" in step2 and "broadcasts parameters only in its constructor" in step2
     assert "replicas agree bitwise: NO" not in _step(out, 1)
 
 

@@ -250,9 +250,9 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
         if len(tensors) == story.world_size:
             agree = all(torch.equal(tensors[0], t) and tensors[0].dtype == t.dtype for t in tensors)
             lines.append("  replicas agree bitwise: " + ("yes" if agree else (
-                "NO — DDP never re-broadcasts parameters after its constructor, so the model copies drift apart "
-                "unless something outside the hook averages them (local SGD's periodic model averager does, by "
-                "design)")))
+                "NO — DDP broadcasts parameters only in its constructor (and when a join() for uneven inputs "
+                "ends), so the model copies drift apart unless something outside the hook averages them (local "
+                "SGD's periodic model averager does, by design)")))
     return lines + ["DDP's reducer copies each result into the p.grad tensors the hook saw (each parameter its slice)"
                     + ("" if not step.result.warnings else ", with warnings:"),
                     *("  " + w for w in step.result.warnings)]
