@@ -406,6 +406,10 @@ def test_replicas_that_differ_by_design_are_not_only_called_drift(capsys: pytest
     assert "on group" in step2 and "replicas agree bitwise: NO" in step2      # subgroup averaging from iteration 2
     assert "model averager" in step2 and "broadcasts parameters only in its constructor" in step2
     assert "replicas agree bitwise: NO" not in _step(out, 1)
+    # fewer bytes on the wire because each all_reduce spans 2 ranks of 4, not because of compression
+    wire = step2[step2.index("4. The collectives"):step2.index("5. What each future")]
+    assert "float32[" in wire and "float16" not in wire and "not compression" in wire
+    assert "not compression" not in _step(out, 1)
 
 
 def test_a_legacy_explanation_names_the_legacy_buckets_tensor(capsys: pytest.CaptureFixture[str]) -> None:

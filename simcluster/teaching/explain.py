@@ -224,8 +224,14 @@ def _wire_lines(story: Story, step: StepStory, network: Network) -> list[str]:
     base = allreduce_baseline(step.bucket_numel, story.world_size)
     ratio = f"{base / mine:.2f}" if mine else "n/a (nothing to send)" if not base else "∞ (nothing sent)"
     total = sum(row.seconds for row in rows)
+    payload = sum(row.nbytes for row in rows if 0 in row.ranks)
+    why = ""
+    if mine and mine != base and payload == 4 * sum(step.bucket_numel) and any(len(r.ranks) < story.world_size
+                                                                                for r in rows):
+        why = (" (not compression: rank 0 hands its collectives as many bytes as plain allreduce_hook; they run "
+               "on smaller groups)")
     out.append(f"rank 0 sends {mine} B this step; plain allreduce_hook on these buckets sends {base} B: "
-               f"compression ratio {ratio}; α-β total {total * 1e6:.1f} µs, one collective at a time "
+               f"compression ratio {ratio}{why}; α-β total {total * 1e6:.1f} µs, one collective at a time "
                f"({network.describe()})")
     return out
 
