@@ -272,3 +272,154 @@ def test_the_trace_says_what_a_hook_returned_when_it_is_not_a_future(
 def test_the_trace_says_a_hook_returned_its_future(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook"]) == 0
     assert "rank 0: hook returns its future for bucket 0" in capsys.readouterr().out
+
+
+# -- what the explanation says about real DDP, checked against what the hook itself observes --------
+
+OBSERVING_HOOK = """
+import torch
+import torch.distributed as dist
+
+_kept = {}
+
+
+def observing_hook(state, bucket):
+    rank, index = dist.get_rank(), bucket.index()
+    buf = bucket.buffer()
+    before = _kept.get((rank, index))
+    same = before is not None and before.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    _kept[(rank, index)] = buf
+    grads_match = all(p.grad is not None and torch.equal(p.grad.reshape(-1), g.reshape(-1))
+                      for p, g in zip(bucket.parameters(), bucket.gradients()))
+    if rank == 0 and index == 0:
+        print(f"HOOK grad_enabled={torch.is_grad_enabled()} same_buffer_as_last_step={same} p.grad_is_local={grads_match}")
+
+    def done(fut):
+        if rank == 0 and index == 0:
+            print(f"CALLBACK grad_enabled={torch.is_grad_enabled()}")
+        return fut.value()[0] / dist.get_world_size()
+
+    return dist.all_reduce(buf, async_op=True).get_future().then(done)
+"""
+
+
+def _observed(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    path = tmp_path / "observing.py"
+    path.write_text(OBSERVING_HOOK)
+    code, out, _ = run(["explain", f"{path}:observing_hook", *extra], capsys)
+    assert code == 0, out
+    return out
+
+
+def _step(out: str, k: int) -> str:
+    start = out.index(f"== step {k} (DDP iteration {k}) ==")
+    end = out.find("== step", start + 1)
+    return out[start:end if end >= 0 else len(out)]
+
+
+def test_the_explanation_says_where_callbacks_run_and_in_which_grad_mode_as_the_hook_observes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace said 'callback … runs gloo-worker WORLD#0' and nothing of grad mode; a
+    learner could not tell the callback from the hook. What it says now must match what the
+    hook and its callback print about their own grad mode (hook off, gloo callback on)."""
+    out = _observed(tmp_path, capsys, "--steps", "1")
+    assert "HOOK grad_enabled=False" in out and "CALLBACK grad_enabled=True" in out
+    callbacks = [line for line in out.splitlines() if ": callback observing_hook.<locals>.done of" in line]
+    assert callbacks and all("gloo worker thread" in line and "grad mode on" in line for line in callbacks)
+    assert "grad mode is OFF" in out and "inside loss.backward()" in out
+
+
+def test_the_reducer_is_not_said_to_read_results_on_a_gloo_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    """Real DDP's reducer waits for every bucket's future at the end of backward(), on the
+    rank's thread; the trace said 'DDP's reducer takes the result of … (gloo-worker WORLD#0)'.
+    Each future the hook returned is now named by its bucket."""
+    code, out, _ = run(["explain", TORCH_FP16], capsys)
+    assert code == 0
+    trace = [line.strip() for line in _step(out, 1).splitlines()]
+    assert not [line for line in trace if "DDP" in line and "gloo" in line]
+    assert "collect.<locals>.store" not in out
+    for rank in (0, 1):
+        for bucket in (0, 1, 2):
+            assert any(line.startswith(f"rank {rank}: the future the hook returned for bucket {bucket} is complete")
+                       and "end of backward()" in line for line in trace), (rank, bucket)
+
+
+def test_the_reading_notes_state_the_measured_facts_a_learner_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", TORCH_FP16, "--steps", "1"], capsys)
+    assert code == 0
+    notes = out[:out.index("== step 0")]
+    assert "in flight: a collective posted" in notes
+    assert "is None" in notes and "not ready yet" in notes                   # p.grad before its gradient is ready
+    assert "same p.grad tensors the hook saw" in notes                       # the copy-back writes into p.grad
+    assert "2 gloo worker threads" in notes and "not on the rank's own thread" in notes
+    assert "runs inline in the hook" in notes and "not modelled" in notes    # the race the model leaves out
+    assert "rank 0's" in notes and "broadcasts" in notes
+    code, out, _ = run(["explain", TORCH_FP16, "--steps", "1", "--backend", "nccl"], capsys)
+    notes = out[:out.index("== step 0")]
+    assert "gloo worker" not in notes and "NCCL model" in notes
+
+
+def test_the_rebuild_is_explained_and_later_steps_say_the_buffers_are_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One parameter: the rebuild keeps the layout but replaces the buffer (measured); explain
+    said nothing at step 1 then, and never said that later steps reuse the buffers. What it
+    says must match what the hook sees of its own bucket.buffer()."""
+    out = _observed(tmp_path, capsys, "--numel", "5", "--steps", "3")
+    step1, step2 = _step(out, 1), _step(out, 2)
+    assert "same_buffer_as_last_step=False" in step1 and "same_buffer_as_last_step=True" in step2
+    assert "REBUILT after iteration 0" in step1 and "new buffer" in step1 and "why:" in step1
+    assert "same buffers" in step2 and "REBUILT" not in step2
+    assert "p.grad_is_local=True" in step1 and "p.grad of each of them holds the same local gradient" in out
+
+
+def test_the_timeline_marks_the_rebuild_and_names_no_simcluster_internals(tmp_path: Path) -> None:
+    story = record(allreduce_hook, world_size=2, steps=2, shapes=((5,),), bucket_cap_mb=None)
+    svg = render_svg(story, NET)
+    assert "REBUILT" in svg and "collect.&lt;locals&gt;.store" not in svg and "future is complete" in svg
+
+
+def test_a_wait_on_a_worker_says_it_holds_the_worker_and_a_pick_says_who_picked(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The clipping hook's callbacks wait on a later bucket and starve gloo's 2 workers of the
+    group (the deadlock report: 'behind 2 busy backend worker threads'). The trace said
+    'blocks in wait() on … (gloo-worker WORLD#1)' and '(picked 1 of 2 ready)' without saying
+    that the wait holds the worker, or who picks."""
+    code, out, _ = run(["explain", "simcluster.hooks.buggy:clip_waits_for_last_bucket",
+                        "--state", "simcluster.hooks.buggy:ClipState"], capsys)
+    assert code == 1 and "busy backend worker threads" in out
+    trace = _step(out, 1)
+    waits = [line for line in trace.splitlines() if "blocks in wait()" in line]
+    assert waits and all("gloo worker thread" in w and "holds" in w for w in waits)
+    picks = [line for line in trace.splitlines() if "completes on ranks" in line]
+    assert picks and all("seeded scheduler picked it among 2" in p for p in picks)
+
+
+def test_replicas_that_differ_by_design_are_not_only_called_drift(capsys: pytest.CaptureFixture[str]) -> None:
+    """post_localSGD_hook averages inside subgroups from its start iteration on: replicas
+    differ by design, and local SGD re-syncs them with a model averager. Explain said only
+    'the model copies would drift apart', which reads as a bug to a learner."""
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook:post_localSGD_hook",
+                        "--state", "simcluster.checking.defaults:post_localsgd_state", "--world-size", "4",
+                        "--steps", "3"], capsys)
+    assert code == 0
+    step2 = _step(out, 2)
+    assert "on group" in step2 and "replicas agree bitwise: NO" in step2      # subgroup averaging from iteration 2
+    assert "model averager" in step2 and "broadcasts parameters only in its constructor" in step2
+    assert "replicas agree bitwise: NO" not in _step(out, 1)
+    # fewer bytes on the wire because each all_reduce spans 2 ranks of 4, not because of compression
+    wire = step2[step2.index("4. The collectives"):step2.index("5. What each future")]
+    assert "float32[" in wire and "float16" not in wire and "not compression" in wire
+    assert "not compression" not in _step(out, 1)
+
+
+def test_a_legacy_explanation_names_the_legacy_buckets_tensor(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --api legacy the bucket has no buffer() (the simulated legacy bucket raises on it,
+    as 1.7-1.9's had none); explain's section title said 'bucket.buffer()' all the same."""
+    code, out, _ = run(["explain", "simcluster.hooks.legacy:allreduce_hook", "--api", "legacy", "--steps", "1"], capsys)
+    assert code == 0
+    title = next(line for line in out.splitlines() if line.startswith("2. What each rank's hook receives"))
+    assert "buffer()" not in title and "get_tensors()" in title
+    assert "--api legacy: the bucket is torch 1.7-1.9's" in out
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook",
+                        "--api", "legacy", "--steps", "1"], capsys)
+    assert code == 1 and "GradBucket.buffer() exists only in torch >= 1.10" in out   # what the title would claim

@@ -5,12 +5,19 @@ parameters (``2x2,3,3``, float32) with a 12-byte bucket cap: DDP's iteration 0 i
 bucket in parameter order, then the rebuild puts each parameter in a bucket of its own,
 in gradient-ready order — so from step 1 three buckets are in flight. Every rank's
 gradients are small whole numbers (exact in every float type, so the mean is readable).
-For each step the explanation shows
+It opens with how to read it: what real DDP does around the hook, as measured on torch
+2.13 / gloo (``docs/ddp-facts.md`` §1 and §4, ``docs/gloo-facts.md`` §3) — the hook runs
+inside ``backward()`` with grad mode off, ``p.grad`` (None until ready, then the local
+gradient, then the result in the same tensor), what "in flight" means, where callbacks
+run and in which grad mode, and the inline-then race the simulation leaves out. Then for
+each step
 
-1. the layout: which parameters each bucket holds (and that the rebuild happened);
+1. the layout: which parameters each bucket holds, the rebuild and why, and that the
+   buffers are kept from the rebuild on;
 2. each rank's input, per bucket;
 3. the trace — hook calls, every collective posted, when it completed, where each
-   callback ran (a gloo worker thread, inline, …), who blocked;
+   callback ran (a gloo worker thread and its grad mode, inline, …), who blocked, and
+   when each future the hook returned completed (DDP reads it at the end of ``backward()``);
 4. the collectives across ranks with the bytes each rank sends under the backend's
    algorithm (:mod:`simcluster.teaching.wire`), the ratio against plain ``allreduce_hook`` on the
    same buckets, and an α-β estimate of the communication time;
@@ -37,7 +44,8 @@ import torch
 
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import Completed, Trace
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
+from simcluster.ddp.layout import rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
@@ -71,17 +79,51 @@ def _result_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def event_line(e: Any) -> str:
-    """One trace event in words (DDP's reducer taking a result is said as such)."""
+def _where_words(where: str) -> str:
+    """Where a callback ran, as the trace labels it, in words a learner can act on
+    (``docs/gloo-facts.md`` §3: gloo runs a pending collective's callbacks on one of the
+    group's 2 worker threads, a thread of its own whose grad mode is on)."""
+    if where.startswith("gloo-worker "):
+        group, _, n = where.removeprefix("gloo-worker ").rpartition("#")
+        return f"on {group}'s gloo worker thread #{n} (grad mode on)"
+    if where.startswith("rank "):
+        return f"on {where}'s own thread"
+    if where == "inline":
+        return "inline, in the code that attached it, before then() returned (the future was already complete)"
+    if where == "completion":
+        return "in the code that completed the future"
+    return where
+
+
+def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str:
+    """One trace event in words. ``futures`` maps ``(rank, label)`` of each future the hook
+    returned to its bucket: the reducer's wait on it is told as that bucket's. DDP's
+    reducer reads a hook's future when it waits for every bucket at the end of
+    ``backward()``, on the rank's own thread — not where the future completed."""
     if isinstance(e, HookCall):
         verb = {"call": "calls the hook on", "return": f"hook returns {e.returned} for", "raise": "hook RAISES on"}
         return f"rank {e.rank}: {verb[e.phase]} bucket {e.bucket}"
-    line = Trace([e]).format()
-    head, sep, rest = line.partition(": callback collect.<locals>.store of ")
-    if sep:
-        future, _, where = rest.rpartition(" runs ")
-        line = f"{head}: DDP's reducer takes the result of {future} ({where})"
-    return line
+    if isinstance(e, CallbackRan):
+        future = e.future
+        if e.callback.endswith("collect.<locals>.store"):
+            bucket = (futures or {}).get((e.rank, future))
+            which = f"the future the hook returned for bucket {bucket}" if bucket is not None else future
+            return f"rank {e.rank}: {which} is complete ({future}); DDP reads it at the end of backward()"
+        return f"rank {e.rank}: callback {e.callback} of {future} runs {_where_words(e.where)}"
+    if isinstance(e, Blocked):
+        held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
+        where = _where_words(e.context).removesuffix(" (grad mode on)")
+        return f"rank {e.rank}: blocks in wait() on {e.future} ({where}{held})"
+    if isinstance(e, Completed) and e.options > 1:
+        return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
+                f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
+    return Trace([e]).format()
+
+
+def _returned_futures(events: Sequence[Any]) -> dict[tuple[int, str], int]:
+    """``(rank, future label) -> bucket`` for the futures the hook returned in a step."""
+    return {(e.rank, e.future): e.bucket for e in events
+            if isinstance(e, HookCall) and e.phase == "return" and e.future}
 
 
 def _section(title: str, lines: list[str]) -> list[str]:
@@ -92,14 +134,58 @@ def _bucket_flat(step: StepStory, rank: int, k: int) -> torch.Tensor:
     return torch.cat([step.inputs[rank][i].reshape(-1) for i in step.bucket_params[k]])
 
 
+_REBUILD_ITERATION = rebuild_iteration()  # explain's DDP: no static_graph, no find_unused_parameters
+
+
+def _reading_notes(backend: str, api: str = "current") -> list[str]:
+    """What real DDP does around the hook, which the trace below does not show by itself
+    (measured on torch 2.13 with real DDP over gloo: ``docs/ddp-facts.md`` §1 and §4,
+    ``docs/gloo-facts.md`` §3)."""
+    if backend == "gloo":
+        callbacks = ("a callback attached with then() to a collective still in flight runs on one of the group's "
+                     "2 gloo worker threads, not on the rank's own thread, and there grad mode is ON; a callback "
+                     "that waits on another collective holds that worker until it returns")
+    else:
+        callbacks = ("a callback attached with then() to a collective still in flight runs in the code that "
+                     "completes the collective (the NCCL model: the rank's own thread here)")
+    legacy = ["--api legacy: the bucket is torch 1.7-1.9's (get_index(), get_tensors(), get_tensor() in 1.9) "
+              "and the future's value a one-element list, as that era's DDP took it; the rest below was measured on "
+              "torch 2.13"] if api == "legacy" else []
+    return legacy + [
+        "the hook: DDP's reducer calls it inside loss.backward(), on the rank's own thread, as soon as the bucket's "
+        "gradients and every lower bucket's are ready; grad mode is OFF there (torch.is_grad_enabled() is False)",
+        "bucket.buffer(): the rank's local gradients of the bucket's parameters, flat, in bucket.parameters() order; "
+        "p.grad of each of them holds the same local gradient, and p.grad of a parameter whose gradient is not "
+        "ready yet is None (the loop's zero_grad(set_to_none=True))",
+        "in flight: a collective posted with async_op=True and not completed yet; the hook returns a future at "
+        "once and DDP goes on with backward() and the next buckets",
+        callbacks,
+        "in this simulation a collective completes only once every rank of its group posted it and the ranks wait "
+        "or return; on a real cluster it may complete sooner — even before the hook calls then(), and that "
+        "callback then runs inline in the hook, grad mode off (not modelled)",
+        "DDP's reducer waits for every bucket's future at the end of backward() and copies each result into the "
+        "same p.grad tensors the hook saw (each parameter gets its slice of the result)",
+        "every rank's parameters start as rank 0's: DDP's constructor broadcasts them",
+    ]
+
+
 def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> list[str]:
     lines = [f"bucket {k}: params {ps}, float32[{n}] ({4 * n} B)"
              for k, (ps, n) in enumerate(zip(step.bucket_params, step.bucket_numel))]
     if previous is None:
         lines.insert(0, "before the rebuild: one bucket, parameters in model.parameters() order")
-    elif previous.bucket_params != step.bucket_params:
-        lines.insert(0, f"REBUILT after iteration {previous.iteration}: parameters in gradient-ready order "
-                        "(reverse parameter order here), a bucket closes once it reaches the cap")
+    elif step.iteration == _REBUILD_ITERATION:
+        same = " (the same buckets as before here)" if previous.bucket_params == step.bucket_params else ""
+        lines[:0] = [f"REBUILT after iteration {previous.iteration}{same}: parameters in gradient-ready order "
+                     "(reverse parameter order here), a bucket closes once it reaches the cap",
+                     f"why: in iteration {previous.iteration} DDP recorded the order in which the gradients became "
+                     "ready; buckets filled in that order are ready one after another during backward(), so each "
+                     "bucket's communication can start while the rest of backward() runs",
+                     "the rebuild gives each bucket a new buffer, and DDP keeps it from now on"]
+    elif _REBUILD_ITERATION is not None and step.iteration > _REBUILD_ITERATION:
+        lines.insert(0, f"the same buckets as iteration {previous.iteration}, and the same buffers: DDP refills them "
+                        "with this step's local gradients (a tensor the hook kept from the last step by reference, "
+                        "such as bucket.buffer(), now holds this step's values)")
     if len(step.bucket_params) > 1:
         lines.append(_overlap_line(step))
     return lines
@@ -114,7 +200,8 @@ def _overlap_line(step: StepStory) -> str:
     last_call = max((i for i, e in enumerate(step.events) if isinstance(e, HookCall) and e.phase == "call"), default=-1)
     first_done = next((i for i, e in enumerate(step.events) if isinstance(e, Completed)), None)
     if first_done is None or first_done > last_call:
-        return f"every rank calls the hook for all {n} buckets before any collective completes: they are in flight together"
+        return (f"every rank calls the hook for all {n} buckets before any collective completes: they are in flight "
+                "together (in this simulation; on a real cluster an early bucket's collective may finish sooner)")
     done = step.events[first_done]
     bucket = next((e.bucket for e in reversed(step.events[:first_done]) if isinstance(e, HookCall)
                    and e.phase == "call" and e.rank in done.ranks), 0)
@@ -137,8 +224,14 @@ def _wire_lines(story: Story, step: StepStory, network: Network) -> list[str]:
     base = allreduce_baseline(step.bucket_numel, story.world_size)
     ratio = f"{base / mine:.2f}" if mine else "n/a (nothing to send)" if not base else "∞ (nothing sent)"
     total = sum(row.seconds for row in rows)
+    payload = sum(row.nbytes for row in rows if 0 in row.ranks)
+    why = ""
+    if mine and mine != base and payload == 4 * sum(step.bucket_numel) and any(len(r.ranks) < story.world_size
+                                                                                for r in rows):
+        why = (" (not compression: rank 0 hands its collectives as many bytes as plain allreduce_hook; they run "
+               "on smaller groups)")
     out.append(f"rank 0 sends {mine} B this step; plain allreduce_hook on these buckets sends {base} B: "
-               f"compression ratio {ratio}; α-β total {total * 1e6:.1f} µs, one collective at a time "
+               f"compression ratio {ratio}{why}; α-β total {total * 1e6:.1f} µs, one collective at a time "
                f"({network.describe()})")
     return out
 
@@ -162,8 +255,12 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
                 lines.append(f"  rank {r}: max |result - mean| = {err:g}")
         if len(tensors) == story.world_size:
             agree = all(torch.equal(tensors[0], t) and tensors[0].dtype == t.dtype for t in tensors)
-            lines.append("  replicas agree bitwise: " + ("yes" if agree else "NO — the model copies would drift apart"))
-    return lines + ["DDP copies these into .grad" + ("" if not step.result.warnings else ", with warnings:"),
+            lines.append("  replicas agree bitwise: " + ("yes" if agree else (
+                "NO — DDP broadcasts parameters only in its constructor (and when a join() for uneven inputs "
+                "ends), so the model copies drift apart unless something outside the hook averages them (local "
+                "SGD's periodic model averager does, by design)")))
+    return lines + ["DDP's reducer copies each result into the p.grad tensors the hook saw (each parameter its slice)"
+                    + ("" if not step.result.warnings else ", with warnings:"),
                     *("  " + w for w in step.result.warnings)]
 
 
@@ -198,16 +295,20 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
     shapes = ",".join("x".join(map(str, s)) for s in story.shapes)
     cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
-           f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", ""]
+           f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",
+           *_section("How to read this (what real DDP does around the hook, measured on torch 2.13 / gloo):",
+                     _reading_notes(story.backend, story.api))]
     previous = None
     for step in story.steps:
         out.append(f"== step {step.step} (DDP iteration {step.iteration}) ==")
         out += _section("1. The buckets:", _layout_lines(story, step, previous))
-        out += _section("2. What each rank's hook receives:", [
+        flat = "bucket.buffer()" if story.api == "current" else "bucket.get_tensors()[0], get_tensor() in 1.9"
+        out += _section(f"2. What each rank's hook receives ({flat}: its local gradients):", [
             f"rank {r}, bucket {k}: {_bucket_flat(step, r, k).tolist()}"
             for r in range(story.world_size) for k in range(len(step.bucket_params))])
         title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")
-        out += _section(title, [event_line(e) for e in step.events] or ["(no events)"])
+        futures = _returned_futures(step.events)
+        out += _section(title, [event_line(e, futures) for e in step.events] or ["(no events)"])
         if step.printed.strip():
             out += _section(f"What the hook printed during step {step.step} (stdout and stderr, in order):",
                             [line.rstrip() for line in step.printed.splitlines() if line.strip()])
@@ -216,7 +317,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
                             format_failure(step.error) + _open_calls(step.events))
             return "\n".join(out).rstrip() + "\n", False
         out += _section("4. The collectives and the bytes on the wire:", _wire_lines(story, step, network))
-        out += _section("5. What each future held (what DDP copies into .grad):", _result_lines(story, step))
+        out += _section("5. What each future held (what DDP copies into p.grad):", _result_lines(story, step))
         previous = step
     last = story.steps[-1].result
     assert last is not None

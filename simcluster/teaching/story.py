@@ -54,6 +54,9 @@ class HookCall:
     phase: str
     returned: str = "its future"
     """For ``"return"``: what the hook returned, in words (``"None, not a future"``)."""
+    future: str = ""
+    """For ``"return"`` of a simulated future: its trace label (``"then(f) of all_reduce#0 on
+    WORLD"``), so the reducer's wait on it can be told as that bucket's."""
 
 
 @dataclass
@@ -85,6 +88,8 @@ class Story:
     bucket_cap_mb: float | None
     steps: list[StepStory] = field(default_factory=list)
     states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
+    api: str = "current"
+    """The bucket API the hook met: ``"current"`` (torch >= 1.10) or ``"legacy"`` (1.7-1.9)."""
 
     @property
     def failed(self) -> StepStory | None:
@@ -128,7 +133,7 @@ def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[
                 trace.add(HookCall(rank, index, "raise"))
             raise
         if trace is not None:
-            trace.add(HookCall(rank, index, "return", _returned(future)))
+            trace.add(HookCall(rank, index, "return", _returned(future), str(getattr(future, "label", ""))))
         return future
 
     return recorded
@@ -172,7 +177,7 @@ def record(
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
     if monitor is not None:
         ddp.on_hook_call = monitor.at
-    story = Story(world_size, backend, seed, shapes, bucket_cap_mb)
+    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api)
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
         if monitor is not None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from simcluster.ddp.layout import rebuild_iteration
 from simcluster.teaching.story import HookCall, Story
 from simcluster.engine.trace import Blocked, CallbackRan, Completed, Posted, Resumed
 from simcluster.teaching.wire import Network, wire_rows
@@ -62,6 +63,15 @@ class Mark:
     op: str
     event: tuple[int, int]
     modelled: tuple[float, float] | None = None
+
+
+def _callback_label(e: CallbackRan) -> str:
+    """A callback mark's words. The one simcluster adds for DDP's reducer (``collect``'s
+    ``store``) is told as what it stands for: the hook's future is complete, and real DDP
+    reads it when it waits at the end of ``backward()`` on the rank's own thread."""
+    if e.callback.endswith("collect.<locals>.store"):
+        return f"the hook's future is complete: {e.future} (DDP reads it at the end of backward())"
+    return f"{e.callback} of {e.future} ({e.where})"
 
 
 def _where_lane(rank: int, where: str) -> str:
@@ -125,7 +135,7 @@ def _step_marks(story: Story, k: int, x0: int, network: Network, t0: float) -> t
                             e.op, ev, spans.get((e.group, e.seq))))
         elif isinstance(e, CallbackRan):
             lane[e.rank] = _where_lane(e.rank, e.where)
-            out.append(Mark("callback", (lane[e.rank],), x, x + 1, f"{e.callback} of {e.future} ({e.where})", "", ev))
+            out.append(Mark("callback", (lane[e.rank],), x, x + 1, _callback_label(e), "", ev))
         elif isinstance(e, Blocked):
             where = _where_lane(e.rank, e.context)
             out.append(Mark("blocked", (where,), x, x0 + ends.get(i, last - x0), f"wait() on {e.future}", "", ev))
@@ -229,7 +239,7 @@ def _step_headers(story: Story, bottom: int) -> list[str]:
     for step in story.steps:
         x = LEFT + x0 * DX
         layout = " ".join(f"b{k}={ps}" for k, ps in enumerate(step.bucket_params))
-        rebuilt = previous is not None and previous != step.bucket_params
+        rebuilt = previous is not None and step.iteration == rebuild_iteration()  # new buffers, even if same layout
         text = f"step {step.step} (iteration {step.iteration}){' — REBUILT' if rebuilt else ''}: {layout}"
         out.append(f'<line class="step" x1="{x - 4}" y1="22" x2="{x - 4}" y2="{bottom + LANE_H}" stroke="#000" '
                    f'stroke-dasharray="{"6,3" if rebuilt else "2,2"}"/><text x="{x}" y="32" font-size="10">'
