@@ -77,7 +77,7 @@ import torch.distributed as dist
 
 from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
 from simcluster.fake.cluster import SimCluster
-from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, resolved
+from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved
 from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -157,7 +157,7 @@ def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
 def _apart_from(value: Any, buffers: dict[Any, torch.Tensor]) -> Any:
     """``value`` as it is now, for a step's result: a tensor sharing storage with one of
     ``buffers`` (a rank's bucket buffers, which the next step overwrites, as DDP's do) is
-    copied — the whole storage, viewed with the same offset, size and stride, so the
+    copied with its storage layout (:func:`~simcluster.fake.reducer.layout_copy`), so the
     contract's storage checks read it as they read the original; lists are walked."""
     if isinstance(value, (list, tuple)):
         return type(value)(_apart_from(v, buffers) for v in value)
@@ -166,9 +166,7 @@ def _apart_from(value: Any, buffers: dict[Any, torch.Tensor]) -> Any:
     ptr = value.untyped_storage().data_ptr()
     if all(b.untyped_storage().data_ptr() != ptr for b in buffers.values()):
         return value
-    copy = torch.empty(0, dtype=value.dtype)
-    copy.set_(value.untyped_storage().clone(), value.storage_offset(), value.size(), value.stride())
-    return copy
+    return layout_copy(value)
 
 
 def _gloo_gather_source(future: Any, backend: str) -> str:
@@ -439,6 +437,7 @@ class _ReadyGradients:
         self.position = {i: n for n, i in enumerate(self.order)}
         self.owner = {i: pos for pos, call in enumerate(calls) for i in call.params}
         self.buckets: dict[int, SimGradBucket] = {}
+        self.slots: dict[int, tuple[int, int]] = {}  # parameter -> (offset, numel) in its bucket's buffer
         self.ready = 0  # how many gradients of self.order are ready
 
     def launch(self, pos: int) -> SimGradBucket:
@@ -454,11 +453,14 @@ class _ReadyGradients:
         call, params = self.calls[pos], self.ddp.params[self.rank]
         buffers, key = self.ddp._buffers[self.rank], (pos, self.calls[pos].params)
         if pos not in self.buckets:
+            members = [params[j] for j in call.params]
             self.buckets[pos] = make_bucket(
-                call.index, [params[j] for j in call.params], [self.local[j] for j in call.params],
+                call.index, members, [self.local[j] for j in call.params],
                 is_last=call.is_last, api=self.api, into=buffers.get(key),  # type: ignore[arg-type]
             )
             buffers[key] = packed_buffer(self.buckets[pos])
+            if self.ddp.config.gradient_as_bucket_view:
+                self.slots.update(zip(call.params, packing(members)))
         p = params[i]
         if not self.ddp.config.gradient_as_bucket_view:  # autograd left it in p.grad; DDP copies it in
             p.grad = self.local[i].detach().clone()
@@ -466,7 +468,7 @@ class _ReadyGradients:
         views, buffer = self.ddp._views[self.rank], buffers[key]
         view = views.get(i)
         if view is None or view.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
-            off, n = dict(zip(call.params, packing([params[j] for j in call.params])))[i]
+            off, n = self.slots[i]
             view = views[i] = buffer[off : off + n].view(p.shape)
         p.grad = view
 

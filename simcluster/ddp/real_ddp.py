@@ -64,6 +64,7 @@ from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
 from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, callback_exception
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
+from simcluster.fake.reducer import layout_copy
 from simcluster.fake.rank_context import GroupRegistry, RankWorld, nccl_version_stand_in
 from simcluster.fake.state import StateSpec
 from simcluster.engine.threaded import ThreadedEngine
@@ -82,7 +83,7 @@ class RealDDPRun:
     ``hook_calls[r]``: rank ``r``'s hook calls in call order, each
     ``(iteration, bucket index, is_last, indices into model.parameters())``.
     ``grads[k][r][i]``: parameter ``i``'s ``.grad`` on rank ``r`` after iteration
-    ``k``'s ``backward()`` (a copy keeping its layout, :func:`layout_copy`; ``None`` if the
+    ``k``'s ``backward()`` (a copy keeping its layout, :func:`~simcluster.fake.reducer.layout_copy`; ``None`` if the
     parameter got no gradient).
     ``trace``: the collectives posted (event order depends on thread timing).
     ``initial[r][i]``: parameter ``i`` on rank ``r`` once DDP's constructor broadcast
@@ -438,14 +439,3 @@ def _raise_failures(engine: ThreadedEngine, world_size: int) -> None:
     for other_rank, other_label, other in failures[1:]:
         add_context_note(exc, f"simcluster: rank {other_rank} also raised ({other_label}): {first_line(other, typed=True)}")
     raise exc
-
-
-def layout_copy(grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` copied to the CPU with its layout: with ``gradient_as_bucket_view=True`` DDP's ``p.grad``
-    views its bucket's buffer at the parameter's offset (measured: iteration 0 of a (4, 5), (5,)
-    model gives offsets 0 and 20, after the rebuild 5 and 0; docs/ddp-facts.md), and the
-    model's results keep it — a plain ``clone()`` said offset 0, and e2e called every view-mode
-    run a FIDELITY BUG of the model."""
-    t = grad.detach()
-    storage = t.untyped_storage().clone().cpu()  # the whole storage: the offset and stride stay meaningful
-    return torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())

@@ -40,7 +40,7 @@ from simcluster.fake.futures import CALLBACK_ERROR, SimFuture
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name
 
-__all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket"]
+__all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket", "layout_copy"]
 
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
@@ -207,3 +207,16 @@ def copy_bucket(
         elif not as_view or p.grad.untyped_storage().data_ptr() != result.untyped_storage().data_ptr():
             with torch.no_grad():  # into p.grad itself: a reference the hook kept sees the result (measured)
                 p.grad.copy_(view)
+
+
+def layout_copy(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` copied to the CPU with its layout — the whole storage, viewed with the same
+    offset, size and stride, so what the copy-back reads from storage element 0 and the
+    contract's storage checks see the same as in the original. With
+    ``gradient_as_bucket_view=True`` DDP's ``p.grad`` views its bucket's buffer at the
+    parameter's offset (measured: iteration 0 of a (4, 5), (5,) model gives offsets 0 and 20,
+    after the rebuild 5 and 0; docs/ddp-facts.md), and the model's results keep it — a plain
+    ``clone()`` said offset 0, and e2e called every view-mode run a FIDELITY BUG of the model."""
+    t = grad.detach()
+    storage = t.untyped_storage().clone().cpu()  # the whole storage: the offset and stride stay meaningful
+    return torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())

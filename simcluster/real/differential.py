@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import make_bucket
-from simcluster.fake.reducer import call_hook
+from simcluster.fake.reducer import call_hook, layout_copy
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
 from simcluster.real.gloo_runner import GlooCluster, first_failed_rank, resolve_target, run_gloo, target_name
@@ -147,11 +147,10 @@ def _call_hook(hook: Callable[..., Any], state: Any, bucket: Any) -> Any:
 
 
 def _portable(value: Any) -> Any:
-    """A copy that outlives the step: tensors keep their layout (a copy of the whole storage
-    viewed with the same offset, size and stride — what DDP's copy-back reads), lists are walked."""
+    """A copy that outlives the step: tensors keep their layout (:func:`layout_copy`: what
+    DDP's copy-back reads), lists are walked."""
     if isinstance(value, torch.Tensor):
-        t = value.detach()
-        return torch.tensor([], dtype=t.dtype).set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+        return layout_copy(value)
     if isinstance(value, (list, tuple)):
         return [_portable(v) for v in value]
     return value

@@ -272,7 +272,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
                 emit: Callable[[int, str], None]) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
-    from simcluster.ddp.real_ddp import layout_copy
+    from simcluster.fake.reducer import layout_copy
 
     calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
