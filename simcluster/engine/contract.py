@@ -22,13 +22,14 @@ checks those). This module knows no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from simcluster.engine.trace import Trace
 
-__all__ = ["Call", "EngineContract", "RunAborted", "Waitable"]
+__all__ = ["Call", "EngineContract", "RunAborted", "Waitable", "when_all_done"]
 
 
 class RunAborted(BaseException):
@@ -51,6 +52,25 @@ class Waitable(Protocol):
     def done(self) -> bool: ...
 
     def on_done(self, resume: Callable[[], None]) -> None: ...
+
+
+def when_all_done(waitables: Sequence[Waitable], then: Callable[[], None],
+                  lock: contextlib.AbstractContextManager[Any] | None = None) -> None:
+    """Call ``then`` once, when the last of ``waitables`` is done (each one's ``on_done``
+    counts down; ``lock`` guards the count where they may finish on different threads).
+    How a call's part waits for its :attr:`Call.after` in either engine."""
+    left = [len(waitables)]
+    guard = lock if lock is not None else contextlib.nullcontext()
+
+    def one_done() -> None:
+        with guard:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    for waitable in waitables:
+        waitable.on_done(one_done)
 
 
 @dataclass(slots=True)

@@ -62,7 +62,7 @@ from operator import attrgetter
 
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
-from simcluster.engine.contract import Call, RunAborted, Waitable
+from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure
@@ -369,16 +369,12 @@ class Engine:
             return
         rank = call.rank
         inst.gated.add(rank)
-        left = [len(pending)]
 
         def opened() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                inst.gated.discard(rank)
-                self._mark_executing(inst, rank)
+            inst.gated.discard(rank)
+            self._mark_executing(inst, rank)
 
-        for waitable in pending:
-            waitable.on_done(opened)
+        when_all_done(pending, opened)
 
     def _mark_executing(self, inst: Instance, rank: int) -> None:
         inst.executing.add(rank)

@@ -53,7 +53,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simcluster.engine.contract import Call, RunAborted, Waitable
+from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_line
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.trace import Blocked, Resumed, Trace
@@ -245,13 +245,9 @@ class ThreadedEngine:
         """Hold ``rank``'s part of ``inst`` until ``pending`` are done (gloo's barrier waits
         for its group's earlier work); whoever opens the last gate of a fully posted
         collective completes it (on the thread that finished the awaited work)."""
-        left = [len(pending)]
 
         def opened() -> None:
             with self._lock:
-                left[0] -= 1
-                if left[0]:
-                    return
                 inst.gated.discard(rank)
                 complete = inst.complete and not inst.gated and not self._aborting
                 if complete:
@@ -263,8 +259,7 @@ class ThreadedEngine:
                 except RunAborted:
                     pass  # recorded by _fail; the rank threads see it
 
-        for waitable in pending:
-            waitable.on_done(opened)
+        when_all_done(pending, opened, self._lock)
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""

@@ -49,7 +49,8 @@ from simcluster.names import callable_name
 if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
 
-__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception", "CALLBACK_ERROR"]
+__all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception", "CALLBACK_ERROR",
+           "in_grad_mode"]
 
 _log = logging.getLogger("simcluster")
 _C_FUTURE_INIT = torch._C.Future.__init__
@@ -59,6 +60,22 @@ _C_SET_RESULT = torch._C.Future.set_result
 _C_VALUE = torch._C.Future.value
 _C_WAIT = torch._C.Future.wait
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # per thread, C calls
+
+
+def in_grad_mode(mode: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with this thread's grad mode set to ``mode``, then set back (also when
+    it raises). Grad mode is per thread, and on a real rank hook code runs on threads of
+    two kinds: DDP calls the hook from the autograd engine (grad off), gloo runs completion
+    callbacks on its worker threads (grad on) — measured, docs/gloo-facts.md §3. The
+    simulator runs both on its own threads and sets the mode the real thread would have."""
+    before = _grad_enabled()
+    if before is mode:
+        return fn(*args)
+    _set_grad_enabled(mode)
+    try:
+        return fn(*args)
+    finally:
+        _set_grad_enabled(before)
 
 
 CALLBACK_ERROR = "Got the following error when running the callback"
@@ -322,19 +339,18 @@ class DoneFlag:
         its future first (running its callbacks, under the work's grad mode), then this
         flag. The engine calls it as the completion task, so no closure is made per
         collective and rank."""
-        value, exc = outcome
-        before, mode = _grad_enabled(), self._grad_mode
-        if before is not mode:
-            _set_grad_enabled(mode)
-        try:
-            if exc is not None:
-                self._future.set_error(exc)
-            else:
-                self._future.set_result(value)
-        finally:
-            if before is not mode:
-                _set_grad_enabled(before)
+        if _grad_enabled() is self._grad_mode:  # the usual case: no switch, no extra frame (hot path)
+            self._complete_future(outcome)
+        else:
+            in_grad_mode(self._grad_mode, self._complete_future, outcome)
         self.set()
+
+    def _complete_future(self, outcome: tuple[Any, BaseException | None]) -> None:
+        value, exc = outcome
+        if exc is not None:
+            self._future.set_error(exc)
+        else:
+            self._future.set_result(value)
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""

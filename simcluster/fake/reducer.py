@@ -36,13 +36,12 @@ from typing import Any
 import torch
 
 from simcluster.fake.bucket import packing
-from simcluster.fake.futures import CALLBACK_ERROR, SimFuture
+from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, in_grad_mode
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name
 
 __all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket", "layout_copy"]
 
-_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
 
 def call_hook(hook: Callable[[Any, Any], Any], state: Any, bucket: Any) -> Any:
@@ -57,12 +56,7 @@ def call_hook(hook: Callable[[Any, Any], Any], state: Any, bucket: Any) -> Any:
     The rank's thread gets its grad mode back afterwards, also when the hook raises. A
     hook that waits inside parks on its own thread, whose grad mode stays off meanwhile
     (grad mode is per thread), as on the real autograd thread."""
-    before = _grad_enabled()
-    _set_grad_enabled(False)
-    try:
-        return hook(state, bucket)
-    finally:
-        _set_grad_enabled(before)
+    return in_grad_mode(False, hook, state, bucket)
 
 
 def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
