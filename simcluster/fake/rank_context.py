@@ -46,7 +46,6 @@ _GENERATOR = torch.default_generator
 """What ``torch.get_rng_state``/``set_rng_state`` read and write (called directly: a rank switch is hot)."""
 
 
-
 def check_new_group_ranks(rank: int, ranks: list[int], world_size: int) -> None:
     """Refuse a bad ``dist.new_group`` rank list (``ranks`` sorted, as torch sorts them) with
     the exception real torch 2.13 raises, first line byte for byte, so e2e compares like with
