@@ -9,7 +9,12 @@ up, switches instrumentation on (``callgrind_control -i on``) for ``--steps`` ca
 ``SimCluster.run_hook(allreduce_hook, ...)`` and off again, and prints instructions per
 step — repeatable to about 0.3 %. ``--floor`` counts torch's own share instead (each
 rank's ``allreduce_hook`` on a process group that completes at once, as
-``bench_engine.py``'s ``hook`` column). Needs valgrind; about 15 s per run.
+``bench_engine.py``'s ``hook`` column). ``--threaded`` counts torch's threaded test
+process group (``multi_threaded_pg``, one thread per rank, as ``bench_engine.py``'s
+``threadedPG`` column: a bucket made, ``allreduce_hook(None, bucket).wait()`` and the
+benchmark's two barrier waits per rank-step), summed over all threads — the CPU work the
+threaded group does, without the hand-over latency that dominates its wall time. Needs
+valgrind; about 15 s per run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ def _measured(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(args.n, generator=gen) for _ in range(args.world)]
+    if args.threaded:
+        _measured_threaded(args, grads)
+        return
     if args.floor:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_engine
@@ -49,11 +57,57 @@ def _measured(args: argparse.Namespace) -> None:
             cluster.run_hook(allreduce_hook, grads)
     for _ in range(20):
         step()
-    pid = str(os.getpid())
-    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    _instrumentation(True)
     for _ in range(args.steps):
         step()
-    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+    _instrumentation(False)
+
+
+def _instrumentation(on: bool) -> None:
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                   check=True, capture_output=True)
+
+
+def _measured_threaded(args: argparse.Namespace, grads: list) -> None:
+    """torch's threaded process group under callgrind: rank 0 switches counting on and off
+    while every rank thread waits at a barrier, so exactly ``--steps`` steps of all ranks count."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.testing._internal.distributed import multi_threaded_pg
+
+    from simcluster.fake.bucket import make_bucket
+
+    warmup = 20
+    barrier = threading.Barrier(args.world)
+    store = dist.HashStore()
+    multi_threaded_pg._install_threaded_pg()
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+
+    def worker(rank: int) -> None:
+        dist.init_process_group("threaded", rank=rank, world_size=args.world, store=store)
+        param = torch.nn.Parameter(torch.zeros(args.n))
+        for i in range(warmup + args.steps + 1):
+            if i in (warmup, warmup + args.steps):
+                barrier.wait()
+                if rank == 0:
+                    _instrumentation(i == warmup)
+                barrier.wait()
+                if i == warmup + args.steps:
+                    break
+            bucket = make_bucket(0, [param], [grads[rank].clone()], is_last=True)
+            barrier.wait()
+            allreduce_hook(None, bucket).wait()
+            barrier.wait()
+        dist.destroy_process_group()
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(args.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def main() -> None:
@@ -62,6 +116,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=64, help="bucket elements")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--floor", action="store_true", help="torch's own share of a step instead")
+    parser.add_argument("--threaded", action="store_true",
+                        help="torch's threaded test process group instead (all threads counted)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -71,14 +127,16 @@ def main() -> None:
         sys.exit("count_instructions: needs valgrind (callgrind) on PATH")
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
                "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps)]
-    if args.floor:
-        command.append("--floor")
+    for flag in ("floor", "threaded"):
+        if getattr(args, flag):
+            command.append(f"--{flag}")
     with tempfile.TemporaryDirectory() as scratch:  # callgrind writes its output file into the cwd
         done = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
-    what = "torch's share (hook floor)" if args.floor else "simcluster"
+    what = ("torch's share (hook floor)" if args.floor else
+            "torch's threaded PG (all threads)" if args.threaded else "simcluster")
     print(f"{what}: world {args.world}, {args.n}-element buckets: "
           f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per step")
 
