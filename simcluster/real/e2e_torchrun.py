@@ -161,10 +161,28 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
+    _quiet_the_group()
     sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout)
     result = compare(scenario, args.target, sim, real)
     print(result.format(), flush=True)
     return exit_code(result)
+
+
+def _quiet_the_group() -> None:
+    """Rank 0, its real run over and every outcome gathered through the store: end its gloo
+    group before the simulation forks its supervised child. A fork copies only the forking
+    thread; gloo's background threads (and the at-fork handlers racing them) made one such
+    child die of SIGSEGV before running any Python (seen once under load). Only from the main
+    thread: when the watchdog finishes the run, the main thread may still be inside a
+    collective of that group."""
+    import torch.distributed as dist
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort: the simulation does not need the group
+        pass
 
 
 def _gather(me: _Rank, wait: float) -> dict[int, dict[str, Any]]:
