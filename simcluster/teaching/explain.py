@@ -27,6 +27,11 @@ A hook that fails gets the trace up to the failure, then the failure in full: th
 message, every note simcluster attached (ranks, blocked waits, replay) and the hook's
 own frames.
 
+A TARGET is loaded as ``check`` loads it: every simulated rank imports the hook's module
+(the state factory's, and the ``--isolate`` modules) for itself
+(:class:`~simcluster.usercode.rank_local.RankLocal`), so a hook keeping state in module
+globals is explained as it is checked.
+
 >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 >>> text, ok = explain(allreduce_hook, world_size=2, seed=0)
 >>> ok
@@ -326,7 +331,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
 
 
 def explain(
-    hook: Callable[[Any, Any], Any],
+    hook: Callable[[Any, Any], Any] | str,
     *,
     world_size: int = 2,
     backend: str = "gloo",
@@ -338,22 +343,28 @@ def explain(
     api: str = "current",
     network: Network | None = None,
     name: str | None = None,
+    isolate: Sequence[str] | str | None = (),
 ) -> tuple[str, bool]:
     """Run ``hook`` for ``steps`` DDP steps and explain it; returns ``(text, ran)``.
 
     ``ran`` is False when a step failed: the text then ends with the trace up to the
-    failure and the full diagnostic. ``state``: ``None``, ``"group"`` or a per-rank factory.
+    failure and the full diagnostic. ``hook``: a callable, or a ``module:name`` /
+    ``file.py:name`` spec whose module every simulated rank imports for itself, with the
+    ``isolate`` modules (as ``check_hook`` does: :func:`~simcluster.teaching.story.record`).
+    ``state``: ``None``, ``"group"`` or a per-rank factory.
     """
     story = record(hook, world_size=world_size, backend=backend, seed=seed, state=state, shapes=shapes,
-                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api)
-    return explain_story(story, label=name or callable_name(hook), network=network)
+                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api, isolate=isolate)
+    return explain_story(story, label=name or (hook if isinstance(hook, str) else callable_name(hook)),
+                         network=network)
 
 
 def _again(args: Any) -> str:
     """The command line that prints this explanation again (options at their defaults left out)."""
     parts = [f"simcluster explain {args.target} --world-size {args.world_size} --backend {args.backend} "
              f"--seed {args.seed}"]
-    for flag, value, default in (("--state", args.state, "none"), ("--numel", args.numel, None),
+    for flag, value, default in (("--state", args.state, "none"), ("--isolate", args.isolate, None),
+                                 ("--numel", args.numel, None),
                                  ("--params", args.params, None), ("--bucket-cap-mb", args.bucket_cap_mb, None),
                                  ("--steps", args.steps, 2), ("--api", args.api, "current"),
                                  ("--network", args.network, DEFAULT_NETWORK)):
@@ -370,7 +381,8 @@ def explain_command(args: Any, monitor: Any = None) -> int:
 
     from simcluster.errors import UsageError
     from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
-    from simcluster.usercode.targets import load_state, load_target, parse_shapes
+    from simcluster.usercode.rank_local import RankLocal, parse_isolate, rank_local_state
+    from simcluster.usercode.targets import parse_shapes
     from simcluster.teaching.wire import parse_network
 
     if args.numel is not None and args.params is not None:
@@ -391,7 +403,11 @@ def explain_command(args: Any, monitor: Any = None) -> int:
         raise UsageError(f"--timeline {args.timeline}: the file name must end in .svg or .html")
     if args.chrome_trace and not args.chrome_trace.endswith(".json"):
         raise UsageError(f"--chrome-trace {args.chrome_trace}: the file name must end in .json")
-    hook, state = load_target(args.target), load_state(args.state)
+    isolate = parse_isolate(args.isolate)
+    # as check loads a TARGET: every simulated rank imports the hook's module (and the
+    # state factory's, and the --isolate modules) for itself, as a process does
+    hook = RankLocal(args.target, isolate=isolate)
+    state = rank_local_state(args.state, isolate=isolate)
     if args.range:
         from simcluster.teaching.safe_range import range_command
 
