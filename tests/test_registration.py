@@ -18,6 +18,7 @@ import pytest
 
 from simcluster.checking.check import check_hook
 from simcluster.checking.properties import registration_problem
+from simcluster.cli import main
 from simcluster.names import callable_name
 from simcluster.usercode.rank_local import RankLocal
 from simcluster.usercode.stand_in import stand_in
@@ -98,6 +99,23 @@ def test_a_stand_in_keeps_the_hooks_names_and_their_absence() -> None:
         nameless.other  # noqa: B018
     assert callable_name(nameless) == callable_name(RankLocal(spec("partial_hook"))) == "partial"
     assert RankLocal(spec("mean")).portable().__name__ == "mean"  # copy.copy keeps working
+
+
+def test_explain_prints_the_registration_line_check_reports(capsys: pytest.CaptureFixture[str]) -> None:
+    """One home for the sentence: explain's line holds check's contract failure, word for word."""
+    for name in ("partial_hook", "instance_hook", "no_bucket"):
+        report = check_hook(spec(name), world_sizes=(2,), examples=2, backends=("gloo",), database=None)
+        failure = next(f for f in report.failures if f.error_type == "registration")
+        assert failure.property == "contract" and MEASURED[name] in failure.message
+        assert main(["explain", spec(name), "--steps", "1"]) == 0  # explained all the same
+        out = capsys.readouterr().out
+        line = next(line for line in out.splitlines() if line.startswith("registration: "))
+        assert MEASURED[name] in line and failure.message.removeprefix("registration: ") in line
+        assert "== step 0" in out and "The hook failed" not in out
+    for name in ("mean", "bound_method", "lambda_hook"):
+        assert main(["explain", spec(name), "--steps", "1"]) == 0
+        assert "registration:" not in capsys.readouterr().out
+        assert check_hook(spec(name), world_sizes=(2,), examples=2, backends=("gloo",), database=None).passed
 
 
 def test_a_wrong_arity_hook_registers_and_fails_when_called_as_on_real_ddp() -> None:

@@ -241,8 +241,8 @@ def replicas_agree(results: Grads, groups: Sequence[Sequence[int]] | None = None
 def registration_problem(hook: Callable[..., Any], api: str = "current") -> str | None:
     """What ``DistributedDataParallel.register_comm_hook`` (torch 2.13) says about ``hook``:
     ``None`` when it registers, else what it raises and why, in one sentence. The one home
-    of the rule: ``check`` reports it (property *contract*), e2e's DDP model refuses such
-    a hook as real DDP does.
+    of the rule: ``check`` reports it (property *contract*), ``explain`` prints it (its
+    ``registration:`` line), e2e's DDP model refuses such a hook as real DDP does.
 
     Its check (``_check_comm_hook``) requires a parameter named ``bucket`` (else
     ``KeyError: 'bucket'``), whose annotation, if any, is ``dist.GradBucket`` itself —

@@ -5,12 +5,14 @@ parameters (``2x2,3,3``, float32) with a 12-byte bucket cap: DDP's iteration 0 i
 bucket in parameter order, then the rebuild puts each parameter in a bucket of its own,
 in gradient-ready order — so from step 1 three buckets are in flight. Every rank's
 gradients are small whole numbers (exact in every float type, so the mean is readable).
-It opens with how to read it: what real DDP does around the hook, as measured on torch
-2.13 / gloo (``docs/ddp-facts.md`` §1 and §4, ``docs/gloo-facts.md`` §3) — the hook runs
-inside ``backward()`` with grad mode off, ``p.grad`` (None until ready, then the local
-gradient, then the result in the same tensor), what "in flight" means, where callbacks
-run and in which grad mode, and the inline-then race the simulation leaves out. Then for
-each step
+It opens with a ``registration:`` line when real DDP's ``register_comm_hook`` would refuse
+the hook (what it raises and why: :func:`~simcluster.checking.properties.registration_problem`,
+as ``check`` reports it; the steps run it all the same), then how to read it: what real
+DDP does around the hook, as measured on torch 2.13 / gloo (``docs/ddp-facts.md`` §1 and
+§4, ``docs/gloo-facts.md`` §3) — the hook runs inside ``backward()`` with grad mode off,
+``p.grad`` (None until ready, then the local gradient, then the result in the same
+tensor), what "in flight" means, where callbacks run and in which grad mode, and the
+inline-then race the simulation leaves out. Then for each step
 
 1. the layout: which parameters each bucket holds, the rebuild and why, and that the
    buffers are kept from the rebuild on;
@@ -294,6 +296,16 @@ def _open_calls(events: Sequence[Any]) -> list[str]:
     return [f"rank {r}, bucket {b}: {words[phase]}" for (r, b), phase in state.items() if phase in words]
 
 
+def _registration_lines(story: Story) -> list[str]:
+    """The ``registration:`` line when real DDP's ``register_comm_hook`` would refuse the
+    hook (what it raises and why): on a real cluster the hook never runs; here it does."""
+    if story.registration is None:
+        return []
+    return [f"registration: real DDP would refuse this hook — {story.registration}. "
+            "DistributedDataParallel.register_comm_hook raises before any step, so on a real cluster the hook never "
+            "runs; below it runs all the same, to show what it does", ""]
+
+
 def explain_story(story: Story, *, label: str, network: Network | None = None) -> tuple[str, bool]:
     """Render a recorded :class:`Story`; returns ``(text, ran)`` (``ran`` False if a step failed)."""
     network = network or PRESETS[DEFAULT_NETWORK]
@@ -301,6 +313,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
     cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
            f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",
+           *_registration_lines(story),
            *_section("How to read this (what real DDP does around the hook, measured on torch 2.13 / gloo):",
                      _reading_notes(story.backend, story.api))]
     previous = None

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simcluster.checking.properties import registration_problem
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES
@@ -91,6 +92,9 @@ class Story:
     states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
     api: str = "current"
     """The bucket API the hook met: ``"current"`` (torch >= 1.10) or ``"legacy"`` (1.7-1.9)."""
+    registration: str | None = None
+    """How real DDP's ``register_comm_hook`` refuses the hook, None when it registers it
+    (:func:`~simcluster.checking.properties.registration_problem`); the story runs it anyway."""
 
     @property
     def failed(self) -> StepStory | None:
@@ -185,7 +189,8 @@ def record(
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
     if monitor is not None:
         ddp.on_hook_call = monitor.at
-    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api)
+    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api,
+                  registration=registration_problem(hook, api))
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
         if monitor is not None:
