@@ -4,7 +4,8 @@ Three names, for three readers:
 
 * :func:`callable_name` — for a person reading a message: ``__qualname__``, else
   ``__name__``, else the type's name (``"fp16_hook"``, ``"Wrapper.__call__"``,
-  ``"partial"``). Never a memory address, so messages stay the same from run to run.
+  ``"partial"``) — the user's object's, through simcluster's stand-ins
+  (``__wrapped__``). Never a memory address, so messages stay the same from run to run.
 * :func:`target_spec` — for a fresh process that imports it: ``"module:qualname"``, or
   ``None`` when there is no such name (lambdas, closures, objects without one).
 * :func:`loadable_spec` — for the ``simcluster`` command line run from the current
@@ -20,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import Any
@@ -28,8 +30,10 @@ __all__ = ["callable_name", "target_spec", "loadable_spec"]
 
 
 def callable_name(obj: Any) -> str:
-    """``obj``'s name for a message: its ``__qualname__``, ``__name__`` or type name."""
-    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+    """``obj``'s name for a message: its ``__qualname__``, ``__name__`` or type name (of the
+    object it wraps, if it wraps one: a nameless hook in a stand-in is ``"partial"``)."""
+    return (getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+            or type(inspect.unwrap(obj)).__name__)
 
 
 def target_spec(obj: Any) -> str | None:

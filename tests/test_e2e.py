@@ -227,6 +227,21 @@ def test_a_hook_real_ddp_refuses_at_registration_fails_before_step_0_on_both_sid
     assert not result.real.calls.get(real.rank), "the real reducer never called the hook"
 
 
+def test_a_partial_real_ddp_refuses_for_its_missing_name_fails_before_step_0_on_every_side(census) -> None:
+    """A functools.partial has no ``__name__``: register_comm_hook raises AttributeError.
+    Both sides registered a ``functools.wraps`` recorder with a name of its own, so real DDP
+    took the hook and e2e passed what a real cluster refuses."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:partial_mean", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    for side in (result.real, result.sim):
+        failure = side.failure
+        assert failure is not None and failure.error_type == "AttributeError", result.format()
+        assert failure.message == "'functools.partial' object has no attribute '__name__'", result.format()
+        assert failure.step is None and not side.calls.get(failure.rank), result.format()
+    assert not result.sim.model_differences, result.format()
+
+
 RACY = f"{HOOKS}:posts_world_from_group_callbacks"
 RACY_STATE = f"{HOOKS}:own_group"
 TWO_BUCKETS = Scenario(2, ((1,), (1,), (2,), (1,)), steps=3, bucket_cap_mb=16 / 1024 / 1024)

@@ -11,6 +11,7 @@ import pytest
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, fp16_compress_hook
 
 from simcluster.cli import main
+from simcluster.teaching.explain import explain
 from simcluster.teaching.safe_range import safe_range
 from simcluster.teaching.story import record
 from simcluster.usercode.targets import parse_shapes
@@ -423,3 +424,63 @@ def test_a_legacy_explanation_names_the_legacy_buckets_tensor(capsys: pytest.Cap
     code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook",
                         "--api", "legacy", "--steps", "1"], capsys)
     assert code == 1 and "GradBucket.buffer() exists only in torch >= 1.10" in out   # what the title would claim
+
+
+# -- each simulated rank its own copy of the hook's module, as check gives it -------------------
+
+RANK_STATE_HOOKS = Path(__file__).parent / "rank_state_hooks"
+RESIDUAL = f"{RANK_STATE_HOOKS}/residual_dict.py:hook"  # counts calls per bucket in a module dict
+CHECK = dict(world_sizes=(2,), examples=3, backends=("gloo",), database=None)
+
+
+def test_explain_gives_each_rank_its_own_module_as_check_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``residual_dict`` counts, in a module-level dict, how often its process reduced each
+    bucket: correct when every process has its own dict, a collective mismatch when the ranks
+    share one (rank 1 sees rank 0's call and switches to float64). check passes it; explain
+    said it failed (one module for every rank) until each rank got its copy."""
+    from simcluster.checking.check import check_hook
+    from simcluster.usercode.rank_local import RankLocal
+
+    assert check_hook(RESIDUAL, **CHECK).passed
+    code, out, _ = run(["explain", RESIDUAL], capsys)
+    assert code == 0 and "The hook failed" not in out
+    step1 = out[out.index("== step 1"):]
+    # the second call on bucket 0 in each process: float64 on both ranks, as on real processes
+    assert "rank 0: posts all_reduce #0 on WORLD (float64[3]" in step1
+    assert "rank 1: posts all_reduce #0 on WORLD (float64[3]" in step1
+    # a function object shares its module under both (a private copy: the counts stay in this test)
+    shared = check_hook(RankLocal(RESIDUAL).fresh(), **CHECK)
+    assert [f.property for f in shared.failures] == ["liveness"]
+    assert "CollectiveMismatchError" in shared.failures[0].message
+    text, ran = explain(RankLocal(RESIDUAL).fresh(), world_size=2)
+    assert not ran and "CollectiveMismatchError" in text[text.index("4. The hook failed at step 0:"):]
+    text, ran = explain(RESIDUAL, world_size=2)  # a spec: per rank, as the command line
+    assert ran and text.count("(float64[3]") == out.count("(float64[3]")
+
+
+def test_explain_isolate_copies_the_named_modules_as_check_isolate_does(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``rspkg.hooks`` keeps its call counter in ``rspkg.helpers``: shared by the ranks unless
+    ``--isolate rspkg.helpers`` — check and explain agree both ways."""
+    from simcluster.checking.check import check_hook
+
+    monkeypatch.syspath_prepend(str(RANK_STATE_HOOKS))
+    options = dict(CHECK, world_sizes=(4,))
+    shared = check_hook("rspkg.hooks:hook", **options)
+    assert [f.property for f in shared.failures] == ["liveness"] and "CollectiveMismatchError" in shared.failures[0].message
+    code, out, _ = run(["explain", "rspkg.hooks:hook", "--world-size", "4"], capsys)
+    assert code == 1 and "CollectiveMismatchError" in out[out.index("4. The hook failed at step 0:"):]
+
+    assert check_hook("rspkg.hooks:hook", isolate="rspkg.helpers", **options).passed
+    code, out, _ = run(["explain", "rspkg.hooks:hook", "--world-size", "4", "--isolate", "rspkg.helpers"], capsys)
+    assert code == 0 and "The hook failed" not in out
+    assert out.splitlines()[-1].endswith("--isolate rspkg.helpers")  # the again: line repeats it
+
+
+@pytest.mark.parametrize("value", ["torch.nn", "not a module", "mypkg..x"])
+def test_explain_isolate_refuses_what_check_isolate_refuses_in_the_same_words(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    check_code, _, check_err = run(["check", TORCH_FP16, "--isolate", value, "--quiet"], capsys)
+    code, out, err = run(["explain", TORCH_FP16, "--isolate", value], capsys)
+    assert code == check_code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err == check_err and f"--isolate {value!r}" in err

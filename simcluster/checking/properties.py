@@ -239,14 +239,31 @@ def replicas_agree(results: Grads, groups: Sequence[Sequence[int]] | None = None
 
 # --------------------------------------------------------------------------- contract
 def registration_problem(hook: Callable[..., Any], api: str = "current") -> str | None:
-    """What ``DistributedDataParallel.register_comm_hook`` (torch 2.13) says about ``hook``.
+    """What ``DistributedDataParallel.register_comm_hook`` (torch 2.13) says about ``hook``:
+    ``None`` when it registers, else what it raises and why, in one sentence. The one home
+    of the rule: ``check`` reports it (property *contract*), ``explain`` prints it (its
+    ``registration:`` line), e2e's DDP model refuses such a hook as real DDP does.
 
     Its check (``_check_comm_hook``) requires a parameter named ``bucket`` (else
     ``KeyError: 'bucket'``), whose annotation, if any, is ``dist.GradBucket`` itself —
     a *string* annotation (``from __future__ import annotations``) fails the ``!=``
     test — and a return annotation, if any, of ``torch.futures.Future[torch.Tensor]``.
-    Under ``api="legacy"`` only the parameter name is checked (1.8's rule; the
-    annotations of that era, ``dist._GradBucket`` and a bare ``Future``, differ).
+    Then it reads ``hook.__name__`` (to refuse the bf16 hooks without CUDA) and
+    ``hook.__qualname__`` (the name DDP's logger keeps, which must be a ``str``): a
+    ``functools.partial`` or a callable class instance has neither and is refused with
+    ``AttributeError`` (measured: ``benchmarks/measure_registration.py``,
+    ``docs/ddp-facts.md`` *Registration (measured)*); a bound method, a lambda, a
+    ``staticmethod`` register. A wrong arity is not seen here (``hook(bucket)``
+    registers and fails in ``backward()``). Under ``api="legacy"`` only the parameter
+    name is checked (1.8's rule; the annotations of that era, ``dist._GradBucket`` and a
+    bare ``Future``, differ; its name reads were not measured).
+
+        >>> import functools
+        >>> def hook(state, bucket): ...
+        >>> registration_problem(hook) is None
+        True
+        >>> print(registration_problem(functools.partial(hook)))  # doctest: +ELLIPSIS
+        the hook has no __name__ (...): register_comm_hook reads hook.__name__ (...) and raises AttributeError: 'functools.partial' object has no attribute '__name__' — ...
     """
     if not callable(hook):
         return f"{hook!r} is not callable: register_comm_hook raises TypeError"
@@ -271,6 +288,23 @@ def registration_problem(hook: Callable[..., Any], api: str = "current") -> str 
         shown = "the bare torch.futures.Future" if ret is torch.futures.Future else repr(ret)
         return (f"the return annotation is {shown}: register_comm_hook raises ValueError 'Communication hook: "
                 "return annotation should be torch.futures.Future[torch.Tensor].'")
+    return _name_problem(hook)
+
+
+def _name_problem(hook: Callable[..., Any]) -> str | None:
+    """``register_comm_hook``'s reads of ``hook.__name__`` and ``hook.__qualname__`` (in that
+    order, after the signature): what fails, quoting the error Python raises for ``hook``."""
+    for attr, why in (("__name__", "it refuses the bf16 hooks by name without CUDA"),
+                      ("__qualname__", "the name DDP's logger keeps")):
+        try:
+            value = getattr(hook, attr)
+        except AttributeError as exc:
+            return (f"the hook has no {attr} (a functools.partial or a callable class instance has none): "
+                    f"register_comm_hook reads hook.{attr} ({why}) and raises AttributeError: {exc} — register a "
+                    "def function (a closure or a bound method will do), or set __name__ and __qualname__ on it")
+    if not isinstance(value, str):
+        return (f"the hook's __qualname__ is {value!r}, not a str: register_comm_hook hands it to DDP's logger and "
+                "raises TypeError: _set_comm_hook_name(): incompatible function arguments")
     return None
 
 

@@ -67,6 +67,7 @@ from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.reducer import layout_copy
 from simcluster.fake.rank_context import GroupRegistry, RankWorld, nccl_version_stand_in
 from simcluster.fake.state import StateSpec
+from simcluster.usercode.stand_in import stand_in
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
 
@@ -187,11 +188,11 @@ def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter]
                iteration: list[int], returned: list[torch.futures.Future], bridged: list[str]) -> Callable[..., Any]:
     """The hook as registered: records the bucket DDP passed, then calls ``hook``.
 
-    ``functools.wraps`` gives it ``hook``'s name and signature, so DDP's registration
-    checks (parameter named ``bucket``, annotations) judge the hook under test itself.
+    It looks like ``hook`` (:func:`~simcluster.usercode.stand_in.stand_in`: its signature,
+    its ``__name__`` and ``__qualname__`` or their absence), so DDP's registration checks
+    (parameter named ``bucket``, annotations, the names) judge the hook under test itself.
     """
 
-    @functools.wraps(hook)
     def recorded_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         indices = tuple(next(i for i, q in enumerate(params) if q is p) for p in bucket.parameters())
         calls.append((iteration[0], bucket.index(), bucket.is_last(), indices))
@@ -202,7 +203,7 @@ def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter]
             return for_reducer(future, bridged)
         return future
 
-    return recorded_hook
+    return stand_in(hook, recorded_hook)
 
 
 def for_reducer(future: SimFuture, bridged: list[str] | None = None) -> torch._C.Future:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from simcluster.errors import HookExited, SimClusterError, first_line
+from simcluster.usercode.stand_in import stand_in
 
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
@@ -165,11 +166,11 @@ def recording(hook: Callable[..., Any], calls: dict[int, list[HookCall]], rank_o
     """``hook`` as registered on both sides: records each call as a :data:`HookCall` of its
     rank (``rank_of()``), announces it through ``emit``, then calls ``hook``.
 
-    The step is the number of the rank's earlier calls on a last bucket. ``functools.wraps``
-    keeps the hook's signature, which DDP's registration checks.
+    The step is the number of the rank's earlier calls on a last bucket. Real DDP's
+    registration sees the hook itself through it (:func:`~simcluster.usercode.stand_in.stand_in`):
+    its signature, and its ``__name__`` and ``__qualname__`` or their absence.
     """
 
-    @functools.wraps(hook)
     def recorded(state: Any, bucket: Any) -> Any:
         rank = rank_of()
         mine = calls.setdefault(rank, [])
@@ -180,7 +181,7 @@ def recording(hook: Callable[..., Any], calls: dict[int, list[HookCall]], rank_o
             emit(rank, f"step {step}: hook call on bucket {bucket.index()} (params {list(indices)})")
         return hook(state, bucket)
 
-    return recorded
+    return stand_in(hook, recorded)
 
 
 # --------------------------------------------------------------------------- outcomes

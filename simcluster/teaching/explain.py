@@ -5,12 +5,14 @@ parameters (``2x2,3,3``, float32) with a 12-byte bucket cap: DDP's iteration 0 i
 bucket in parameter order, then the rebuild puts each parameter in a bucket of its own,
 in gradient-ready order — so from step 1 three buckets are in flight. Every rank's
 gradients are small whole numbers (exact in every float type, so the mean is readable).
-It opens with how to read it: what real DDP does around the hook, as measured on torch
-2.13 / gloo (``docs/ddp-facts.md`` §1 and §4, ``docs/gloo-facts.md`` §3) — the hook runs
-inside ``backward()`` with grad mode off, ``p.grad`` (None until ready, then the local
-gradient, then the result in the same tensor), what "in flight" means, where callbacks
-run and in which grad mode, and the inline-then race the simulation leaves out. Then for
-each step
+It opens with a ``registration:`` line when real DDP's ``register_comm_hook`` would refuse
+the hook (what it raises and why: :func:`~simcluster.checking.properties.registration_problem`,
+as ``check`` reports it; the steps run it all the same), then how to read it: what real
+DDP does around the hook, as measured on torch 2.13 / gloo (``docs/ddp-facts.md`` §1 and
+§4, ``docs/gloo-facts.md`` §3) — the hook runs inside ``backward()`` with grad mode off,
+``p.grad`` (None until ready, then the local gradient, then the result in the same
+tensor), what "in flight" means, where callbacks run and in which grad mode, and the
+inline-then race the simulation leaves out. Then for each step
 
 1. the layout: which parameters each bucket holds, the rebuild and why, and that the
    buffers are kept from the rebuild on;
@@ -26,6 +28,11 @@ each step
 A hook that fails gets the trace up to the failure, then the failure in full: the
 message, every note simcluster attached (ranks, blocked waits, replay) and the hook's
 own frames.
+
+A TARGET is loaded as ``check`` loads it: every simulated rank imports the hook's module
+(the state factory's, and the ``--isolate`` modules) for itself
+(:class:`~simcluster.usercode.rank_local.RankLocal`), so a hook keeping state in module
+globals is explained as it is checked.
 
 >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 >>> text, ok = explain(allreduce_hook, world_size=2, seed=0)
@@ -289,6 +296,16 @@ def _open_calls(events: Sequence[Any]) -> list[str]:
     return [f"rank {r}, bucket {b}: {words[phase]}" for (r, b), phase in state.items() if phase in words]
 
 
+def _registration_lines(story: Story) -> list[str]:
+    """The ``registration:`` line when real DDP's ``register_comm_hook`` would refuse the
+    hook (what it raises and why): on a real cluster the hook never runs; here it does."""
+    if story.registration is None:
+        return []
+    return [f"registration: real DDP would refuse this hook — {story.registration}. "
+            "DistributedDataParallel.register_comm_hook raises before any step, so on a real cluster the hook never "
+            "runs; below it runs all the same, to show what it does", ""]
+
+
 def explain_story(story: Story, *, label: str, network: Network | None = None) -> tuple[str, bool]:
     """Render a recorded :class:`Story`; returns ``(text, ran)`` (``ran`` False if a step failed)."""
     network = network or PRESETS[DEFAULT_NETWORK]
@@ -296,6 +313,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
     cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
            f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",
+           *_registration_lines(story),
            *_section("How to read this (what real DDP does around the hook, measured on torch 2.13 / gloo):",
                      _reading_notes(story.backend, story.api))]
     previous = None
@@ -326,7 +344,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
 
 
 def explain(
-    hook: Callable[[Any, Any], Any],
+    hook: Callable[[Any, Any], Any] | str,
     *,
     world_size: int = 2,
     backend: str = "gloo",
@@ -338,22 +356,28 @@ def explain(
     api: str = "current",
     network: Network | None = None,
     name: str | None = None,
+    isolate: Sequence[str] | str | None = (),
 ) -> tuple[str, bool]:
     """Run ``hook`` for ``steps`` DDP steps and explain it; returns ``(text, ran)``.
 
     ``ran`` is False when a step failed: the text then ends with the trace up to the
-    failure and the full diagnostic. ``state``: ``None``, ``"group"`` or a per-rank factory.
+    failure and the full diagnostic. ``hook``: a callable, or a ``module:name`` /
+    ``file.py:name`` spec whose module every simulated rank imports for itself, with the
+    ``isolate`` modules (as ``check_hook`` does: :func:`~simcluster.teaching.story.record`).
+    ``state``: ``None``, ``"group"`` or a per-rank factory.
     """
     story = record(hook, world_size=world_size, backend=backend, seed=seed, state=state, shapes=shapes,
-                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api)
-    return explain_story(story, label=name or callable_name(hook), network=network)
+                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api, isolate=isolate)
+    return explain_story(story, label=name or (hook if isinstance(hook, str) else callable_name(hook)),
+                         network=network)
 
 
 def _again(args: Any) -> str:
     """The command line that prints this explanation again (options at their defaults left out)."""
     parts = [f"simcluster explain {args.target} --world-size {args.world_size} --backend {args.backend} "
              f"--seed {args.seed}"]
-    for flag, value, default in (("--state", args.state, "none"), ("--numel", args.numel, None),
+    for flag, value, default in (("--state", args.state, "none"), ("--isolate", args.isolate, None),
+                                 ("--numel", args.numel, None),
                                  ("--params", args.params, None), ("--bucket-cap-mb", args.bucket_cap_mb, None),
                                  ("--steps", args.steps, 2), ("--api", args.api, "current"),
                                  ("--network", args.network, DEFAULT_NETWORK)):
@@ -370,7 +394,8 @@ def explain_command(args: Any, monitor: Any = None) -> int:
 
     from simcluster.errors import UsageError
     from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
-    from simcluster.usercode.targets import load_state, load_target, parse_shapes
+    from simcluster.usercode.rank_local import RankLocal, parse_isolate, rank_local_state
+    from simcluster.usercode.targets import parse_shapes
     from simcluster.teaching.wire import parse_network
 
     if args.numel is not None and args.params is not None:
@@ -391,7 +416,11 @@ def explain_command(args: Any, monitor: Any = None) -> int:
         raise UsageError(f"--timeline {args.timeline}: the file name must end in .svg or .html")
     if args.chrome_trace and not args.chrome_trace.endswith(".json"):
         raise UsageError(f"--chrome-trace {args.chrome_trace}: the file name must end in .json")
-    hook, state = load_target(args.target), load_state(args.state)
+    isolate = parse_isolate(args.isolate)
+    # as check loads a TARGET: every simulated rank imports the hook's module (and the
+    # state factory's, and the --isolate modules) for itself, as a process does
+    hook = RankLocal(args.target, isolate=isolate)
+    state = rank_local_state(args.state, isolate=isolate)
     if args.range:
         from simcluster.teaching.safe_range import range_command
 

@@ -28,11 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simcluster.checking.properties import registration_problem
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
 from simcluster.usercode.output import captured_output
+from simcluster.usercode.rank_local import as_rank_local, rank_local_state
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
 
@@ -90,6 +92,9 @@ class Story:
     states: list[Any] = field(default_factory=list)  # each rank's hook state after the last step
     api: str = "current"
     """The bucket API the hook met: ``"current"`` (torch >= 1.10) or ``"legacy"`` (1.7-1.9)."""
+    registration: str | None = None
+    """How real DDP's ``register_comm_hook`` refuses the hook, None when it registers it
+    (:func:`~simcluster.checking.properties.registration_problem`); the story runs it anyway."""
 
     @property
     def failed(self) -> StepStory | None:
@@ -147,7 +152,7 @@ def _returned(value: Any) -> str:
 
 
 def record(
-    hook: Callable[[Any, Any], Any],
+    hook: Callable[[Any, Any], Any] | str,
     *,
     world_size: int = 2,
     backend: str = "gloo",
@@ -158,12 +163,18 @@ def record(
     steps: int = 2,
     api: str = "current",
     monitor: Any = None,
+    isolate: Sequence[str] | str | None = (),
 ) -> Story:
     """Run ``hook`` under :class:`SimDDP` for ``steps`` steps and keep everything.
 
     Stops at the first failing step (its ``error`` set, its events up to the failure) —
     also when the hook calls ``sys.exit()``, which ends a real rank's process.
-    ``state``: ``None``, ``"group"`` or a factory ``factory(process_group)``. ``monitor``
+    ``hook``: a callable (its module shared by every rank), or a ``module:name`` /
+    ``file.py:name`` spec or :class:`~simcluster.usercode.rank_local.RankLocal` — each
+    simulated rank then runs its own copy of the module (and of the ``isolate`` modules),
+    as ``check`` does (:func:`~simcluster.usercode.rank_local.as_rank_local`).
+    ``state``: ``None``, ``"group"`` or a factory ``factory(process_group)`` (a spec string:
+    per rank, :func:`~simcluster.usercode.rank_local.rank_local_state`). ``monitor``
     (a supervised child's :class:`~simcluster.checking.supervisor.Monitor`) hears of each
     step (``begin``: the deadline is per step) and each hook call (``at``: where it stopped).
     """
@@ -171,13 +182,15 @@ def record(
     check_int("--world-size", world_size, *WORLD_SIZES)
     check_int("--seed", seed, *SEEDS)
     shapes = tuple(tuple(s) for s in shapes)
+    hook, state = as_rank_local(hook, isolate=isolate), rank_local_state(state, isolate=isolate)
     cluster = SimCluster(world_size=world_size, seed=seed, backend=backend)
     seen: list[Any] = []
     ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=state,
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
     if monitor is not None:
         ddp.on_hook_call = monitor.at
-    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api)
+    story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api,
+                  registration=registration_problem(hook, api))
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
         if monitor is not None:

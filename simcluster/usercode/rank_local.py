@@ -48,6 +48,7 @@ from typing import Any
 from simcluster.errors import TargetLoadError, UsageError
 from simcluster.fake.state import StateSpec
 from simcluster.usercode.rank_state import CURRENT
+from simcluster.usercode.stand_in import StandIn
 from simcluster.usercode.targets import (exec_file, file_path, import_module, is_file_spec, load_target, module_name_for,
                                          split_spec)
 
@@ -116,14 +117,16 @@ def _copyable(module_name: str) -> bool:
     return top not in SHARED_PACKAGES and top not in sys.stdlib_module_names
 
 
-class RankLocal:
+class RankLocal(StandIn):
     """A callable named by ``spec`` whose module every simulated rank loads for itself.
 
     ``isolate``: more modules to copy per rank (import names). ``what`` names the thing in
     load errors (``"TARGET"``, ``"--state factory"``). The spec is loaded once here, the
     ordinary way, so a bad spec fails at once with a one-line :class:`TargetLoadError`.
-    ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` are the callable's;
-    ``inspect.signature`` sees its signature.
+    It looks like the callable (a :class:`~simcluster.usercode.stand_in.StandIn`):
+    ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` are the callable's — one
+    the callable lacks (a ``functools.partial``'s ``__name__``) it lacks too, as real DDP's
+    ``register_comm_hook`` would find — and ``inspect.signature`` sees its signature.
     """
 
     def __init__(self, spec: str, *, isolate: Sequence[str] | str | None = (), what: str = "TARGET") -> None:
@@ -135,9 +138,7 @@ class RankLocal:
         self._module = module_name_for(self._path) if self._path is not None else where
         self.per_rank = self._path is not None or _copyable(where)
         self._key = f"{spec}|{','.join(self.isolate)}"
-        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-            setattr(self, name, getattr(self.shared, name, None))
-        self.__wrapped__ = self.shared
+        super().__init__(self.shared)
 
     def __repr__(self) -> str:
         extra = f", isolate={self.isolate!r}" if self.isolate else ""
