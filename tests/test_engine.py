@@ -318,3 +318,19 @@ def test_the_seeded_schedule_draws_what_random_randrange_draws() -> None:
         ours, theirs = SeededRandom(seed), random.Random(seed)
         for n in [1, 2, 3, 5, 8, 9, 16, 17, 100] * 10:
             assert ours.choose(n) == (theirs.randrange(n) if n > 1 else 0)
+
+
+def test_the_trace_lists_the_dtypes_the_collectives_carried_in_order() -> None:
+    """What an overflow report reasons from: each dtype once, in the order it first travelled;
+    a barrier carries none. Two runs give the same tuple."""
+
+    def rank_fn(rank: int) -> None:
+        dist.barrier()
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+        dist.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2))
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+        dist.broadcast(torch.ones(1, dtype=torch.bfloat16), src=0)
+
+    traces = [SimCluster(2, seed=0).run(rank_fn).trace for _ in range(2)]
+    assert traces[0].dtypes() == ("float16", "float32", "bfloat16") == traces[1].dtypes()
+    assert SimCluster(2, seed=0).run(lambda rank: dist.barrier()).trace.dtypes() == ()

@@ -233,3 +233,68 @@ def test_averages_says_when_a_non_finite_result_is_a_sum_that_overflowed() -> No
     wrong = [[torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.0])]]
     other = P.averages(wrong, small, "fp32")
     assert other is not None and "exceeds" not in other
+
+
+# --------------------------------------------------------------------------- overflow: the cause named from the dtypes
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_overflow_threshold_is_where_torch_s_cast_starts_giving_inf(dtype: torch.dtype) -> None:
+    """Measured with torch's own casts: the threshold casts to inf, the float32 (for
+    float32: float64) just below it to the dtype's largest value."""
+    limit = P.overflow_threshold(dtype)
+    wide = torch.float64 if dtype == torch.float32 else torch.float32
+    at = torch.tensor(limit, dtype=wide)
+    assert float(at) == limit  # representable in the wider type
+    below = torch.nextafter(at, torch.zeros_like(at))
+    assert torch.isinf(at.to(dtype)) and float(below.to(dtype)) == torch.finfo(dtype).max
+
+
+def test_the_bfloat16_and_float16_thresholds_are_the_documented_values() -> None:
+    assert f"{P.overflow_threshold(torch.bfloat16):.9g}" == "3.39617753e+38"
+    assert P.overflow_threshold(torch.float16) == 65520.0
+    # and the W = 3 share: 65504 / 3 rounds up to 21840 in float16, three of them to inf
+    share = torch.tensor(65504.0 / 3).half()
+    assert float(share) == 21840.0 and torch.isinf(share + share + share)
+
+
+def test_overflow_hint_is_derived_from_the_dtypes_the_collectives_carried() -> None:
+    """Found reviewing the hint: it assumed the result's dtype was the one summed. float32
+    gradients sent as bfloat16 overflow at the cast (3.397e38 on one rank, 0 on the other:
+    the float32 sum, 3.397e38, is finite) — said so only when the trace says bfloat16 travelled."""
+    x = 3.397e38
+    inputs = [[torch.tensor([x])], [torch.tensor([0.0])]]
+    inf = [[torch.tensor([float("inf")])]] * 2
+    cast = P.averages(inf, inputs, "bf16", dtypes=("bfloat16",))
+    assert cast is not None and "the cast to bfloat16 overflowed, not the sum" in cast
+    assert "rank 0's gradient there" in cast and "sums before it divides" not in cast
+    assert "divide by 2 first, then cast" in cast  # x / 2 fits bfloat16
+    lazy = P.averages(inf, inputs, "bf16", dtypes=lambda: ["float32", "bfloat16"])  # the narrowest explains it
+    assert lazy is not None and "the cast to bfloat16 overflowed" in lazy
+    for carried in (("float32",), (), ("int32",)):  # nothing that travelled overflows here: no hint
+        other = P.averages(inf, inputs, "bf16", dtypes=carried)
+        assert other is not None and "is not finite" in other and "overflow" not in other and "\n(" not in other
+
+
+def test_overflow_hint_says_when_dividing_first_is_not_enough() -> None:
+    """float16 at W = 3: 65504 / 3 rounds to 21840 and 3 × 21840 = 65520 rounds to inf, so a
+    hook that divides first overflows; the hint must not tell it to divide first. At W = 2
+    the shares (32752) sum to 65504, finite: there only the sum-first order overflows."""
+    three = [[torch.tensor([65504.0])]] * 3
+    inf3 = [[torch.tensor([float("inf")])]] * 3
+    hint = P.averages(inf3, three, "fp16", dtypes=["float16"])
+    assert hint is not None and "dividing first is not enough" in hint
+    assert "65504.0/3 rounds to 21840 in float16, and 3 × 21840 = 65520 rounds to inf" in hint
+    assert "divide first, as torch's allreduce_hook does" not in hint
+    two = [[torch.tensor([65504.0])]] * 2
+    summed = P.averages([[torch.tensor([float("inf")])]] * 2, two, "fp16", dtypes=["float16"])
+    assert summed is not None and "the ranks' sum there, 131008, exceeds float16's largest value 65504" in summed
+    assert "the hook sums before it divides" in summed and "dividing first is not enough" not in summed
+    mixed = P.overflow_cause([65504.0, 65504.0, 65500.0], torch.float16)  # 65500/3 = 21833.3 rounds up too
+    assert "the shares x/3 round in float16 to [21840, 21840, 21840], and their sum 65520 rounds to inf" in mixed
+    assert P.overflow_cause([65504.0, 65504.0, 65472.0], torch.float16).startswith("the ranks' sum")  # shares: 65504
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    result = doctest.testmod(P)
+    assert result.attempted > 0 and result.failed == 0

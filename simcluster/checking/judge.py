@@ -201,7 +201,7 @@ def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[
     """What *replicas_agree* or *averages* finds wrong with one step's result (None: it holds)."""
     if prop == "replicas_agree":
         return P.replicas_agree(res.grads, groups)
-    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params)
+    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params, res.trace.dtypes)
 
 
 def _judge_schedule(opts: Options, example: Example, backend: str, results: list[Any], grads: list[Any],

@@ -44,6 +44,8 @@ __all__ = [
     "error_bound",
     "group_mean",
     "averages",
+    "overflow_threshold",
+    "overflow_cause",
     "replicas_agree",
     "registration_problem",
     "result_problem",
@@ -131,9 +133,16 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if abs(x) >= 1e-3 or x == 0 else f"{float(x):.6g}"
 
 
+Dtypes = Sequence[str] | Callable[[], Sequence[str]]
+"""The dtypes the hook's collectives carried (``"float16"``, …; :meth:`Trace.dtypes
+<simcluster.engine.trace.Trace.dtypes>`), or a callable giving them, called only to
+explain a failure (reading a trace builds its events)."""
+
+
 def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
              groups: Sequence[Sequence[int]] | None = None,
-             buckets: Sequence[Sequence[int]] | None = None) -> str | None:
+             buckets: Sequence[Sequence[int]] | None = None,
+             dtypes: Dtypes | None = None) -> str | None:
     """Each rank's result equals the float64 mean of its group's gradients, within :func:`error_bound`.
 
     ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
@@ -141,12 +150,38 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     every rank). A non-finite result where the mean is finite always fails.
     ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
     indices of each; default one bucket of all) — see :func:`simcluster.checking.tolerances.lossy_averages`.
+
+    A failure's sentence may end in hints, each on a line of its own: why a result is not
+    finite, from the ``dtypes`` the hook's collectives carried (:func:`overflow_cause`;
+    without ``dtypes``, the result's dtype is assumed to be the one summed), and whether
+    every result is within a half-precision tolerance.
     """
     tol = parse_tolerance(tolerance)
     if tol.kind == "none":
         return None
+    found = _violation(results, inputs, tol, groups, buckets)
+    if found is None:
+        return None
+    message, spot = found
+    if spot is not None:
+        got, mean, xs, result_dtype = spot
+        carried = dtypes() if callable(dtypes) else dtypes
+        message += _overflow_hint(got, mean, xs, result_dtype, carried)
+    return message + _looser_hint(tol, results, inputs, groups)
+
+
+Spot = tuple[float, float, list[float], torch.dtype]
+"""Where an element-wise violation is: (the result there, the float64 mean, each rank's
+input there, the result's dtype)."""
+
+
+def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[Sequence[int]] | None,
+               buckets: Sequence[Sequence[int]] | None) -> tuple[str, Spot | None] | None:
+    """The first violation of :func:`averages` under ``tol`` (not ``none``): its sentence,
+    without hints, and its :data:`Spot` (None under a lossy tolerance, judged per bucket)."""
     if tol.lossy:
-        return lossy_averages(results, inputs, tol, groups, buckets)
+        lossy = lossy_averages(results, inputs, tol, groups, buckets)
+        return None if lossy is None else (lossy, None)
     for ranks in _groups_of(len(inputs), groups):
         for k in range(len(inputs[ranks[0]])):
             mean, abs_mean = group_mean(inputs, ranks, k)
@@ -159,34 +194,119 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
                 if bool(bad.any()):
                     i = int(bad.nonzero()[0, 0])
                     shape = tuple(results[r][k].shape)
-                    xs = [_fmt(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    here = [float(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    xs = [_fmt(x) for x in here]
                     what = "is not finite" if not math.isfinite(float(got[i])) else (
                         f"|error| {float(err[i]):.3g} > bound {float(bound[i]):.3g}")
                     n_bad = int(bad.sum())
                     more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
-                    return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
-                            f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
-                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more
-                            + _overflow_hint(got[i], mean[i], [inputs[q][k].reshape(-1)[i] for q in ranks],
-                                             got_t.dtype)
-                            + _looser_hint(tol, results, inputs, groups))
+                    message = (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
+                               f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
+                               + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
+                    return message, (float(got[i]), float(mean[i]), here, got_t.dtype)
     return None
 
 
-def _overflow_hint(got: torch.Tensor, mean: torch.Tensor, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> str:
-    """For a non-finite result whose mean is finite: when the ranks' float64 sum there is
-    beyond ``dtype``'s range, say so — the hook summed before it divided (an all_reduce
-    SUM then a division, or gloo's ``AVG``, which does the same)."""
-    if math.isfinite(float(got)) or not math.isfinite(float(mean)) or not dtype.is_floating_point:
-        return ""
-    total = float(sum(x.double() for x in xs))
-    largest = torch.finfo(dtype).max
-    if abs(total) <= largest:
-        return ""
+_DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+"""The floating dtypes a trace may name (:meth:`Trace.dtypes <simcluster.engine.trace.Trace.dtypes>`), by name."""
+
+
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The smallest magnitude that rounds to ``inf`` in ``dtype``: its largest value plus half
+    the spacing of its top binade. That midpoint itself overflows: it is a tie, and ties go
+    to the even neighbour, ``inf``, since the largest value's last bit is odd.
+
+    >>> [f"{overflow_threshold(d):.9g}" for d in (torch.float16, torch.bfloat16, torch.float32)]
+    ['65520', '3.39617753e+38', '3.40282357e+38']
+
+    (Checked against torch's casts in ``tests/test_properties.py``: the value casts to
+    ``inf``, the float32 just below it to the largest value.)
+    """
+    fi = torch.finfo(dtype)
+    top_binade = 2.0 ** (math.frexp(fi.max)[1] - 1)
+    return fi.max + fi.eps * top_binade / 2
+
+
+def _rounds(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to nearest in ``dtype`` (ties to even), as a Python float."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+
+
+def overflow_cause(xs: Sequence[float], dtype: torch.dtype) -> str:
+    """Why a mean of ``xs`` (each rank's value, finite) computed through ``dtype`` can end
+    in ``inf`` — or ``""`` if no step of a mean-computing hook in that dtype overflows.
+
+    The steps, in the order a hook meets them (``T`` = :func:`overflow_threshold`):
+
+    1. **the cast**: a value with ``|x| ≥ T`` becomes ``inf`` when cast to ``dtype``
+       (only a narrower dtype than the gradients': float32 gradients sent as bfloat16 at
+       ``|x| ≥ 3.39617753e38``) — a hook that casts before it divides;
+    2. **the shares**: ``x/W`` rounded to ``dtype`` can round up, and W shares can sum past
+       ``T`` although their exact mean is finite (float16, W = 3: ``65504/3`` rounds to
+       21840, ``3 × 21840 = 65520`` rounds to ``inf``) — a hook that divides first;
+    3. **the sum**: ``|Σ x| ≥ T`` — a hook that sums before it divides.
+
+    The first step that overflows is named first; where a later one would overflow too,
+    the sentence says that the other order of operations is not enough either.
+
+    >>> print(overflow_cause([65504.0, 65504.0], torch.float16))
+    the ranks' sum there, 131008, exceeds float16's largest value 65504: the hook sums before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then divides; divide first, as torch's allreduce_hook does
+    >>> overflow_cause([65504.0, 1.0], torch.float16)
+    ''
+    """
+    world = len(xs)
     name = str(dtype).removeprefix("torch.")
-    return (f"\n(the ranks' sum there, {total:.4g}, exceeds {name}'s largest value {largest:.4g}: the hook sums "
-            "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
-            "divides; divide first, as torch's allreduce_hook does)")
+    limit = overflow_threshold(dtype)
+    largest = torch.finfo(dtype).max
+    total = math.fsum(xs)
+    shares = [_rounds(x / world, dtype) for x in xs]
+    share_sum = math.fsum(shares)
+    shares_over = all(map(math.isfinite, shares)) and abs(share_sum) >= limit
+    sum_over = abs(total) >= limit
+    rounding = f"{name}'s largest value is {largest:.9g}; every magnitude from {limit:.9g} up rounds to inf"
+    if len(set(xs)) == 1:
+        share_text = (f"{_fmt(xs[0])}/{world} rounds to {shares[0]:.9g} in {name}, and {world} × {shares[0]:.9g} = "
+                      f"{share_sum:.9g} rounds to inf")
+    else:
+        shown = ", ".join(f"{y:.9g}" for y in shares[:8]) + (", …" if world > 8 else "")
+        share_text = f"the shares x/{world} round in {name} to [{shown}], and their sum {share_sum:.9g} rounds to inf"
+    clamp = "round each share toward zero and clamp it, as simcluster.hooks.reference.compress_share does"
+    cast = next((r for r, x in enumerate(xs) if abs(x) >= limit), None)
+    if cast is not None:
+        text = (f"the cast to {name} overflowed, not the sum: rank {cast}'s gradient there, {_fmt(xs[cast])}, becomes "
+                f"inf when cast to {name} ({rounding}), so a hook that casts before it divides gets inf")
+        if not all(map(math.isfinite, shares)):
+            return text + f"; divided by {world} it is still beyond {name}'s range: {name} cannot carry this mean"
+        if shares_over:
+            return text + f"; dividing first is not enough here either: {share_text}; {clamp}"
+        return text + f"; divide by {world} first, then cast"
+    if shares_over:
+        if not sum_over:
+            return f"dividing first is not enough here: {share_text} ({rounding}); {clamp}"
+        return (f"the {name} sum overflows whether the hook divides first or not: dividing first is not enough here "
+                f"— {share_text} ({rounding}) — and the ranks' sum there, {total:.9g}, is beyond {name}'s range; "
+                f"{clamp}")
+    if sum_over:
+        return (f"the ranks' sum there, {total:.9g}, exceeds {name}'s largest value {largest:.9g}: the hook sums "
+                "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
+                "divides; divide first, as torch's allreduce_hook does")
+    return ""
+
+
+def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: torch.dtype,
+                   carried: Sequence[str] | None) -> str:
+    """For a non-finite result whose mean is finite: the :func:`overflow_cause` in a floating
+    dtype the hook's collectives ``carried`` — the narrowest that explains it, where a value
+    overflows first — or, when what they carried is unknown (``None``), in the result's dtype."""
+    if math.isfinite(got) or not math.isfinite(mean) or not all(map(math.isfinite, xs)):
+        return ""
+    names = [str(result_dtype).removeprefix("torch.")] if carried is None else list(carried)
+    floats = sorted((d for d in map(_DTYPE_NAMES.get, names) if d is not None), key=overflow_threshold)
+    for dtype in floats:
+        cause = overflow_cause(xs, dtype)
+        if cause:
+            return f"\n({cause})"
+    return ""
 
 
 def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
@@ -196,7 +316,7 @@ def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence
     if tol.kind not in ("exact", "fp32"):
         return ""
     for looser in ("fp16", "bf16"):
-        if averages(results, inputs, looser, groups) is None:
+        if _violation(results, inputs, parse_tolerance(looser), groups, None) is None:
             return (f"\n(every result is within --tolerance {looser}: if the hook compresses to "
                     f"{'float16' if looser == 'fp16' else 'bfloat16'} on purpose, check it with --tolerance {looser})")
     return ""
