@@ -254,6 +254,9 @@ def test_the_bfloat16_and_float16_thresholds_are_the_documented_values() -> None
     # and the W = 3 share: 65504 / 3 rounds up to 21840 in float16, three of them to inf
     share = torch.tensor(65504.0 / 3).half()
     assert float(share) == 21840.0 and torch.isinf(share + share + share)
+    fifth = torch.tensor(65504.0 / 5).half()  # and at W = 5 (the error_bound docstring says so)
+    assert float(fifth) == 13104.0 and torch.isinf(fifth + fifth + fifth + fifth + fifth)
+    assert "dividing first is not enough" in P.overflow_cause([65504.0] * 5, torch.float16)
 
 
 def test_overflow_hint_is_derived_from_the_dtypes_the_collectives_carried() -> None:

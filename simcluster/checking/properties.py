@@ -92,8 +92,13 @@ def error_bound(tolerance: str | Tolerance, world_size: int, mean: torch.Tensor,
     for ``fp16``, (2^-8, 2^-133) for ``bf16``. The bound is relative to S, not to
     |mean|: with cancellation (mixed signs) the error of a correct hook is relative to
     the magnitudes summed, not to their mean. It assumes no overflow: a result that is
-    not finite where the mean is finite fails regardless (under ``fp16`` every input is a
-    float16 value, up to ±65504, so a hook that divides first cannot overflow).
+    not finite where the mean is finite fails regardless. Under ``fp16`` every input is a
+    float16 value, up to ±65504, and still a hook that divides first can overflow: a share
+    ``x/W`` rounded to float16 can round *up*, and W of them can sum past 65504 — at W = 3
+    ``65504/3`` rounds to 21840 and ``3 × 21840 = 65520`` rounds to ``inf`` (at W = 5,
+    13104 × 5 likewise). Rounding each share toward zero and clamping it keeps every sum
+    finite (``simcluster.hooks.reference.compress_share``); :func:`overflow_cause` says
+    which step overflowed in a report.
     ``exact``: 0. Explicit: ``atol + rtol·|mean|`` (``numpy.allclose``'s form).
     """
     tol = parse_tolerance(tolerance)
