@@ -301,3 +301,43 @@ def test_module_examples_run() -> None:
 
     result = doctest.testmod(P)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_averages_says_when_every_result_is_the_sum_and_only_then() -> None:
+    x = [[torch.tensor([0.1, -2.0])], [torch.tensor([0.2, 5.0])], [torch.tensor([0.4, 1.0])], [torch.tensor([0.3, 0.5])]]
+    total = sum(r[0].double() for r in x)
+    summed = [[total.float()]] * 4
+    line = "(the result is the sum over ranks: the hook did not divide by the world size)"
+    assert (P.averages(summed, x, "fp32") or "").endswith("\n" + line)
+    # DDP on two groups: each group's sum
+    pairs = [[x[0][0] + x[1][0]]] * 2 + [[x[2][0] + x[3][0]]] * 2
+    grouped = P.averages(pairs, x, "fp32", groups=[[0, 1], [2, 3]])
+    assert grouped is not None and "the sum over each group's ranks: the hook did not divide by the group's size (2)" in grouped
+    assert "sum" not in (P.averages(pairs, x, "fp32") or "")  # judged as one group, the pairs are no sum
+    halved = [[(total / 8).float()]] * 4  # divided twice: no sum
+    assert "sum" not in (P.averages(halved, x, "fp32") or "x")
+    one_rank_off = [[total.float()]] * 3 + [[(total / 4).float()]]
+    assert "sum" not in (P.averages(one_rank_off, x, "fp32") or "x")
+    # a sum through float16 matches only within a loose tolerance: confirm it exactly
+    via_fp16 = [[sum(r[0].half() for r in x).float()]] * 4
+    loose = P.averages(via_fp16, x, "rtol=0.01,atol=0")
+    assert loose is not None and "the result is the sum over ranks" in loose
+    assert "not exactly: re-run with --tolerance exact to confirm it" in loose
+    ints = [[torch.tensor([3.0])], [torch.tensor([-1.0])]]
+    exact = P.averages([[torch.tensor([2.0])]] * 2, ints, "rtol=0.01,atol=0")
+    assert exact is not None and "sum over ranks" in exact and "re-run" not in exact  # the sum, bit for bit
+
+
+def test_a_sum_that_overflowed_is_still_recognised_as_the_sum() -> None:
+    big = torch.finfo(torch.float32).max
+    inputs = [[torch.tensor([big, 1.0])], [torch.tensor([big, 2.0])]]
+    inf_sum = [[torch.tensor([float("inf"), 3.0])]] * 2
+    hint = P.averages(inf_sum, inputs, "fp32", dtypes=["float32"])
+    assert hint is not None and hint.splitlines()[1] == (
+        "(the result is the sum over ranks: the hook did not divide by the world size; where the sum is beyond "
+        "float32's range, inf)")
+    # summed in float16 (the trace says so): 65504 + 65504 is inf there, not in the float32 result
+    fp16 = [[torch.tensor([65504.0, 1.0])], [torch.tensor([65504.0, 2.0])]]
+    assert "beyond float16's range, inf" in (P.averages(inf_sum, fp16, "fp16", dtypes=["float16"]) or "")
+    # -inf where the sum is +big is no sum
+    assert "sum over ranks" not in (P.averages([[torch.tensor([-float("inf"), 3.0])]] * 2, inputs, "fp32") or "")

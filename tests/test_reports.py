@@ -417,3 +417,17 @@ def test_a_non_finite_result_that_no_overflow_explains_gets_no_overflow_hint(cap
     message = data["failures"][0]["message"]
     assert "got nan" in message and "is not finite" in message
     assert len(message.splitlines()) == 1  # no hint line
+
+
+def test_a_hook_that_forgets_to_divide_is_told_its_result_is_the_sum(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    """The report said only '|error| … > bound'. Under fp32 the match is decisive: no re-run
+    is suggested. Where the only element off the mean is an overflowed sum (inf), nothing
+    tells a sum from a sum divided after it overflowed: no such line."""
+    code, out, data = _replayed(capsys, tmp_path, "forgot_division", [3.0, -1.0, 0.5])
+    assert code == 1
+    assert "got 2.5, the float64 mean of the ranks' gradients is 0.8333" in out
+    assert "\n    (the result is the sum over ranks: the hook did not divide by the world size)\n" in out
+    big = torch.finfo(torch.float32).max
+    code, out, data = _replayed(capsys, tmp_path, "forgot_division", [big, big])
+    assert code == 1 and "got inf" in out and "sum over ranks" not in out

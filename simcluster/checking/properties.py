@@ -12,6 +12,7 @@ no Hypothesis and no pytest, so they can be used alone::
     True
     >>> print(averages([[torch.tensor([4.0, 8.0])]] * 2, inputs, "fp32"))   # forgot to divide
     rank 0, param 0 (shape (2,)), element 0: got 4.0, the float64 mean of the ranks' gradients is 2.0; |error| 2 > bound 5.96e-07 (tolerance fp32: γ_4(u=2^-24)·mean|x| + 2·2^-149); inputs there, rank by rank: ['1.0', '3.0']; 1 more of its 2 elements out of bound
+    (the result is the sum over ranks: the hook did not divide by the world size)
 
 The tolerance of :func:`averages` is **derived from the arithmetic** a hook of that
 class performs; the derivation is in :func:`error_bound` and ``docs/properties.md``.
@@ -158,8 +159,9 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
 
     A failure's sentence may end in hints, each on a line of its own: why a result is not
     finite, from the ``dtypes`` the hook's collectives carried (:func:`overflow_cause`;
-    without ``dtypes``, the result's dtype is assumed to be the one summed), and whether
-    every result is within a half-precision tolerance.
+    without ``dtypes``, the result's dtype is assumed to be the one summed); that every
+    result is the ranks' *sum* (the hook did not divide); that every result is within a
+    half-precision tolerance.
     """
     tol = parse_tolerance(tolerance)
     if tol.kind == "none":
@@ -168,9 +170,12 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     if found is None:
         return None
     message, spot = found
+    carried = dtypes() if callable(dtypes) else dtypes
+    summed = _sum_hint(tol, results, inputs, groups, buckets, carried)
+    if summed:  # it says where the sum overflowed, too
+        return message + summed
     if spot is not None:
         got, mean, xs, result_dtype = spot
-        carried = dtypes() if callable(dtypes) else dtypes
         message += _overflow_hint(got, mean, xs, result_dtype, carried)
     return message + _looser_hint(tol, results, inputs, groups)
 
@@ -312,6 +317,74 @@ def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: t
         if cause:
             return f"\n({cause})"
     return ""
+
+
+_DECISIVE = ("exact", "fp32", "fp16", "bf16")
+"""Tolerances whose bound, a few roundings, tells a sum from a mean at any world size of 2 or more."""
+
+
+def _sum_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None,
+              buckets: Sequence[Sequence[int]] | None, carried: Sequence[str] | None) -> str:
+    """When every result equals its group's *sum* within ``tol``, say so in one line: the
+    hook did not divide. The sum is judged as :func:`averages` judges the mean — against
+    the inputs times the group's size, in float64, so the bound scales with them — and a
+    result that is ``±inf`` where the sum is beyond the range of a dtype the hook's
+    collectives ``carried`` (or of the result's dtype) counts as that sum — but proves
+    nothing (``inf / W`` is ``inf``): some finite result must be off the mean. Under a
+    tolerance looser than a few roundings (``rtol=``/``atol=``, ``scale=``, ``norm=``) a
+    match that is not exact may be the tolerance's doing: the line says to confirm it with
+    ``--tolerance exact``."""
+    ranks = _groups_of(len(inputs), groups)
+    if all(len(g) < 2 for g in ranks):
+        return ""
+    scaled: list[Sequence[torch.Tensor]] = list(inputs)
+    seen: list[list[torch.Tensor]] = [list(rank) for rank in results]
+    finite: list[list[torch.Tensor]] = [list(rank) for rank in results]
+    overflowed: set[str] = set()
+    for g in ranks:
+        for r in g:
+            scaled[r] = [x.detach().to(torch.float64) * len(g) for x in inputs[r]]
+        for k in range(len(inputs[g[0]])):
+            total = group_mean(scaled, g, k)[0]
+            for r in g:
+                got = results[r][k].detach()
+                seen[r][k], name = _overflowed_sum(got, total, carried)
+                overflowed.update([name] if name else [])
+                if name:
+                    flat = got.reshape(-1).to(torch.float64)
+                    finite[r][k] = torch.where(torch.isfinite(flat), flat, total / len(g)).reshape(got.shape)
+    if _violation(seen, scaled, tol, groups, buckets) is not None:
+        return ""
+    if overflowed and _violation(finite, inputs, tol, groups, buckets) is None:
+        return ""  # only an inf is off the mean: a sum divided after it overflowed is inf as well
+    if len(ranks) == 1:
+        text = "the result is the sum over ranks: the hook did not divide by the world size"
+    else:
+        sizes = sorted({len(g) for g in ranks})
+        text = (f"the result is the sum over each group's ranks: the hook did not divide by the group's size "
+                f"({', '.join(map(str, sizes))})")
+    if overflowed:
+        text += f"; where the sum is beyond {' or '.join(sorted(overflowed))}'s range, inf"
+    if tol.kind not in _DECISIVE and _violation(seen, scaled, parse_tolerance("exact"), groups, None) is not None:
+        text += (f"; the sum matched within --tolerance {tol.describe()}, not exactly: re-run with --tolerance exact "
+                 "to confirm it (exactly averageable inputs, on which a sum shows bit for bit)")
+    return f"\n({text})"
+
+
+def _overflowed_sum(got: torch.Tensor, total: torch.Tensor, carried: Sequence[str] | None) -> tuple[torch.Tensor, str]:
+    """``got`` with each ``±inf`` that is the float64 ``total`` overflowing replaced by
+    ``total`` — where ``|total|`` is at least the :func:`overflow_threshold` of the
+    narrowest of the dtypes ``carried`` and ``got``'s own, same sign — and that dtype's
+    name ("" when none was replaced)."""
+    if not got.is_floating_point() or bool(torch.isfinite(got).all()):
+        return got, ""
+    names = [*(carried or ()), str(got.dtype).removeprefix("torch.")]
+    narrowest = min((d for d in map(_DTYPE_NAMES.get, names) if d is not None), key=overflow_threshold)
+    flat = got.reshape(-1).to(torch.float64)
+    as_sum = torch.isinf(flat) & (total.abs() >= overflow_threshold(narrowest)) & (flat.sign() == total.sign())
+    if not bool(as_sum.any()):
+        return got, ""
+    return torch.where(as_sum, total, flat).reshape(got.shape), str(narrowest).removeprefix("torch.")
 
 
 def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
