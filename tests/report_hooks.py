@@ -183,3 +183,18 @@ def mean_over_nonzero_ranks(state, bucket):
     count = (buf != 0).to(buf.dtype)
     dist.all_reduce(count)
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0].div_(count))
+
+
+def reduces_a_copy_returns_its_own(state, bucket):
+    """All-reduces a divided copy of the bucket, then returns the bucket itself: the mean
+    never reaches the result, and each rank keeps its own gradients."""
+    buf = bucket.buffer()
+    fut = dist.all_reduce(buf.clone().div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: buf)
+
+
+def noop(state, bucket):
+    """Communicates nothing: returns a future of the local bucket (torch's debugging noop_hook)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut

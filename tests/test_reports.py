@@ -431,3 +431,35 @@ def test_a_hook_that_forgets_to_divide_is_told_its_result_is_the_sum(capsys: pyt
     big = torch.finfo(torch.float32).max
     code, out, data = _replayed(capsys, tmp_path, "forgot_division", [big, big])
     assert code == 1 and "got inf" in out and "sum over ranks" not in out
+
+
+# --------------------------------------------------------------------------- replicas apart: did communication reach the result?
+def test_replicas_apart_because_nothing_communicated_reached_the_result(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    """The hook all-reduces a copy and returns its own bucket: the report said only that the
+    ranks differ. Now it says the collective's output never reached the result (found by
+    running the step again with the other ranks' gradients changed)."""
+    code, out, data = _check(capsys, tmp_path, "reduces_a_copy_returns_its_own", "--backend", "gloo",
+                             "--world-sizes", "2,3", "--properties", "replicas_agree")
+    assert code == 1
+    failure = data["failures"][0]
+    assert failure["property"] == "replicas_agree"
+    step = failure["details"]["step"]
+    assert (f"(nothing this hook communicated reached its result: each rank's result at step {step} stays bit for "
+            "bit the same when the other ranks' gradients change") in failure["message"]
+
+
+def test_a_hook_that_communicates_nothing_is_told_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "noop", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree")
+    assert code == 1
+    assert "(the hook communicated nothing at step 0: each rank's result is computed from its own gradients alone)" in out
+
+
+def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """adds_its_rank's result is the mean plus the rank: the other ranks' gradients reach it."""
+    code, out, data = _check(capsys, tmp_path, "adds_its_rank", "--backend", "gloo", "--world-sizes", "2,3",
+                             "--properties", "replicas_agree")
+    assert code == 1 and data["failures"][0]["property"] == "replicas_agree"
+    assert "reached its result" not in out and "communicated nothing" not in out
