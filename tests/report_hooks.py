@@ -198,3 +198,17 @@ def noop(state, bucket):
     fut = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
+
+
+def forgets_one_of_its_futures(state, bucket):
+    """Makes its own futures and completes one from the all_reduce's callback; rank 1
+    returns another, which nothing completes: DDP's reducer waits on it forever. (Rank 0
+    makes one more first, so the two ranks' counts differ.)"""
+    buf = bucket.buffer()
+    if dist.get_rank() == 0:
+        torch.futures.Future()
+    done = torch.futures.Future()
+    lost = torch.futures.Future()  # never completed
+    fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
+    fut.then(lambda f: done.set_result(f.value()[0]))
+    return lost if dist.get_rank() == 1 else done

@@ -463,3 +463,20 @@ def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
                              "--properties", "replicas_agree")
     assert code == 1 and data["failures"][0]["property"] == "replicas_agree"
     assert "reached its result" not in out and "communicated nothing" not in out
+
+
+# --------------------------------------------------------------------------- the hook's own futures, by name
+def test_a_future_the_hook_made_is_named_by_its_rank_s_count_and_line(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    """The report said 'a torch.futures.Future() made by rank 1': which one, of the several
+    the hook makes? Each is numbered per rank in the order the rank made it (rank 0 made
+    three by then, rank 1 two: a count over all ranks would not say #1), with its line —
+    the same in a second run."""
+    runs = [_check(capsys, tmp_path, "forgets_one_of_its_futures", "--backend", "gloo", "--world-sizes", "2",
+                   "--properties", "liveness") for _ in range(2)]
+    (code, out, data), (_, _, again) = runs
+    assert code == 1 and data["failures"][0]["error_type"] == "DeadlockError"
+    line = _line("lost = torch.futures.Future()")
+    assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on torch.futures.Future() #1 made by rank 1 at "
+            f"{HOOKS}:{line}, which never completes") in out
+    assert data["failures"][0]["message"] == again["failures"][0]["message"]
