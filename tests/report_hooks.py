@@ -147,3 +147,68 @@ def averages_over_world(state, bucket):
     """Averages over WORLD whatever DDP's group: right only when DDP runs on the whole world."""
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _sent_back(buf, sent, divide_after=False):
+    """All-reduce ``sent`` and copy the sum into ``buf`` (divided by the world size when ``divide_after``)."""
+    world = dist.get_world_size()
+    fut = dist.all_reduce(sent, async_op=True).get_future()
+    return fut.then(lambda f: buf.copy_(f.value()[0].div(world) if divide_after else f.value()[0]))
+
+
+def bf16_cast_then_divide(state, bucket):
+    """torch's bf16_compress_hook's order: cast the float32 bucket to bfloat16, divide there,
+    sum: a float32 gradient of magnitude from 3.39617753e38 up is inf at the cast."""
+    buf = bucket.buffer()
+    return _sent_back(buf, buf.to(torch.bfloat16).div_(dist.get_world_size()))
+
+
+def fp16_divide_then_cast(state, bucket):
+    """Divides first, then casts to float16 to nearest: at world size 3, 65504/3 rounds up to
+    21840, and three such shares sum to inf."""
+    buf = bucket.buffer()
+    return _sent_back(buf, buf.div(dist.get_world_size()).to(torch.float16))
+
+
+def fp16_sum_then_divide(state, bucket):
+    """Casts to float16, sums, then divides: the sum overflows past 65504."""
+    buf = bucket.buffer()
+    return _sent_back(buf, buf.to(torch.float16), divide_after=True)
+
+
+def mean_over_nonzero_ranks(state, bucket):
+    """Divides the sum by the number of ranks whose entry is non-zero: 0/0 = NaN where every
+    rank holds 0 — a non-finite result that no overflow explains."""
+    buf = bucket.buffer()
+    count = (buf != 0).to(buf.dtype)
+    dist.all_reduce(count)
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0].div_(count))
+
+
+def reduces_a_copy_returns_its_own(state, bucket):
+    """All-reduces a divided copy of the bucket, then returns the bucket itself: the mean
+    never reaches the result, and each rank keeps its own gradients."""
+    buf = bucket.buffer()
+    fut = dist.all_reduce(buf.clone().div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: buf)
+
+
+def noop(state, bucket):
+    """Communicates nothing: returns a future of the local bucket (torch's debugging noop_hook)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def forgets_one_of_its_futures(state, bucket):
+    """Makes its own futures and completes one from the all_reduce's callback; rank 1
+    returns another, which nothing completes: DDP's reducer waits on it forever. (Rank 0
+    makes one more first, so the two ranks' counts differ.)"""
+    buf = bucket.buffer()
+    if dist.get_rank() == 0:
+        torch.futures.Future()
+    done = torch.futures.Future()
+    lost = torch.futures.Future()  # never completed
+    fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
+    fut.then(lambda f: done.set_result(f.value()[0]))
+    return lost if dist.get_rank() == 1 else done

@@ -290,7 +290,8 @@ def test_waiting_on_a_plain_torch_future_made_in_a_hook_is_a_deadlock_not_a_hang
         return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(wait_for_gate)
 
     plain = torch.futures.Future
-    with pytest.raises(DeadlockError, match=r"blocked in wait\(\) on a torch.futures.Future\(\) made by rank 0 \(gloo-worker WORLD#0\)"):
+    with pytest.raises(DeadlockError, match=r"blocked in wait\(\) on torch.futures.Future\(\) #0 made by rank 0 at "
+                       r"\S*test_engine.py:\d+ \(gloo-worker WORLD#0\)"):
         SimCluster(2, stuck_timeout=5).run_hook(hook, [torch.ones(2), torch.ones(2)])
     assert torch.futures.Future is plain  # restored after the run
 
@@ -318,3 +319,36 @@ def test_the_seeded_schedule_draws_what_random_randrange_draws() -> None:
         ours, theirs = SeededRandom(seed), random.Random(seed)
         for n in [1, 2, 3, 5, 8, 9, 16, 17, 100] * 10:
             assert ours.choose(n) == (theirs.randrange(n) if n > 1 else 0)
+
+
+def test_the_trace_lists_the_dtypes_the_collectives_carried_in_order() -> None:
+    """What an overflow report reasons from: each dtype once, in the order it first travelled;
+    a barrier carries none. Two runs give the same tuple."""
+
+    def rank_fn(rank: int) -> None:
+        dist.barrier()
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+        dist.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2))
+        dist.all_reduce(torch.ones(2, dtype=torch.float16))
+        dist.broadcast(torch.ones(1, dtype=torch.bfloat16), src=0)
+
+    traces = [SimCluster(2, seed=0).run(rank_fn).trace for _ in range(2)]
+    assert traces[0].dtypes() == ("float16", "float32", "bfloat16") == traces[1].dtypes()
+    assert SimCluster(2, seed=0).run(lambda rank: dist.barrier()).trace.dtypes() == ()
+
+
+def test_futures_a_rank_makes_are_numbered_per_rank_over_the_cluster_s_life() -> None:
+    """A rank is a process: its torch.futures.Future()s count on across runs (steps), each
+    rank its own count; labels never hold id(), so a fresh cluster labels them alike."""
+
+    def rank_fn(rank: int) -> list[str]:
+        return [torch.futures.Future().label for _ in range(rank + 1)]
+
+    cluster = SimCluster(2, seed=0)
+    first, second = cluster.run(rank_fn).values, cluster.run(rank_fn).values
+    numbers = [[label.split(" ")[1] for label in labels] for labels in first + second]
+    assert numbers == [["#0"], ["#0", "#1"], ["#1"], ["#2", "#3"]]
+    assert all(label.startswith(f"torch.futures.Future() #") and f"made by rank {r} at " in label
+               and "test_engine.py:" in label
+               for r, labels in enumerate(first) for label in labels)
+    assert SimCluster(2, seed=0).run(rank_fn).values == first

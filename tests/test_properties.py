@@ -233,3 +233,111 @@ def test_averages_says_when_a_non_finite_result_is_a_sum_that_overflowed() -> No
     wrong = [[torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.0])]]
     other = P.averages(wrong, small, "fp32")
     assert other is not None and "exceeds" not in other
+
+
+# --------------------------------------------------------------------------- overflow: the cause named from the dtypes
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_overflow_threshold_is_where_torch_s_cast_starts_giving_inf(dtype: torch.dtype) -> None:
+    """Measured with torch's own casts: the threshold casts to inf, the float32 (for
+    float32: float64) just below it to the dtype's largest value."""
+    limit = P.overflow_threshold(dtype)
+    wide = torch.float64 if dtype == torch.float32 else torch.float32
+    at = torch.tensor(limit, dtype=wide)
+    assert float(at) == limit  # representable in the wider type
+    below = torch.nextafter(at, torch.zeros_like(at))
+    assert torch.isinf(at.to(dtype)) and float(below.to(dtype)) == torch.finfo(dtype).max
+
+
+def test_the_bfloat16_and_float16_thresholds_are_the_documented_values() -> None:
+    assert f"{P.overflow_threshold(torch.bfloat16):.9g}" == "3.39617753e+38"
+    assert P.overflow_threshold(torch.float16) == 65520.0
+    # and the W = 3 share: 65504 / 3 rounds up to 21840 in float16, three of them to inf
+    share = torch.tensor(65504.0 / 3).half()
+    assert float(share) == 21840.0 and torch.isinf(share + share + share)
+    fifth = torch.tensor(65504.0 / 5).half()  # and at W = 5 (the error_bound docstring says so)
+    assert float(fifth) == 13104.0 and torch.isinf(fifth + fifth + fifth + fifth + fifth)
+    assert "dividing first is not enough" in P.overflow_cause([65504.0] * 5, torch.float16)
+
+
+def test_overflow_hint_is_derived_from_the_dtypes_the_collectives_carried() -> None:
+    """Found reviewing the hint: it assumed the result's dtype was the one summed. float32
+    gradients sent as bfloat16 overflow at the cast (3.397e38 on one rank, 0 on the other:
+    the float32 sum, 3.397e38, is finite) — said so only when the trace says bfloat16 travelled."""
+    x = 3.397e38
+    inputs = [[torch.tensor([x])], [torch.tensor([0.0])]]
+    inf = [[torch.tensor([float("inf")])]] * 2
+    cast = P.averages(inf, inputs, "bf16", dtypes=("bfloat16",))
+    assert cast is not None and "the cast to bfloat16 overflowed, not the sum" in cast
+    assert "rank 0's gradient there" in cast and "sums before it divides" not in cast
+    assert "divide by 2 first, then cast" in cast  # x / 2 fits bfloat16
+    lazy = P.averages(inf, inputs, "bf16", dtypes=lambda: ["float32", "bfloat16"])  # the narrowest explains it
+    assert lazy is not None and "the cast to bfloat16 overflowed" in lazy
+    for carried in (("float32",), (), ("int32",)):  # nothing that travelled overflows here: no hint
+        other = P.averages(inf, inputs, "bf16", dtypes=carried)
+        assert other is not None and "is not finite" in other and "overflow" not in other and "\n(" not in other
+
+
+def test_overflow_hint_says_when_dividing_first_is_not_enough() -> None:
+    """float16 at W = 3: 65504 / 3 rounds to 21840 and 3 × 21840 = 65520 rounds to inf, so a
+    hook that divides first overflows; the hint must not tell it to divide first. At W = 2
+    the shares (32752) sum to 65504, finite: there only the sum-first order overflows."""
+    three = [[torch.tensor([65504.0])]] * 3
+    inf3 = [[torch.tensor([float("inf")])]] * 3
+    hint = P.averages(inf3, three, "fp16", dtypes=["float16"])
+    assert hint is not None and "dividing first is not enough" in hint
+    assert "65504.0/3 rounds to 21840 in float16, and 3 × 21840 = 65520 rounds to inf" in hint
+    assert "divide first, as torch's allreduce_hook does" not in hint
+    two = [[torch.tensor([65504.0])]] * 2
+    summed = P.averages([[torch.tensor([float("inf")])]] * 2, two, "fp16", dtypes=["float16"])
+    assert summed is not None and "the ranks' sum there, 131008, exceeds float16's largest value 65504" in summed
+    assert "the hook sums before it divides" in summed and "dividing first is not enough" not in summed
+    mixed = P.overflow_cause([65504.0, 65504.0, 65500.0], torch.float16)  # 65500/3 = 21833.3 rounds up too
+    assert "the shares x/3 round in float16 to [21840, 21840, 21840], and their sum 65520 rounds to inf" in mixed
+    assert P.overflow_cause([65504.0, 65504.0, 65472.0], torch.float16).startswith("the ranks' sum")  # shares: 65504
+
+
+def test_module_examples_run() -> None:
+    import doctest
+
+    result = doctest.testmod(P)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_averages_says_when_every_result_is_the_sum_and_only_then() -> None:
+    x = [[torch.tensor([0.1, -2.0])], [torch.tensor([0.2, 5.0])], [torch.tensor([0.4, 1.0])], [torch.tensor([0.3, 0.5])]]
+    total = sum(r[0].double() for r in x)
+    summed = [[total.float()]] * 4
+    line = "(the result is the sum over ranks: the hook did not divide by the world size)"
+    assert (P.averages(summed, x, "fp32") or "").endswith("\n" + line)
+    # DDP on two groups: each group's sum
+    pairs = [[x[0][0] + x[1][0]]] * 2 + [[x[2][0] + x[3][0]]] * 2
+    grouped = P.averages(pairs, x, "fp32", groups=[[0, 1], [2, 3]])
+    assert grouped is not None and "the sum over each group's ranks: the hook did not divide by the group's size (2)" in grouped
+    assert "sum" not in (P.averages(pairs, x, "fp32") or "")  # judged as one group, the pairs are no sum
+    halved = [[(total / 8).float()]] * 4  # divided twice: no sum
+    assert "sum" not in (P.averages(halved, x, "fp32") or "x")
+    one_rank_off = [[total.float()]] * 3 + [[(total / 4).float()]]
+    assert "sum" not in (P.averages(one_rank_off, x, "fp32") or "x")
+    # a sum through float16 matches only within a loose tolerance: confirm it exactly
+    via_fp16 = [[sum(r[0].half() for r in x).float()]] * 4
+    loose = P.averages(via_fp16, x, "rtol=0.01,atol=0")
+    assert loose is not None and "the result is the sum over ranks" in loose
+    assert "not exactly: re-run with --tolerance exact to confirm it" in loose
+    ints = [[torch.tensor([3.0])], [torch.tensor([-1.0])]]
+    exact = P.averages([[torch.tensor([2.0])]] * 2, ints, "rtol=0.01,atol=0")
+    assert exact is not None and "sum over ranks" in exact and "re-run" not in exact  # the sum, bit for bit
+
+
+def test_a_sum_that_overflowed_is_still_recognised_as_the_sum() -> None:
+    big = torch.finfo(torch.float32).max
+    inputs = [[torch.tensor([big, 1.0])], [torch.tensor([big, 2.0])]]
+    inf_sum = [[torch.tensor([float("inf"), 3.0])]] * 2
+    hint = P.averages(inf_sum, inputs, "fp32", dtypes=["float32"])
+    assert hint is not None and hint.splitlines()[1] == (
+        "(the result is the sum over ranks: the hook did not divide by the world size; where the sum is beyond "
+        "float32's range, inf)")
+    # summed in float16 (the trace says so): 65504 + 65504 is inf there, not in the float32 result
+    fp16 = [[torch.tensor([65504.0, 1.0])], [torch.tensor([65504.0, 2.0])]]
+    assert "beyond float16's range, inf" in (P.averages(inf_sum, fp16, "fp16", dtypes=["float16"]) or "")
+    # -inf where the sum is +big is no sum
+    assert "sum over ranks" not in (P.averages([[torch.tensor([-float("inf"), 3.0])]] * 2, inputs, "fp32") or "")

@@ -350,3 +350,133 @@ def test_captured_output_keeps_every_way_of_writing_in_order() -> None:
         assert sys.stdout.encoding == "utf-8"
         print("no newline at the end", end="")
     assert box.text == "one\ntwo\nthree\nvier ü\nno newline at the end"
+
+
+# --------------------------------------------------------------------------- overflow: the cause, from the dtypes carried
+def _token(values: list[float], backend: str = "gloo") -> str:
+    """The replay token of one step where rank r holds ``values[r]`` in both elements of one parameter."""
+    from simcluster.checking.replay import encode_example
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+
+    ranks = tuple(RankSpec("const", value=v) for v in values)
+    return encode_example(Example(len(values), Layout(((2,),), None, (0,)), StepSpec(ranks)), backend)
+
+
+def _replayed(capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str, values: list[float],
+              *options: str) -> tuple[int, str, Any]:
+    return _check(capsys, tmp_path, target, "--steps", "1", "--replay", _token(values), *options)
+
+
+def test_a_bfloat16_cast_that_overflows_is_named_not_the_sum(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """float32 gradients cast to bfloat16 before dividing: 3.397e38 on rank 0 is inf at the
+    cast while the float32 sum (3.397e38, rank 1 holds 0) is finite — the report said
+    nothing about why. The float32 just below 3.39617753e38 casts to bfloat16's largest
+    value: the same hook passes there."""
+    code, out, data = _replayed(capsys, tmp_path, "bf16_cast_then_divide", [3.397e38, 0.0], "--tolerance", "bf16")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert data["failures"][0]["property"] == "averages" and "got inf" in message
+    assert "(the cast to bfloat16 overflowed, not the sum: rank 0's gradient there" in message
+    assert "every magnitude from 3.39617753e+38 up rounds to inf" in message and "sums before it divides" not in message
+    below = float(torch.nextafter(torch.tensor(3.39617753e38), torch.tensor(0.0)))
+    code, out, _ = _replayed(capsys, tmp_path, "bf16_cast_then_divide", [below, 0.0], "--tolerance", "bf16")
+    assert code == 0, out
+
+
+def test_a_float16_hook_that_divides_first_is_not_told_to_divide_first(capsys: pytest.CaptureFixture[str],
+                                                                       tmp_path: Path) -> None:
+    """World size 3, every rank at 65504: 65504/3 rounds to 21840 in float16 and three
+    shares sum to 65520, inf. The hint names the rounded shares (found by the search's
+    edge example)."""
+    code, out, data = _check(capsys, tmp_path, "fp16_divide_then_cast", "--tolerance", "fp16", "--backend", "gloo",
+                             "--world-sizes", "3", "--properties", "averages")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert "dividing first is not enough here — 65504.0/3 rounds to 21840 in float16, and 3 × 21840 = 65520" in message
+    assert "divide first, as torch's allreduce_hook does" not in message
+
+
+def test_a_float16_sum_that_overflows_says_the_hook_sums_first(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    """World size 2 at 65504: the float16 sum (131008) overflows, the shares (32752) do not —
+    the hook that divides first passes the same example."""
+    code, out, data = _replayed(capsys, tmp_path, "fp16_sum_then_divide", [65504.0, 65504.0], "--tolerance", "fp16")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert "(the ranks' sum there, 131008, exceeds float16's largest value 65504: the hook sums before it divides" in message
+    assert "cast" not in message and "not enough" not in message
+    code, out, _ = _replayed(capsys, tmp_path, "fp16_divide_then_cast", [65504.0, 65504.0], "--tolerance", "fp16")
+    assert code == 0, out
+
+
+def test_a_non_finite_result_that_no_overflow_explains_gets_no_overflow_hint(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path) -> None:
+    code, out, data = _replayed(capsys, tmp_path, "mean_over_nonzero_ranks", [0.0, 0.0])
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert "got nan" in message and "is not finite" in message
+    assert len(message.splitlines()) == 1  # no hint line
+
+
+def test_a_hook_that_forgets_to_divide_is_told_its_result_is_the_sum(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    """The report said only '|error| … > bound'. Under fp32 the match is decisive: no re-run
+    is suggested. Where the only element off the mean is an overflowed sum (inf), nothing
+    tells a sum from a sum divided after it overflowed: no such line."""
+    code, out, data = _replayed(capsys, tmp_path, "forgot_division", [3.0, -1.0, 0.5])
+    assert code == 1
+    assert "got 2.5, the float64 mean of the ranks' gradients is 0.8333" in out
+    assert "\n    (the result is the sum over ranks: the hook did not divide by the world size)\n" in out
+    big = torch.finfo(torch.float32).max
+    code, out, data = _replayed(capsys, tmp_path, "forgot_division", [big, big])
+    assert code == 1 and "got inf" in out and "sum over ranks" not in out
+
+
+# --------------------------------------------------------------------------- replicas apart: did communication reach the result?
+def test_replicas_apart_because_nothing_communicated_reached_the_result(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    """The hook all-reduces a copy and returns its own bucket: the report said only that the
+    ranks differ. Now it says the collective's output never reached the result (found by
+    running the step again with the other ranks' gradients changed)."""
+    code, out, data = _check(capsys, tmp_path, "reduces_a_copy_returns_its_own", "--backend", "gloo",
+                             "--world-sizes", "2,3", "--properties", "replicas_agree")
+    assert code == 1
+    failure = data["failures"][0]
+    assert failure["property"] == "replicas_agree"
+    step = failure["details"]["step"]
+    assert (f"(nothing this hook communicated reached its result: each rank's result at step {step} stays bit for "
+            "bit the same when the other ranks' gradients change") in failure["message"]
+
+
+def test_a_hook_that_communicates_nothing_is_told_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "noop", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree")
+    assert code == 1
+    assert "(the hook communicated nothing at step 0: each rank's result is computed from its own gradients alone)" in out
+
+
+def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """adds_its_rank's result is the mean plus the rank: the other ranks' gradients reach it."""
+    code, out, data = _check(capsys, tmp_path, "adds_its_rank", "--backend", "gloo", "--world-sizes", "2,3",
+                             "--properties", "replicas_agree")
+    assert code == 1 and data["failures"][0]["property"] == "replicas_agree"
+    assert "reached its result" not in out and "communicated nothing" not in out
+
+
+# --------------------------------------------------------------------------- the hook's own futures, by name
+def test_a_future_the_hook_made_is_named_by_its_rank_s_count_and_line(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    """The report said 'a torch.futures.Future() made by rank 1': which one, of the several
+    the hook makes? Each is numbered per rank in the order the rank made it (rank 0 made
+    three by then, rank 1 two: a count over all ranks would not say #1), with its line —
+    the same in a second run."""
+    runs = [_check(capsys, tmp_path, "forgets_one_of_its_futures", "--backend", "gloo", "--world-sizes", "2",
+                   "--properties", "liveness") for _ in range(2)]
+    (code, out, data), (_, _, again) = runs
+    assert code == 1 and data["failures"][0]["error_type"] == "DeadlockError"
+    line = _line("lost = torch.futures.Future()")
+    assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on torch.futures.Future() #1 made by rank 1 at "
+            f"{HOOKS}:{line}, which never completes") in out
+    assert data["failures"][0]["message"] == again["failures"][0]["message"]

@@ -49,7 +49,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from simcluster.checking import properties as P
 from simcluster.checking.explicit import explicit_examples
-from simcluster.checking.judge import ORDER, exit_head, keeps_residual, order_hint, run_example
+from simcluster.checking.judge import ORDER, exit_head, keeps_residual, order_hint, run_example, unreached_hint
 from simcluster.checking.options import Options, make_options
 from simcluster.checking.render import death_failure, failure
 from simcluster.checking.replay import decode_example, encode_example
@@ -278,8 +278,8 @@ def prepare_to_fork() -> None:
 
 # --------------------------------------------------------------------------- the search
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
-    with captured_output():  # the hint re-runs the example: its prints are not the reported run's
-        hint = order_hint(opts, v)
+    with captured_output():  # the hints re-run the example: its prints are not the reported run's
+        hint = order_hint(opts, v) + unreached_hint(opts, v)
     return failure(opts, v.prop, str(v) + hint, v.info, steps)
 
 

@@ -38,7 +38,8 @@ from simcluster.errors import (
 )
 from simcluster.fake.cluster import SimCluster
 
-__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "ORDER"]
+__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint",
+           "ORDER"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
 """The order the oracles are applied in (and distinct bugs are reported in)."""
@@ -201,7 +202,7 @@ def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[
     """What *replicas_agree* or *averages* finds wrong with one step's result (None: it holds)."""
     if prop == "replicas_agree":
         return P.replicas_agree(res.grads, groups)
-    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params)
+    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params, res.trace.dtypes)
 
 
 def _judge_schedule(opts: Options, example: Example, backend: str, results: list[Any], grads: list[Any],
@@ -232,6 +233,52 @@ def order_hint(opts: Options, violation: Violation) -> str:
     return ("\n(with every collective completing in order this step passes: the result depends on the order in "
             "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
             "pair up differently on different ranks, or callbacks share state)")
+
+
+def unreached_hint(opts: Options, violation: Violation) -> str:
+    """For a reported *replicas_agree* failure: when each rank's result at the failing step
+    stays bit for bit the same however the other ranks' gradients at that step change, a
+    line saying nothing the hook communicated reached its result (or, when the step's trace
+    holds no collective, that the hook communicated nothing) — e.g. an all_reduce of a copy
+    whose output is never used, or a future completed with the local buffer. Otherwise ``''``.
+
+    It is an experiment, not a reading of the code: the example is run again up to that
+    step as it was, then once per rank ``r`` and per change (every other rank's every
+    element made 1 or 2, then -3 or -5: each differs from what was there), and ``r``'s
+    result compared with the first run's. Any run that raises, or any result that moves,
+    and nothing is said. Run once per reported failure, not during the search: 1 + 2W more
+    simulations of the example up to the failing step."""
+    info = violation.info
+    if violation.prop != "replicas_agree" or info.get("error"):
+        return ""
+    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    grads = _inputs(opts, example)[0][: t + 1]
+    base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
+    if error is not None or len(base) <= t:
+        return ""
+    for r in range(example.world_size):
+        for change in (_ones_or_twos, _threes_or_fives):
+            step = [rank if q == r else [change(x) for x in rank] for q, rank in enumerate(grads[t])]
+            run, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads[:t] + [step])
+            if error is not None or len(run) <= t or not all(
+                    P.bits_equal(a, b) for a, b in zip(run[t].grads[r], base[t].grads[r])):
+                return ""
+    if not base[t].trace.collectives():
+        return (f"\n(the hook communicated nothing at step {t}: each rank's result is computed from its own gradients "
+                "alone)")
+    return (f"\n(nothing this hook communicated reached its result: each rank's result at step {t} stays bit for bit "
+            "the same when the other ranks' gradients change — e.g. a collective on a copy whose output is never "
+            "used, or a future completed with the local buffer)")
+
+
+def _ones_or_twos(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every element changed: 2 where it was 1, else 1."""
+    return torch.where(x == 1, 2, 1).to(x.dtype)
+
+
+def _threes_or_fives(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every element changed, to negative values: -5 where it was -3, else -3."""
+    return torch.where(x == -3, -5, -3).to(x.dtype)
 
 
 def exit_head(error: BaseException, at: int) -> str | None:

@@ -12,6 +12,7 @@ no Hypothesis and no pytest, so they can be used alone::
     True
     >>> print(averages([[torch.tensor([4.0, 8.0])]] * 2, inputs, "fp32"))   # forgot to divide
     rank 0, param 0 (shape (2,)), element 0: got 4.0, the float64 mean of the ranks' gradients is 2.0; |error| 2 > bound 5.96e-07 (tolerance fp32: γ_4(u=2^-24)·mean|x| + 2·2^-149); inputs there, rank by rank: ['1.0', '3.0']; 1 more of its 2 elements out of bound
+    (the result is the sum over ranks: the hook did not divide by the world size)
 
 The tolerance of :func:`averages` is **derived from the arithmetic** a hook of that
 class performs; the derivation is in :func:`error_bound` and ``docs/properties.md``.
@@ -44,6 +45,8 @@ __all__ = [
     "error_bound",
     "group_mean",
     "averages",
+    "overflow_threshold",
+    "overflow_cause",
     "replicas_agree",
     "registration_problem",
     "result_problem",
@@ -90,8 +93,13 @@ def error_bound(tolerance: str | Tolerance, world_size: int, mean: torch.Tensor,
     for ``fp16``, (2^-8, 2^-133) for ``bf16``. The bound is relative to S, not to
     |mean|: with cancellation (mixed signs) the error of a correct hook is relative to
     the magnitudes summed, not to their mean. It assumes no overflow: a result that is
-    not finite where the mean is finite fails regardless (under ``fp16`` every input is a
-    float16 value, up to ±65504, so a hook that divides first cannot overflow).
+    not finite where the mean is finite fails regardless. Under ``fp16`` every input is a
+    float16 value, up to ±65504, and still a hook that divides first can overflow: a share
+    ``x/W`` rounded to float16 can round *up*, and W of them can sum past 65504 — at W = 3
+    ``65504/3`` rounds to 21840 and ``3 × 21840 = 65520`` rounds to ``inf`` (at W = 5,
+    13104 × 5 likewise). Rounding each share toward zero and clamping it keeps every sum
+    finite (``simcluster.hooks.reference.compress_share``); :func:`overflow_cause` says
+    which step overflowed in a report.
     ``exact``: 0. Explicit: ``atol + rtol·|mean|`` (``numpy.allclose``'s form).
     """
     tol = parse_tolerance(tolerance)
@@ -131,9 +139,16 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if abs(x) >= 1e-3 or x == 0 else f"{float(x):.6g}"
 
 
+Dtypes = Sequence[str] | Callable[[], Sequence[str]]
+"""The dtypes the hook's collectives carried (``"float16"``, …; :meth:`Trace.dtypes
+<simcluster.engine.trace.Trace.dtypes>`), or a callable giving them, called only to
+explain a failure (reading a trace builds its events)."""
+
+
 def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
              groups: Sequence[Sequence[int]] | None = None,
-             buckets: Sequence[Sequence[int]] | None = None) -> str | None:
+             buckets: Sequence[Sequence[int]] | None = None,
+             dtypes: Dtypes | None = None) -> str | None:
     """Each rank's result equals the float64 mean of its group's gradients, within :func:`error_bound`.
 
     ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
@@ -141,12 +156,42 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     every rank). A non-finite result where the mean is finite always fails.
     ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
     indices of each; default one bucket of all) — see :func:`simcluster.checking.tolerances.lossy_averages`.
+
+    A failure's sentence may end in hints, each on a line of its own: why a result is not
+    finite, from the ``dtypes`` the hook's collectives carried (:func:`overflow_cause`;
+    without ``dtypes``, the result's dtype is assumed to be the one summed); that every
+    result is the ranks' *sum* (the hook did not divide); that every result is within a
+    half-precision tolerance.
     """
     tol = parse_tolerance(tolerance)
     if tol.kind == "none":
         return None
+    found = _violation(results, inputs, tol, groups, buckets)
+    if found is None:
+        return None
+    message, spot = found
+    carried = dtypes() if callable(dtypes) else dtypes
+    summed = _sum_hint(tol, results, inputs, groups, buckets, carried)
+    if summed:  # it says where the sum overflowed, too
+        return message + summed
+    if spot is not None:
+        got, mean, xs, result_dtype = spot
+        message += _overflow_hint(got, mean, xs, result_dtype, carried)
+    return message + _looser_hint(tol, results, inputs, groups)
+
+
+Spot = tuple[float, float, list[float], torch.dtype]
+"""Where an element-wise violation is: (the result there, the float64 mean, each rank's
+input there, the result's dtype)."""
+
+
+def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[Sequence[int]] | None,
+               buckets: Sequence[Sequence[int]] | None) -> tuple[str, Spot | None] | None:
+    """The first violation of :func:`averages` under ``tol`` (not ``none``): its sentence,
+    without hints, and its :data:`Spot` (None under a lossy tolerance, judged per bucket)."""
     if tol.lossy:
-        return lossy_averages(results, inputs, tol, groups, buckets)
+        lossy = lossy_averages(results, inputs, tol, groups, buckets)
+        return None if lossy is None else (lossy, None)
     for ranks in _groups_of(len(inputs), groups):
         for k in range(len(inputs[ranks[0]])):
             mean, abs_mean = group_mean(inputs, ranks, k)
@@ -159,34 +204,187 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
                 if bool(bad.any()):
                     i = int(bad.nonzero()[0, 0])
                     shape = tuple(results[r][k].shape)
-                    xs = [_fmt(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    here = [float(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    xs = [_fmt(x) for x in here]
                     what = "is not finite" if not math.isfinite(float(got[i])) else (
                         f"|error| {float(err[i]):.3g} > bound {float(bound[i]):.3g}")
                     n_bad = int(bad.sum())
                     more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
-                    return (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
-                            f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
-                            + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more
-                            + _overflow_hint(got[i], mean[i], [inputs[q][k].reshape(-1)[i] for q in ranks],
-                                             got_t.dtype)
-                            + _looser_hint(tol, results, inputs, groups))
+                    message = (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
+                               f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
+                               + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
+                    return message, (float(got[i]), float(mean[i]), here, got_t.dtype)
     return None
 
 
-def _overflow_hint(got: torch.Tensor, mean: torch.Tensor, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> str:
-    """For a non-finite result whose mean is finite: when the ranks' float64 sum there is
-    beyond ``dtype``'s range, say so — the hook summed before it divided (an all_reduce
-    SUM then a division, or gloo's ``AVG``, which does the same)."""
-    if math.isfinite(float(got)) or not math.isfinite(float(mean)) or not dtype.is_floating_point:
-        return ""
-    total = float(sum(x.double() for x in xs))
-    largest = torch.finfo(dtype).max
-    if abs(total) <= largest:
-        return ""
+_DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+"""The floating dtypes a trace may name (:meth:`Trace.dtypes <simcluster.engine.trace.Trace.dtypes>`), by name."""
+
+
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The smallest magnitude that rounds to ``inf`` in ``dtype``: its largest value plus half
+    the spacing of its top binade. That midpoint itself overflows: it is a tie, and ties go
+    to the even neighbour, ``inf``, since the largest value's last bit is odd.
+
+    >>> [f"{overflow_threshold(d):.9g}" for d in (torch.float16, torch.bfloat16, torch.float32)]
+    ['65520', '3.39617753e+38', '3.40282357e+38']
+
+    (Checked against torch's casts in ``tests/test_properties.py``: the value casts to
+    ``inf``, the float32 just below it to the largest value.)
+    """
+    fi = torch.finfo(dtype)
+    top_binade = 2.0 ** (math.frexp(fi.max)[1] - 1)
+    return fi.max + fi.eps * top_binade / 2
+
+
+def _rounds(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to nearest in ``dtype`` (ties to even), as a Python float."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+
+
+def overflow_cause(xs: Sequence[float], dtype: torch.dtype) -> str:
+    """Why a mean of ``xs`` (each rank's value, finite) computed through ``dtype`` can end
+    in ``inf`` — or ``""`` if no step of a mean-computing hook in that dtype overflows.
+
+    The steps, in the order a hook meets them (``T`` = :func:`overflow_threshold`):
+
+    1. **the cast**: a value with ``|x| ≥ T`` becomes ``inf`` when cast to ``dtype``
+       (only a narrower dtype than the gradients': float32 gradients sent as bfloat16 at
+       ``|x| ≥ 3.39617753e38``) — a hook that casts before it divides;
+    2. **the shares**: ``x/W`` rounded to ``dtype`` can round up, and W shares can sum past
+       ``T`` although their exact mean is finite (float16, W = 3: ``65504/3`` rounds to
+       21840, ``3 × 21840 = 65520`` rounds to ``inf``) — a hook that divides first;
+    3. **the sum**: ``|Σ x| ≥ T`` — a hook that sums before it divides.
+
+    The first step that overflows is named first; where a later one would overflow too,
+    the sentence says that the other order of operations is not enough either.
+
+    >>> print(overflow_cause([65504.0, 65504.0], torch.float16))
+    the ranks' sum there, 131008, exceeds float16's largest value 65504: the hook sums before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then divides; divide first, as torch's allreduce_hook does
+    >>> overflow_cause([65504.0, 1.0], torch.float16)
+    ''
+    """
+    world = len(xs)
     name = str(dtype).removeprefix("torch.")
-    return (f"\n(the ranks' sum there, {total:.4g}, exceeds {name}'s largest value {largest:.4g}: the hook sums "
-            "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
-            "divides; divide first, as torch's allreduce_hook does)")
+    limit = overflow_threshold(dtype)
+    largest = torch.finfo(dtype).max
+    total = math.fsum(xs)
+    shares = [_rounds(x / world, dtype) for x in xs]
+    share_sum = math.fsum(shares)
+    shares_over = all(map(math.isfinite, shares)) and abs(share_sum) >= limit
+    sum_over = abs(total) >= limit
+    rounding = f"{name}'s largest value is {largest:.9g}; every magnitude from {limit:.9g} up rounds to inf"
+    if len(set(xs)) == 1:
+        share_text = (f"{_fmt(xs[0])}/{world} rounds to {shares[0]:.9g} in {name}, and {world} × {shares[0]:.9g} = "
+                      f"{share_sum:.9g} rounds to inf")
+    else:
+        shown = ", ".join(f"{y:.9g}" for y in shares[:8]) + (", …" if world > 8 else "")
+        share_text = f"the shares x/{world} round in {name} to [{shown}], and their sum {share_sum:.9g} rounds to inf"
+    clamp = "round each share toward zero and clamp it, as simcluster.hooks.reference.compress_share does"
+    cast = next((r for r, x in enumerate(xs) if abs(x) >= limit), None)
+    if cast is not None:
+        text = (f"the cast to {name} overflowed, not the sum: rank {cast}'s gradient there, {_fmt(xs[cast])}, becomes "
+                f"inf when cast to {name} ({rounding}), so a hook that casts before it divides gets inf")
+        if not all(map(math.isfinite, shares)):
+            return text + f"; divided by {world} it is still beyond {name}'s range: {name} cannot carry this mean"
+        if shares_over:
+            return text + f"; dividing first is not enough here either: {share_text}; {clamp}"
+        return text + f"; divide by {world} first, then cast"
+    if shares_over:
+        if not sum_over:
+            return f"dividing first is not enough here: {share_text} ({rounding}); {clamp}"
+        return (f"the {name} sum overflows whether the hook divides first or not: dividing first is not enough here "
+                f"— {share_text} ({rounding}) — and the ranks' sum there, {total:.9g}, is beyond {name}'s range; "
+                f"{clamp}")
+    if sum_over:
+        return (f"the ranks' sum there, {total:.9g}, exceeds {name}'s largest value {largest:.9g}: the hook sums "
+                "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
+                "divides; divide first, as torch's allreduce_hook does")
+    return ""
+
+
+def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: torch.dtype,
+                   carried: Sequence[str] | None) -> str:
+    """For a non-finite result whose mean is finite: the :func:`overflow_cause` in a floating
+    dtype the hook's collectives ``carried`` — the narrowest that explains it, where a value
+    overflows first — or, when what they carried is unknown (``None``), in the result's dtype."""
+    if math.isfinite(got) or not math.isfinite(mean) or not all(map(math.isfinite, xs)):
+        return ""
+    names = [str(result_dtype).removeprefix("torch.")] if carried is None else list(carried)
+    floats = sorted((d for d in map(_DTYPE_NAMES.get, names) if d is not None), key=overflow_threshold)
+    for dtype in floats:
+        cause = overflow_cause(xs, dtype)
+        if cause:
+            return f"\n({cause})"
+    return ""
+
+
+_DECISIVE = ("exact", "fp32", "fp16", "bf16")
+"""Tolerances whose bound, a few roundings, tells a sum from a mean at any world size of 2 or more."""
+
+
+def _sum_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None,
+              buckets: Sequence[Sequence[int]] | None, carried: Sequence[str] | None) -> str:
+    """When every result equals its group's *sum* within ``tol``, say so in one line: the
+    hook did not divide. The sum is judged as :func:`averages` judges the mean — against
+    the inputs times the group's size, in float64, so the bound scales with them — and a
+    result that is ``±inf`` where the sum is beyond the range of a dtype the hook's
+    collectives ``carried`` (or of the result's dtype) counts as that sum — but proves
+    nothing (``inf / W`` is ``inf``): some finite result must be off the mean. Under a
+    tolerance looser than a few roundings (``rtol=``/``atol=``, ``scale=``, ``norm=``) a
+    match that is not exact may be the tolerance's doing: the line says to confirm it with
+    ``--tolerance exact``."""
+    ranks = _groups_of(len(inputs), groups)
+    if all(len(g) < 2 for g in ranks):
+        return ""
+    scaled: list[Sequence[torch.Tensor]] = list(inputs)
+    seen: list[list[torch.Tensor]] = [list(rank) for rank in results]
+    finite: list[list[torch.Tensor]] = [list(rank) for rank in results]
+    overflowed: set[str] = set()
+    for g in ranks:
+        for r in g:
+            scaled[r] = [x.detach().to(torch.float64) * len(g) for x in inputs[r]]
+        for k in range(len(inputs[g[0]])):
+            total = group_mean(scaled, g, k)[0]
+            for r in g:
+                got = results[r][k].detach()
+                seen[r][k], name = _overflowed_sum(got, total, carried)
+                overflowed.update([name] if name else [])
+                if name:
+                    flat = got.reshape(-1).to(torch.float64)
+                    finite[r][k] = torch.where(torch.isfinite(flat), flat, total / len(g)).reshape(got.shape)
+    if _violation(seen, scaled, tol, groups, buckets) is not None:
+        return ""
+    if overflowed and _violation(finite, inputs, tol, groups, buckets) is None:
+        return ""  # only an inf is off the mean: a sum divided after it overflowed is inf as well
+    if len(ranks) == 1:
+        text = "the result is the sum over ranks: the hook did not divide by the world size"
+    else:
+        sizes = sorted({len(g) for g in ranks})
+        text = (f"the result is the sum over each group's ranks: the hook did not divide by the group's size "
+                f"({', '.join(map(str, sizes))})")
+    if overflowed:
+        text += f"; where the sum is beyond {' or '.join(sorted(overflowed))}'s range, inf"
+    if tol.kind not in _DECISIVE and _violation(seen, scaled, parse_tolerance("exact"), groups, None) is not None:
+        text += (f"; the sum matched within --tolerance {tol.describe()}, not exactly: re-run with --tolerance exact "
+                 "to confirm it (exactly averageable inputs, on which a sum shows bit for bit)")
+    return f"\n({text})"
+
+
+def _overflowed_sum(got: torch.Tensor, total: torch.Tensor, carried: Sequence[str] | None) -> tuple[torch.Tensor, str]:
+    """``got`` with each ``±inf`` that is the float64 ``total`` overflowing replaced by
+    ``total`` — where ``|total|`` is at least the :func:`overflow_threshold` of the
+    narrowest of the dtypes ``carried`` and ``got``'s own, same sign — and that dtype's
+    name ("" when none was replaced)."""
+    if not got.is_floating_point() or bool(torch.isfinite(got).all()):
+        return got, ""
+    names = [*(carried or ()), str(got.dtype).removeprefix("torch.")]
+    narrowest = min((d for d in map(_DTYPE_NAMES.get, names) if d is not None), key=overflow_threshold)
+    flat = got.reshape(-1).to(torch.float64)
+    as_sum = torch.isinf(flat) & (total.abs() >= overflow_threshold(narrowest)) & (flat.sign() == total.sign())
+    if not bool(as_sum.any()):
+        return got, ""
+    return torch.where(as_sum, total, flat).reshape(got.shape), str(narrowest).removeprefix("torch.")
 
 
 def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
@@ -196,7 +394,7 @@ def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence
     if tol.kind not in ("exact", "fp32"):
         return ""
     for looser in ("fp16", "bf16"):
-        if averages(results, inputs, looser, groups) is None:
+        if _violation(results, inputs, parse_tolerance(looser), groups, None) is None:
             return (f"\n(every result is within --tolerance {looser}: if the hook compresses to "
                     f"{'float16' if looser == 'fp16' else 'bfloat16'} on purpose, check it with --tolerance {looser})")
     return ""

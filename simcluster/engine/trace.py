@@ -17,7 +17,7 @@ Events, in the order they happened:
 
 ``Trace.collectives()`` summarises each collective across ranks (op, group, ranks,
 dtype, shape, bytes, issue and completion order): the table ``simcluster explain``
-prints.
+prints. ``Trace.dtypes()`` lists the dtypes the collectives carried, in order.
 """
 
 from __future__ import annotations
@@ -161,6 +161,18 @@ class Trace:
     def completion_order(self) -> list[tuple[str, str, int]]:
         """``(op, group, seq)`` of each completed collective, in completion order."""
         return [(e.op, e.group, e.seq) for e in self.events if isinstance(e, Completed)]
+
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes of the tensors the run's collectives carried (``"float16"``, …),
+        each once, in the order a rank first posted one of that dtype — what a report
+        reasons from when it explains a result's overflow
+        (:func:`simcluster.checking.properties.averages`). Calls that carry no tensor
+        (a barrier) add nothing."""
+        seen: dict[str, None] = {}
+        for e in self.events:
+            if isinstance(e, Posted) and e.dtype:
+                seen.setdefault(e.dtype, None)
+        return tuple(seen)
 
     def collectives(self) -> list[CollectiveSummary]:
         """Each collective across ranks, in the order it was first posted."""

@@ -27,13 +27,17 @@ everything back, so after a run torch's global distributed state is exactly as b
 
 from __future__ import annotations
 
+import itertools
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from simcluster.engine.frames import is_internal, short_path
 from simcluster.fake import futures
 from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
@@ -184,6 +188,7 @@ class RankContexts:
         self.generators = RankGenerators(world_size, seed, rng)
         self.modules: list[dict[str, Any]] = [{} for _ in range(world_size)]
         self.audit = SettingsAudit()
+        self._futures_made = [itertools.count() for _ in range(world_size + 1)]  # the last: outside every rank
         self.future_class: tuple[type, list[Any]] | None = None
         """This cluster's ``torch.futures.Future`` stand-in and the one-slot holder naming the
         run's engine (see :func:`user_future_class`; made on the first run)."""
@@ -211,25 +216,38 @@ class RankContexts:
             CURRENT.modules = self.modules[new]
         CURRENT.rank = new
 
+    def future_number(self, rank: int | None) -> int:
+        """The number of the next ``torch.futures.Future()`` made by ``rank``'s code (None:
+        code outside every rank): per rank, from 0, in the order the rank made them over
+        the cluster's life — a rank is a process, and its futures are numbered as that
+        process made them, never by ``id()``. (``next`` of an ``itertools.count`` is one C
+        call: two threads of one rank under the free-running engine never get the same.)"""
+        return next(self._futures_made[self.world_size if rank is None else rank])
+
     # -- groups -----------------------------------------------------------------
     def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
         """``dist.new_group(ranks)`` on ``rank`` (see :meth:`GroupRegistry.new_group`)."""
         return self.groups.new_group(rank, ranks)
 
 
-def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:
+def user_future_class(current_engine: Callable[[], Any], plain: type, number: Callable[[int | None], int]) -> type:
     """The class ``torch.futures.Future`` names during a run: a future made by hook code
     (``torch.futures.Future()``) becomes a :class:`~simcluster.fake.futures.SimFuture` of the
     running rank, so waiting on it while it is pending parks that rank instead of
     blocking the run's only thread in C++ — a hang becomes a reported deadlock.
     ``current_engine()`` is the run in progress (the class is made once per cluster:
-    making a subclass of torch's C++ future costs ~0.3 ms, a whole tiny step)."""
+    making a subclass of torch's C++ future costs ~0.3 ms, a whole tiny step).
+
+    Each is named in traces and reports by its rank's count, ``number(rank)``, and the
+    user line that made it: ``torch.futures.Future() #1 made by rank 1 at hooks.py:12``."""
 
     class Future(futures.SimFuture):
         def __init__(self, devices: Any = None) -> None:
             engine = current_engine()
             rank = engine.current_rank
-            super().__init__(engine, -1 if rank is None else rank, f"a torch.futures.Future() made by rank {rank}")
+            who = "code outside every rank" if rank is None else f"rank {rank}"
+            label = f"torch.futures.Future() #{number(rank)} made by {who}{_made_at(sys._getframe(1))}"
+            super().__init__(engine, -1 if rank is None else rank, label)
 
         def __class_getitem__(cls, item: Any) -> Any:  # Future[torch.Tensor] in annotations
             return plain[item]
@@ -239,12 +257,20 @@ def user_future_class(current_engine: Callable[[], Any], plain: type) -> type:
     return Future
 
 
+def _made_at(frame: FrameType | None) -> str:
+    """`` at file:line`` of the innermost user frame from ``frame`` outward ("" if none)."""
+    while frame is not None and is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "" if frame is None else f" at {short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
 def _future_class_for(contexts: RankContexts, engine: Any) -> type:
     """``contexts``' ``Future`` class (made on its first run), now naming ``engine``."""
     found = contexts.future_class
     if found is None:
         holder: list[Any] = [None]
-        found = contexts.future_class = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0]), holder)
+        found = contexts.future_class = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0],
+                                                           contexts.future_number), holder)
     found[1][0] = engine
     return found[0]
 

@@ -76,7 +76,7 @@ def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *,
         result = ddp.step(grads)
     except HOOK_RAISES as exc:  # a hook that raises (or exits) on this input is not safe there
         return exit_meaning(exc) or f"the hook raised {first_line(exc, typed=True)}"
-    return averages(result.grads, grads, tolerance)
+    return averages(result.grads, grads, tolerance, dtypes=result.trace.dtypes)
 
 
 def safe_range(hook: Callable[[Any, Any], Any], world_size: int, **kwargs: Any) -> RangeResult:
