@@ -184,3 +184,28 @@ def posts_world_from_group_callbacks(state, bucket):
         return buf.div_(dist.get_world_size())
 
     return fut.then(on_world)
+
+
+def ring_batch_p2p_mean(state, bucket):
+    """A ring all-gather by point to point (``dist.P2POp`` + ``dist.batch_isend_irecv``): each
+    of W-1 rounds passes on what came in the round before, so every rank ends with every
+    rank's buffer and sums them in rank order — the same bits everywhere — then divides by
+    W. The sync hook returns a completed future. ``P2POp`` checks its op *is* torch's
+    ``isend``/``irecv``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buf = bucket.buffer()
+    parts = {rank: buf.clone()}
+    passing = parts[rank]
+    for k in range(1, world):
+        incoming = torch.empty_like(buf)
+        ops = [dist.P2POp(dist.isend, passing, (rank + 1) % world),
+               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        parts[(rank - k) % world] = passing = incoming
+    total = parts[0].clone()
+    for r in range(1, world):
+        total.add_(parts[r])
+    fut = torch.futures.Future()
+    fut.set_result(total.div_(world))
+    return fut

@@ -179,6 +179,42 @@ def test_a_hook_with_module_globals_agrees_with_real_ddp(census) -> None:
                      timeout=120, start_method="forkserver")
     assert result.agree and not result.hook_failed, result.format()
 
+def test_a_hook_batching_p2p_ops_agrees_with_real_gloo(census) -> None:
+    """``dist.P2POp(dist.isend, …)`` checks that its op *is* torch's isend; the real ranks
+    announced their collectives by putting wrappers in place of ``dist.isend``/``dist.irecv``,
+    so every hook batching point-to-point ops raised ValueError on real gloo only (a false
+    FIDELITY BUG). The ring hook gathers every rank's buffer and averages in rank order."""
+    scenario = Scenario(3, ((4, 5), (5,)), steps=2)
+    result = run_e2e(scenario, f"{HOOKS}:ring_batch_p2p_mean", "none", timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+    grads = scenario.gradients()
+    for k in range(scenario.steps):
+        for i in range(len(scenario.shapes)):
+            mean = grads[k][0][i].clone()
+            for r in range(1, 3):
+                mean.add_(grads[k][r][i])
+            mean.div_(3)
+            assert all(torch.equal(result.real.grads[k][r][i], mean) for r in range(3)), (k, i)
+
+
+def test_real_ranks_announce_batched_p2p_and_leave_torchs_isend_irecv_alone() -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from simcluster.real.e2e import ANNOUNCED, _announce_collectives
+
+    assert all(hasattr(dist, name) for name in ANNOUNCED), [n for n in ANNOUNCED if not hasattr(dist, n)]
+    events: list[str] = []
+    original = dist.batch_isend_irecv
+    with _announce_collectives(0, lambda rank, text: events.append(text)):
+        assert dist.isend is distributed_c10d.isend and dist.irecv is distributed_c10d.irecv
+        assert dist.batch_isend_irecv is not original
+        with pytest.raises(ValueError, match="Invalid"):  # torch's own check of the op list, announced first
+            dist.batch_isend_irecv("not a list")
+    assert dist.batch_isend_irecv is original
+    assert events == ["posting batch_isend_irecv"]
+
+
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census) -> None:
     result = run_e2e(Scenario(2, ((5,),), steps=1), QUANT, "group", timeout=120, start_method="forkserver")
     assert result.agree and result.hook_failed, result.format()

@@ -309,18 +309,29 @@ def _print_event(rank: int, text: str) -> None:
     print(f"{EVENT_PREFIX} rank {rank}: {text}", flush=True)
 
 
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
-                "send", "recv", "isend", "irecv")
+ANNOUNCED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+             "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+             "monitored_barrier", "send", "recv", "batch_isend_irecv", "all_reduce_coalesced", "all_gather_coalesced",
+             "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+             "send_object_list", "recv_object_list")
+"""The ``torch.distributed`` entry points a real rank announces (``posting NAME``) when the
+hook calls them. Not ``isend``/``irecv``: torch checks *their identity* — ``dist.P2POp(op, …)``
+raises ``ValueError: Invalid ``op``…`` unless ``op`` is torch's own ``isend`` or ``irecv``
+(``_check_op``, torch 2.13), and ``batch_isend_irecv`` picks the peer argument by ``op is
+isend`` — so a wrapper in their place failed every hook using ``P2POp`` on the real side only
+(a false FIDELITY BUG). Point-to-point ops batched through ``P2POp`` are announced as
+``posting batch_isend_irecv``; a direct ``dist.isend``/``dist.irecv`` is not announced (a rank
+that hangs there is named by its last hook call or earlier collective)."""
 
 
 @contextlib.contextmanager
 def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterator[None]:
-    """While the rank runs: every ``torch.distributed`` collective prints an event first.
+    """While the rank runs: each of :data:`ANNOUNCED`, called through ``torch.distributed``,
+    prints an event first (calls torch makes inside them are not announced again).
     Restored afterwards (rank 0 of a torchrun then simulates in the same process)."""
     import torch.distributed as dist
 
-    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    saved = {name: getattr(dist, name) for name in ANNOUNCED if hasattr(dist, name)}
 
     def announced(name: str, original: Any) -> Any:
         @functools.wraps(original)
