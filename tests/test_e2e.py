@@ -179,6 +179,23 @@ def test_a_hook_with_module_globals_agrees_with_real_ddp(census) -> None:
                      timeout=120, start_method="forkserver")
     assert result.agree and not result.hook_failed, result.format()
 
+def test_module_globals_start_clean_in_every_job_of_a_reused_real_world(census) -> None:
+    """``check --e2e`` and the plugin run several scenarios on one gloo world per size; its
+    processes imported the hook's module once, so the second run's real ranks counted on
+    from the first run's calls and e2e called the simulator (fresh modules each run) wrong.
+    Each job now loads fresh copies of the hook's module, as a fresh process would."""
+    scenario = Scenario(2, ((3,),), steps=2)
+    cluster = GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver")
+    try:
+        results = [run_e2e(scenario, f"{HOOKS}:adds_its_call_count", "none", timeout=120, cluster=cluster)
+                   for _ in range(2)]
+    finally:
+        cluster.close()
+    for result in results:
+        assert result.agree and not result.hook_failed, result.format()
+    assert all(torch.equal(a, b) for a, b in zip(results[0].real.grads[1][0], results[1].real.grads[1][0]))
+
+
 def test_a_hook_batching_p2p_ops_agrees_with_real_gloo(census) -> None:
     """``dist.P2POp(dist.isend, …)`` checks that its op *is* torch's isend; the real ranks
     announced their collectives by putting wrappers in place of ``dist.isend``/``dist.irecv``,

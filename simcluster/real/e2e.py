@@ -252,10 +252,14 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     propagates with a note naming the rank, type and step (the runner reports it).
     ``emit(rank, text)`` announces each event (default: a line on stdout).
     """
+    from simcluster.usercode.rank_local import RankLocal, own_copies, rank_local_state
+
     os.environ["SIMCLUSTER_E2E"] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
-    hook, state_spec = load_hook_and_state(payload["hook"], payload["state"])
+    # fresh copies of the hook's module (and a state factory's): a persistent gloo process
+    # runs job after job, and module globals must start clean each time, as in the simulation
+    hook, state_spec = own_copies(RankLocal(payload["hook"]), rank_local_state(payload["state"]))
     emit = emit or _print_event
     inputs = scenario.inputs()[rank]
     model = GradientModel(scenario.shapes, scenario.torch_dtype)
@@ -514,8 +518,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     import torch.distributed as dist
 
     from simcluster.ddp.real_ddp import run_real_ddp
-    from simcluster.fake.state import StateSpec
-    from simcluster.usercode.rank_local import RankLocal, rank_local_state
+    from simcluster.usercode.rank_local import RankLocal, own_copies, rank_local_state
 
     monitor.begin({"scenario": scenario.describe()})
     hook_fn, _ = load_hook_and_state(hook, state)  # load errors first, and the signature real DDP checks
@@ -530,10 +533,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:
         # Each rank imports the hook's module (and the state factory's) afresh, as a process
         # does: module globals are the rank's own, and start clean for this run.
-        modules: dict[str, Any] = {}
-        spec = state_local if state_local.kind != "factory" else StateSpec.parse(
-            state_local.factory.load(modules), name=state_local.name)  # type: ignore[union-attr]
-        rank_hook = hook_local.load(modules)
+        rank_hook, spec = own_copies(hook_local, state_local)
         return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
 
     try:
