@@ -10,6 +10,7 @@
                      [--e2e [--e2e-examples N]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                    [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
+                   [--isolate MOD[,MOD]]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
@@ -68,7 +69,7 @@ from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
 
-__all__ = ["main", "build_parser", "DEFAULT_DATABASE", "CheckFunction"]
+__all__ = ["main", "build_parser", "add_isolate_option", "DEFAULT_DATABASE", "CheckFunction"]
 
 DEFAULT_DATABASE = ".simcluster/examples"
 """Where counterexamples are kept, relative to the current directory."""
@@ -125,8 +126,7 @@ def _add_check_parser(sub: Any) -> None:
     check.add_argument("--api", default=None, choices=("current", "legacy"))
     check.add_argument("--rng", default="per_rank", choices=("per_rank", "same"),
                        help="each rank's torch/random/numpy seed: seed+rank (per_rank, default) or seed (same)")
-    check.add_argument("--isolate", default=None, metavar="MOD[,MOD]",
-                       help="more modules every simulated rank imports for itself (the TARGET's own always is)")
+    add_isolate_option(check)
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     check.add_argument("--replay", default=None, metavar="TOKEN",
@@ -144,6 +144,13 @@ def _add_check_parser(sub: Any) -> None:
                             "the simulator disagrees)")
     check.add_argument("--e2e-examples", type=int, default=2, metavar="N",
                        help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
+
+
+def add_isolate_option(parser: argparse.ArgumentParser) -> None:
+    """``--isolate MOD[,MOD]``, as ``check`` and ``e2e`` both take it (one definition; the
+    value is read by :func:`~simcluster.usercode.rank_local.parse_isolate`)."""
+    parser.add_argument("--isolate", default=None, metavar="MOD[,MOD]",
+                        help="more modules every simulated rank imports for itself (the TARGET's own always is)")
 
 
 def _add_explain_parser(sub: Any) -> None:

@@ -39,6 +39,8 @@ MEAN = "simcluster.hooks.reference:mean_allreduce_hook"
 QUANT = "torch.distributed.algorithms.ddp_comm_hooks.quantization_hooks:quantization_pertensor_hook"
 POWERSGD = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:powerSGD_hook"
 POWERSGD_STATE = "simcluster.checking.defaults:powersgd_state"
+RANK_STATE_HOOKS = Path(__file__).parent / "rank_state_hooks"
+HELPER_COUNT = "rspkg.hooks:adds_its_helper_count"  # its call counter lives in rspkg.helpers
 
 
 # --------------------------------------------------------------------------- census
@@ -194,6 +196,51 @@ def test_module_globals_start_clean_in_every_job_of_a_reused_real_world(census) 
     for result in results:
         assert result.agree and not result.hook_failed, result.format()
     assert all(torch.equal(a, b) for a, b in zip(results[0].real.grads[1][0], results[1].real.grads[1][0]))
+
+
+def test_e2e_isolate_loads_a_helper_module_per_rank_on_both_sides(census, capsys, monkeypatch) -> None:
+    """``--isolate`` is check's option: without it the simulated ranks share ``rspkg.helpers``
+    (its call counter) while each real process has its own, and the sides differ; with it
+    both sides give every rank its own copy, and they agree. e2e refused the option before."""
+    monkeypatch.syspath_prepend(str(RANK_STATE_HOOKS))
+    args = ["e2e", HELPER_COUNT, "--world-size", "2", "--params", "3", "--steps", "2"]
+    assert main(args) == 4
+    assert "FIDELITY BUG" in capsys.readouterr().out
+    assert main([*args, "--isolate", "rspkg.helpers"]) == 0
+    out = capsys.readouterr().out
+    assert f"e2e {HELPER_COUNT} --isolate rspkg.helpers: world 2" in out and "verdict: agree" in out, out
+
+
+def test_e2e_isolate_is_checks_option_and_refuses_what_check_refuses(capsys) -> None:
+    from simcluster.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    check, e2e = ([a for a in sub[name]._actions if a.dest == "isolate"] for name in ("check", "e2e"))
+    assert len(check) == len(e2e) == 1 and (check[0].help, check[0].metavar) == (e2e[0].help, e2e[0].metavar)
+    assert main(["check", MEAN, "--isolate", "torch.nn"]) == 2
+    refused = capsys.readouterr().err
+    assert main(["e2e", MEAN, "--isolate", "torch.nn"]) == 2
+    assert capsys.readouterr().err == refused and "torch.nn is part of torch" in refused
+
+
+def test_check_e2e_passes_isolate_to_both_sides(census, capsys, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(RANK_STATE_HOOKS))
+    code = main(["check", HELPER_COUNT, "--isolate", "rspkg.helpers", "--properties", "liveness,replicas_agree",
+                 "--e2e", "--e2e-examples", "1", "--world-sizes", "2", "--examples", "3", "--backend", "gloo",
+                 "--no-database", "--quiet", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith(HELPER_COUNT))
+    assert row.split()[-2:] == ["ok", "2"], out
+
+
+def test_plugin_e2e_passes_isolate_to_both_sides(census, monkeypatch) -> None:
+    from simcluster.plugin import check_hook as plugin_check
+
+    monkeypatch.syspath_prepend(str(RANK_STATE_HOOKS))
+    report = plugin_check(HELPER_COUNT, isolate="rspkg.helpers", properties=("liveness",), e2e=True, e2e_examples=1,
+                          world_sizes=(2,), examples=3, steps=2, backends=("gloo",), database=None)
+    assert report.passed and report.notes[-1] == "e2e: ok 2", report.notes
 
 
 def test_a_hook_batching_p2p_ops_agrees_with_real_gloo(census) -> None:
@@ -628,6 +675,16 @@ def test_torchrun_reports_a_hung_rank_with_its_last_hook_call(census, tmp_path: 
     assert "rank 1: last event 'step 1: hook call on bucket 0 (params [0])'" in done.stdout
     assert "FIDELITY BUG" in done.stdout  # the hook hangs on the real side only
     assert done.returncode != 0
+
+
+@pytest.mark.slow  # torchrun at world 2: ~5-16 s
+def test_torchrun_passes_isolate_to_both_sides(census, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(RANK_STATE_HOOKS))  # reaches the ranks through _torchrun's PYTHONPATH
+    done = _torchrun(2, tmp_path, HELPER_COUNT, "--isolate", "rspkg.helpers", "--params", "3", "--steps", "2",
+                     "--timeout", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"e2e {HELPER_COUNT} --isolate rspkg.helpers: world 2" in done.stdout
+    assert "verdict: agree" in done.stdout, done.stdout
 
 
 # --------------------------------------------------------------------------- pytest plugin

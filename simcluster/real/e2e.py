@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
+           "run_e2e", "per_process", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -157,6 +157,17 @@ def load_hook_and_state(hook: str, state: str) -> tuple[Callable[..., Any], Stat
     return load_target(hook), load_state(state)
 
 
+def per_process(hook: str, state: str, isolate: Sequence[str] = ()) -> tuple[Any, StateSpec]:
+    """The hook and its state as every rank — a real process or a simulated one — loads them
+    for itself (:func:`~simcluster.usercode.rank_local.own_copies`): a
+    :class:`~simcluster.usercode.rank_local.RankLocal` hook, and a state factory as one, each
+    copying its own module and the ``isolate`` modules (``check``'s ``--isolate``; both sides
+    get the same, so module globals are judged alike)."""
+    from simcluster.usercode.rank_local import RankLocal, rank_local_state
+
+    return RankLocal(hook, isolate=isolate), rank_local_state(state, isolate=isolate)
+
+
 # --------------------------------------------------------------------------- recording
 
 
@@ -252,14 +263,15 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     propagates with a note naming the rank, type and step (the runner reports it).
     ``emit(rank, text)`` announces each event (default: a line on stdout).
     """
-    from simcluster.usercode.rank_local import RankLocal, own_copies, rank_local_state
+    from simcluster.usercode.rank_local import own_copies
 
     os.environ["SIMCLUSTER_E2E"] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
-    # fresh copies of the hook's module (and a state factory's): a persistent gloo process
-    # runs job after job, and module globals must start clean each time, as in the simulation
-    hook, state_spec = own_copies(RankLocal(payload["hook"]), rank_local_state(payload["state"]))
+    # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
+    # persistent gloo process runs job after job, and module globals must start clean each
+    # time, as in the simulation
+    hook, state_spec = own_copies(*per_process(payload["hook"], payload["state"], payload.get("isolate", ())))
     emit = emit or _print_event
     inputs = scenario.inputs()[rank]
     model = GradientModel(scenario.shapes, scenario.torch_dtype)
@@ -363,7 +375,7 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
 
 
 def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: float = 60.0,
-             cluster: Any = None, start_method: str = "subprocess") -> Side:
+             cluster: Any = None, start_method: str = "subprocess", isolate: Sequence[str] = ()) -> Side:
     """The scenario on ``world_size`` fresh real gloo processes; never raises for a hook's failure.
 
     The runner's watchdog bounds the whole run by ``timeout`` seconds; every child is
@@ -372,14 +384,15 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     ranks to reuse (no process start-up; a failed run restarts its world).
     ``start_method``: the runner's (``"forkserver"`` starts a world in ~0.5 s instead of
     seconds, but re-runs the caller's ``__main__``, which then needs the
-    ``if __name__ == "__main__":`` guard; the CLI uses it).
+    ``if __name__ == "__main__":`` guard; the CLI uses it). ``isolate``: modules each job
+    loads fresh with the hook's (:func:`per_process`).
     """
     import time
 
     from simcluster.errors import GlooRunError
     from simcluster.real.gloo_runner import run_gloo
 
-    payload = {"scenario": scenario, "hook": hook, "state": state}
+    payload = {"scenario": scenario, "hook": hook, "state": state, "isolate": tuple(isolate)}
     started = time.monotonic()
     side = Side("real gloo")
     try:
@@ -483,16 +496,16 @@ def _error_type(traceback_text: str) -> str:
 
 
 def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-            timeout: float = 60.0) -> Side:
+            timeout: float = 60.0, isolate: Sequence[str] = ()) -> Side:
     """The scenario under :func:`~simcluster.ddp.real_ddp.run_real_ddp` (real reducer, simulated
     groups), and under the DDP model (:func:`run_model`), in a supervised child
     (:func:`~simcluster.checking.supervisor.run_supervised`): a hook that spins, blocks, calls
     ``sys.exit`` or ends its process makes this side ``hung`` (after ``timeout`` seconds),
     ``raised SystemExit`` or ``died`` — as a real rank reports it — and never ends or hangs
-    the caller."""
+    the caller. ``isolate``: modules every simulated rank copies with the hook's (:func:`per_process`)."""
     from simcluster.checking.supervisor import run_supervised
 
-    outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, monitor),
+    outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, isolate, monitor),
                              deadline=timeout)
     if outcome.value is not None:
         return outcome.value
@@ -510,7 +523,8 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     return side
 
 
-def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, monitor: Any) -> Side:
+def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, isolate: Sequence[str],
+              monitor: Any) -> Side:
     """:func:`run_sim`'s work, in the supervised child; ``monitor`` announces it as one
     example, so the supervisor's deadline (``timeout``) bounds it from the start."""
     import time
@@ -518,7 +532,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     import torch.distributed as dist
 
     from simcluster.ddp.real_ddp import run_real_ddp
-    from simcluster.usercode.rank_local import RankLocal, own_copies, rank_local_state
+    from simcluster.usercode.rank_local import own_copies
 
     monitor.begin({"scenario": scenario.describe()})
     hook_fn, _ = load_hook_and_state(hook, state)  # load errors first, and the signature real DDP checks
@@ -528,7 +542,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
     seeded = torch.get_rng_state()
-    hook_local, state_local = RankLocal(hook), rank_local_state(state)
+    hook_local, state_local = per_process(hook, state, isolate)
 
     def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:
         # Each rank imports the hook's module (and the state factory's) afresh, as a process
@@ -703,6 +717,7 @@ class E2EResult:
     verdict: str
     why: str = ""  # "unconfirmed": why the disagreement is no evidence against the simulator; "unsupported":
     # what is not modelled; "agree": what made two different-looking failures one (e.g. an abort on a mismatch)
+    isolate: tuple[str, ...] = ()  # the modules both sides loaded per rank with the hook's (--isolate)
 
     @property
     def agree(self) -> bool:
@@ -715,7 +730,8 @@ class E2EResult:
 
     def format(self, *, per_step: bool = True) -> str:
         """The report: the scenario, per-step per-rank summaries, failures side by side, the verdict."""
-        lines = [f"e2e {self.hook}: {self.scenario.describe()}",
+        isolated = f" --isolate {','.join(self.isolate)}" if self.isolate else ""
+        lines = [f"e2e {self.hook}{isolated}: {self.scenario.describe()}",
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
         if self.sim.note:
             lines.append(f"  note: {self.sim.note}")
@@ -940,20 +956,24 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
 
 
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess") -> E2EResult:
+            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess",
+            isolate: Sequence[str] = ()) -> E2EResult:
     """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`).
     Where only real gloo hung or died, the simulator is asked whether another order of
-    completions meets the same trouble (:func:`race_reached`) before it is blamed."""
-    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method)
-    sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout)
+    completions meets the same trouble (:func:`race_reached`) before it is blamed.
+    ``isolate``: modules both sides load per rank with the hook's (``--isolate``, :func:`per_process`)."""
+    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method,
+                    isolate=isolate)
+    sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
     result = compare(scenario, hook, sim, real)
+    result.isolate = tuple(isolate)
     if result.verdict == "fidelity bug" and _only_real_stalled(sim, real):
-        reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout)
+        reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
         if reached is not None:
             seed, failure = reached
             why = RACE_REACHED.format(kind=real.failure.kind, error=failure.error_type,  # type: ignore[union-attr]
                                       seed=seed, line=failure.line())
-            return E2EResult(scenario, hook, sim, real, result.differences, "unconfirmed", why)
+            return E2EResult(scenario, hook, sim, real, result.differences, "unconfirmed", why, tuple(isolate))
     return result
 
 
@@ -971,7 +991,7 @@ def _only_real_stalled(sim: Side, real: Side) -> bool:
 
 
 def race_reached(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-                 timeout: float = 60.0) -> tuple[int, SideFailure] | None:
+                 timeout: float = 60.0, isolate: Sequence[str] = ()) -> tuple[int, SideFailure] | None:
     """The first of :data:`RACE_TRIES` seeded random orders of completions under which the
     DDP model (SimDDP) meets a collective mismatch or a deadlock on ``scenario``: ``(seed,
     failure)``, or ``None``. A hook posting collectives from callbacks on gloo's worker threads
@@ -980,21 +1000,20 @@ def race_reached(scenario: Scenario, hook: str, state: str = "none", *, backend:
     Supervised: a hook that hangs here gives ``None``."""
     from simcluster.checking.supervisor import run_supervised
 
-    outcome = run_supervised(lambda monitor: _search_orders(scenario, hook, state, backend, monitor),
+    outcome = run_supervised(lambda monitor: _search_orders(scenario, hook, state, backend, isolate, monitor),
                              deadline=timeout)
     return outcome.value if outcome.death is None and outcome.error is None else None
 
 
-def _search_orders(scenario: Scenario, hook: str, state: str, backend: str,
+def _search_orders(scenario: Scenario, hook: str, state: str, backend: str, isolate: Sequence[str],
                    monitor: Any) -> tuple[int, SideFailure] | None:
     from simcluster.engine.scheduler import SeededRandom
-    from simcluster.usercode.rank_local import RankLocal, rank_local_state
 
     monitor.begin({"scenario": scenario.describe(), "search": "orders of completions"})
     hook_fn, _ = load_hook_and_state(hook, state)
     found = None
     for seed in range(RACE_TRIES):
-        side = run_model(scenario, RankLocal(hook), rank_local_state(state), backend=backend, inspect=hook_fn,
+        side = run_model(scenario, *per_process(hook, state, isolate), backend=backend, inspect=hook_fn,
                          schedule=SeededRandom(seed))
         if side.failure is not None and side.failure.error_type in _STALLS:
             found = (seed, side.failure)

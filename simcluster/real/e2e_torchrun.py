@@ -3,7 +3,7 @@
 ::
 
     torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m simcluster e2e TARGET [--params ...] [--steps K] [--seed S] [--backend gloo|nccl]
+        -m simcluster e2e TARGET [--params ...] [--steps K] [--seed S] [--backend gloo|nccl] [--isolate MOD]
 
 Every rank joins the default group through env:// rendezvous (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` from torchrun), draws the same :class:`~simcluster.real.e2e.Scenario`
@@ -76,6 +76,7 @@ def torchrun_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from simcluster.real.e2e_cli import scenario_from_args
+    from simcluster.usercode.rank_local import parse_isolate
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.world_size is not None and args.world_size != world_size:
@@ -90,7 +91,7 @@ def torchrun_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     dist.init_process_group(args.backend, init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
     me = _Rank(rank, world_size, dist.distributed_c10d._get_default_store())
-    payload = {"scenario": scenario, "hook": args.target, "state": args.state}
+    payload = {"scenario": scenario, "hook": args.target, "state": args.state, "isolate": parse_isolate(args.isolate)}
     started = time.monotonic()
     threading.Thread(target=_watchdog, args=(me, args, scenario, started), daemon=True).start()
     try:
@@ -152,6 +153,7 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
 def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> int:
     from simcluster.real.e2e import Side, compare, note_failed_calls, run_sim
     from simcluster.real.e2e_cli import exit_code
+    from simcluster.usercode.rank_local import parse_isolate
 
     outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
     real = Side(f"real {args.backend} (torchrun)", seconds=max(o.get("seconds", 0.0) for o in outcomes.values()))
@@ -161,8 +163,10 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
-    sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout)
+    isolate = parse_isolate(args.isolate)
+    sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout, isolate=isolate)
     result = compare(scenario, args.target, sim, real)
+    result.isolate = isolate
     print(result.format(), flush=True)
     return exit_code(result)
 
