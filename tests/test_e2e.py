@@ -687,6 +687,37 @@ def test_torchrun_passes_isolate_to_both_sides(census, tmp_path: Path, monkeypat
     assert "verdict: agree" in done.stdout, done.stdout
 
 
+def test_torchrun_rank_0_prints_its_own_error_before_leaving_with_3(monkeypatch, capsys) -> None:
+    """Rank 0 left with exit 3 and nothing on stderr when comparing the sides broke (found
+    while adding --isolate: a NameError in _report was visible only as torchrun's
+    'exitcode: 3')."""
+    import argparse
+
+    from simcluster.real import e2e_torchrun
+
+    class Store:
+        def __init__(self) -> None:
+            self.kv: dict[str, str] = {}
+
+        def set(self, key: str, value: str) -> None:
+            self.kv[key] = value
+
+    def broken(*args) -> int:
+        raise NameError("name 'parse_isolate' is not defined")
+
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(e2e_torchrun, "_report", broken)
+    monkeypatch.setattr(e2e_torchrun, "_leave", leave)
+    store = Store()
+    with pytest.raises(SystemExit) as left:
+        e2e_torchrun._finish(e2e_torchrun._Rank(0, 2, store), argparse.Namespace(timeout=1.0), None, 0.0)
+    assert left.value.code == 3 and store.kv["simcluster-e2e/verdict"] == "3"
+    err = capsys.readouterr().err
+    assert "internal error on rank 0" in err and "NameError: name 'parse_isolate' is not defined" in err, err
+
+
 # --------------------------------------------------------------------------- pytest plugin
 
 

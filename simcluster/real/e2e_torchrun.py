@@ -132,7 +132,8 @@ def _watchdog(me: _Rank, args: argparse.Namespace, scenario: Any, started: float
 
 
 def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> None:
-    """Rank 0: gather, simulate, compare, print, post the verdict and leave with its code.
+    """Rank 0: gather, simulate, compare, print, post the verdict and leave with its code
+    (3 with the traceback on stderr when that broke: it left silently before).
     Others: wait for rank 0's verdict (bounded) and leave with 0."""
     if me.rank != 0:
         try:
@@ -140,9 +141,18 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
         except Exception:  # noqa: BLE001 - rank 0 is gone: torchrun stops us anyway
             _leave(3)
         _leave(0)
-    code = 3
+    from simcluster.cli import EXIT_INTERNAL, EXIT_INTERRUPTED
+
+    code = EXIT_INTERNAL
     try:
         code = _report(me, args, scenario, started)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+        print("simcluster: interrupted", file=sys.stderr, flush=True)
+    except BaseException:  # noqa: BLE001 - simcluster's own bug (exit 3): its traceback, as the CLI prints it
+        print("simcluster: internal error on rank 0 while comparing the sides:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         try:
             me.store.set(f"{_KEY}/verdict", str(code))
