@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import HookExited, SimClusterError, first_line
+from simcluster.errors import HookExited, SimClusterError, first_line, innermost_error
 
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
@@ -901,8 +901,7 @@ def root_error(failure: SideFailure) -> str:
     """The innermost exception type a failure's message names (DDP wraps a callback's
     ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
     IndexError: ...``), else its own type."""
-    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
-    return named[-1] if named else failure.error_type
+    return innermost_error(failure.message) or failure.error_type
 
 
 def _call_differences(sim: Side, real: Side, world_size: int, failed_at: float = math.inf) -> list[str]:
