@@ -279,7 +279,7 @@ def test_real_ranks_announce_batched_p2p_and_leave_torchs_isend_irecv_alone() ->
     assert events == ["posting batch_isend_irecv"]
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census, world: int) -> None:
     """gloo's all_gather future holds one tensor per rank at every world size (measured at 1,
     2 and 3: docs/gloo-facts.md §1), so the hook's IndexError is real at world 1 too."""
@@ -288,8 +288,8 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census, world: 
     assert result.sim.failure.error_type == result.real.failure.error_type
     # The same message, byte for byte: two callbacks deep, each wraps the error once.
     wrap = "Got the following error when running the callback: "
-    assert result.sim.failure.message == result.real.failure.message
-    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: invalid index")
+    assert result.sim.failure.message == result.real.failure.message and result.sim.failure.rank == result.real.failure.rank
+    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: ")  # rank 2 of 3: out of bounds
     for side in (result.sim, result.real):
         assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()
@@ -521,6 +521,30 @@ def test_failures_agree_only_with_the_same_kind_type_and_innermost_error() -> No
     worded.failure.message = "Unable to cast " + worded.failure.message
     reworded = compare(scenario, MEAN, worded, side("real", "raised", "IndexError"))
     assert reworded.verdict == "fidelity bug" and "the failure messages differ" in reworded.differences[0]
+
+
+def test_failures_are_compared_on_the_rank_the_simulation_names() -> None:
+    """Which rank a side reports first is timing, and ranks may raise different errors (torch's
+    quantization hook at world 3: rank 2 indexes out of bounds, ranks 0 and 1 a 0-dim tensor;
+    real gloo reported rank 2 first in 6 runs of 20). The real side's error on the simulated
+    failure's rank is compared; another message there is still a disagreement."""
+    scenario = Scenario(3, ((5,),), steps=1)
+    zero_dim, out_of_bounds = "IndexError: invalid index of a 0-dim tensor", "IndexError: index 2 is out of bounds"
+
+    def failure(rank: int, message: str) -> SideFailure:
+        return SideFailure("raised", rank, "RuntimeError", message, 0)
+
+    sim = Side("sim", failure=failure(0, zero_dim))
+    real = Side("real", failure=failure(2, out_of_bounds),
+                raised={0: failure(0, zero_dim), 1: failure(1, zero_dim), 2: failure(2, out_of_bounds)})
+    result = compare(scenario, QUANT, sim, real)
+    assert result.agree and result.hook_failed, result.differences
+    assert result.real.failure.rank == 0 and "real              FAILED: rank 0 raised" in result.format()
+    real.raised[0] = failure(0, out_of_bounds)  # rank 0 itself raised something else on real gloo
+    differs = compare(scenario, QUANT, sim, real)
+    assert differs.verdict == "fidelity bug" and "the failure messages differ" in differs.differences[0]
+    real.raised = {}  # no record of rank 0's own error: the reported ones are compared, as before
+    assert compare(scenario, QUANT, sim, real).verdict == "fidelity bug"
 
 
 def test_hook_calls_of_two_failing_sides_are_compared_as_far_as_both_ran() -> None:

@@ -35,6 +35,7 @@ where real gloo aborted a rank (SIGABRT, ``gloo::EnforceNotMet``) is the same fa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "per_process", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
+           "run_e2e", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -239,6 +240,10 @@ class Side:
     """On the simulated side: where the DDP model the property search runs
     (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
     simulated groups (:func:`run_model`)."""
+    raised: dict[int, SideFailure] = field(default_factory=dict)
+    """On a real side that failed: every rank that raised an error of its own (not a peer's
+    consequence, such as a closed connection), by rank — :func:`compare` reads the simulated
+    failure's rank here, since which rank reports first is timing on both sides."""
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
@@ -403,6 +408,7 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
             per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
     except GlooRunError as err:
         side.failure = real_failure(err, timeout)
+        side.raised = raised_ranks(err)
         note_failed_calls(side, err.failures)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
@@ -466,14 +472,10 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
         own = err.failures[rank]
         events = last_events(text, rank)
         last = f"its last event: {events[-1]}" if events else "no event recorded"
-        if "without reporting an error" in own:  # killed by a signal or exited: gloo_runner's wording
+        if _died(own):
             what = own.strip().splitlines()[-1]
             return SideFailure("died", rank, "died", f"{what}; {last}", None, text)
-        note = RAISED_NOTE.search(own)
-        error_type = note.group(2) if note else _error_type(own)
-        lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
-        message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
-        return SideFailure("raised", rank, error_type, message, noted_step(note), own)
+        return _raised_on(rank, own)
     hung = err.unfinished or [0]
     parts = []
     for rank in hung:
@@ -482,6 +484,30 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
     return SideFailure("hung", hung[0], "hung",
                        f"ranks {hung} did not finish within {timeout:g} s and were killed ({'; '.join(parts)})",
                        None, text)
+
+
+def raised_ranks(err: Any) -> dict[int, SideFailure]:
+    """Every rank of a :class:`~simcluster.real.gloo_runner.GlooRunError` that raised an error
+    of its own (:func:`~simcluster.real.gloo_runner.primary_ranks`), by rank (:attr:`Side.raised`)."""
+    from simcluster.real.gloo_runner import primary_ranks
+
+    return {r: _raised_on(r, err.failures[r]) for r in sorted(primary_ranks(err.failures))
+            if not _died(err.failures[r])}
+
+
+def _died(own: str) -> bool:
+    """A rank's failure text says its process ended without reporting (killed by a signal, or
+    exited): gloo_runner's wording."""
+    return "without reporting an error" in own
+
+
+def _raised_on(rank: int, own: str) -> SideFailure:
+    """Rank ``rank``'s exception, from its traceback text ``own`` (with :func:`run_rank`'s note)."""
+    note = RAISED_NOTE.search(own)
+    error_type = note.group(2) if note else _error_type(own)
+    lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
+    message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
+    return SideFailure("raised", rank, error_type, message, noted_step(note), own)
 
 
 def _error_type(traceback_text: str) -> str:
@@ -799,10 +825,26 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     (:attr:`Side.unmodelled`) predicted nothing: the verdict is ``unsupported``."""
     if sim.unmodelled:
         return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
+    real = same_rank(sim, real)
     diffs = side_differences(scenario, sim, real) + sim.model_differences
     why = _unconfirmed(scenario, sim, real) if diffs else _agreed_because(sim, real)
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
+
+
+def same_rank(sim: Side, real: Side) -> Side:
+    """``real`` with its failure on the rank the simulated failure names, when both sides raised
+    on different ranks and that rank raised its own error on real gloo too (:attr:`Side.raised`);
+    else ``real`` as it is. Which rank's error a side reports is timing — on real gloo the first
+    process to report, in the simulation the first rank thread to raise — and ranks may raise
+    different errors: torch's quantization hook at world 3 indexes out of bounds on rank 2 and a
+    0-dim tensor on ranks 0 and 1 (measured), so comparing whichever each side reported first
+    called one run in three a FIDELITY BUG."""
+    s, g = sim.failure, real.failure
+    if s is None or g is None or s.kind != "raised" or g.kind != "raised" or s.rank == g.rank:
+        return real
+    mine = real.raised.get(s.rank)
+    return real if mine is None else dataclasses.replace(real, failure=mine)
 
 
 ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs/e2e.md"

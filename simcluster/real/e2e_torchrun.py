@@ -168,6 +168,7 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
     real = Side(f"real {args.backend} (torchrun)", seconds=max(o.get("seconds", 0.0) for o in outcomes.values()))
     real.failure = _real_failure(outcomes, me.world_size)
+    real.raised = _raised(outcomes, me.world_size) if real.failure is not None else {}
     if real.failure is None:
         real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
@@ -209,9 +210,25 @@ def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int) -> Any:
     failed = [r for r in range(world_size) if "error" in outcomes[r]]
     if not failed:
         return None
-    primary = [r for r in failed if not any(m in outcomes[r]["error"]["traceback"] for m in _CONSEQUENCES)] or failed
-    e = outcomes[primary[0]]["error"]
-    return SideFailure("raised", primary[0], e["type"], e["message"], e["step"], e["traceback"])
+    own = _raised(outcomes, world_size)
+    if own:
+        return own[min(own)]
+    e = outcomes[failed[0]]["error"]
+    return SideFailure("raised", failed[0], e["type"], e["message"], e["step"], e["traceback"])
+
+
+def _raised(outcomes: dict[int, dict[str, Any]], world_size: int) -> dict[int, Any]:
+    """Every rank that raised an error of its own (not a consequence of another's: a peer's
+    closed connection or a timeout), as :class:`~simcluster.real.e2e.SideFailure`\\s by rank
+    (:attr:`~simcluster.real.e2e.Side.raised`)."""
+    from simcluster.real.e2e import SideFailure
+
+    out = {}
+    for r in range(world_size):
+        e = outcomes[r].get("error")
+        if e is not None and not any(m in e["traceback"] for m in _CONSEQUENCES):
+            out[r] = SideFailure("raised", r, e["type"], e["message"], e["step"], e["traceback"])
+    return out
 
 
 def _leave(code: int) -> None:
