@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
+           "run_e2e", "judge_sides", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
@@ -999,30 +999,40 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
             timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess",
             isolate: Sequence[str] = ()) -> E2EResult:
-    """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`).
-    Where only real gloo hung or died, the simulator is asked whether another order of
-    completions meets the same trouble (:func:`race_reached`) before it is blamed.
-    ``isolate``: modules both sides load per rank with the hook's (``--isolate``, :func:`per_process`)."""
+    """Run ``scenario`` on real gloo processes (:func:`run_real`), then judge the simulator
+    against them (:func:`judge_sides`). ``isolate``: modules both sides load per rank with
+    the hook's (``--isolate``, :func:`per_process`)."""
     real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method,
                     isolate=isolate)
+    return judge_sides(scenario, hook, state, real, backend=backend, timeout=timeout, isolate=isolate)
+
+
+def judge_sides(scenario: Scenario, hook: str, state: str, real: Side, *, backend: str = "gloo",
+                timeout: float = 60.0, isolate: Sequence[str] = ()) -> E2EResult:
+    """The verdict on a real run: simulate the same scenario (:func:`run_sim`) and compare
+    (:func:`compare`); where only the real side hung or died, the simulator is first asked
+    whether another order of completions meets the same trouble (:func:`race_reached`) before
+    it is blamed. The one judge of both real runners — gloo processes here (:func:`run_e2e`)
+    and torchrun's rank 0 (:mod:`simcluster.real.e2e_torchrun`)."""
+    isolate = tuple(isolate)
     sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
     result = compare(scenario, hook, sim, real)
-    result.isolate = tuple(isolate)
+    result.isolate = isolate
     if result.verdict == "fidelity bug" and _only_real_stalled(sim, real):
         reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
         if reached is not None:
             seed, failure = reached
-            why = RACE_REACHED.format(kind=real.failure.kind, error=failure.error_type,  # type: ignore[union-attr]
-                                      seed=seed, line=failure.line())
-            return E2EResult(scenario, hook, sim, real, result.differences, "unconfirmed", why, tuple(isolate))
+            why = RACE_REACHED.format(real=real.name, kind=real.failure.kind,  # type: ignore[union-attr]
+                                      error=failure.error_type, seed=seed, line=failure.line())
+            return E2EResult(scenario, hook, sim, result.real, result.differences, "unconfirmed", why, isolate)
     return result
 
 
 RACE_TRIES = 32
 """How many seeded random orders of completions :func:`race_reached` tries."""
-RACE_REACHED = ("real gloo {kind} where this simulation finished every step, and the DDP model meets {error} on the "
+RACE_REACHED = ("{real} {kind} where this simulation finished every step, and the DDP model meets {error} on the "
                 "same scenario under another order of completions (schedule random(seed={seed}): {line}): the "
-                "hook's race, decided by timing on real gloo too — not confirmed this run")
+                "hook's race, decided by timing on the real backend too — not confirmed this run")
 _STALLS = ("CollectiveMismatchError", "DeadlockError")
 
 

@@ -10,7 +10,8 @@ Every rank joins the default group through env:// rendezvous (``RANK``, ``WORLD_
 from the options and runs :func:`~simcluster.real.e2e.run_rank` (``--backend nccl``: on
 ``cuda:LOCAL_RANK``). Results travel through the rendezvous' key-value store, not the
 process group — so they arrive even when the group is broken by a failed or hung rank.
-Rank 0 gathers them, runs the simulation with the same world size and backend model,
+Rank 0 gathers them, runs the simulation with the same world size and backend model and
+judges the two sides as ``simcluster e2e`` does (:func:`~simcluster.real.e2e.judge_sides`),
 prints the comparison and exits with the verdict's code (:mod:`simcluster.real.e2e_cli`).
 
 Watchdog. Gloo's (NCCL's) own timeout is ``--timeout``; a rank whose run has not ended
@@ -161,7 +162,10 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
 
 
 def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> int:
-    from simcluster.real.e2e import Side, compare, note_failed_calls, run_sim
+    """Rank 0's part: gather every rank's outcome into the real side, judge the simulator
+    against it (:func:`~simcluster.real.e2e.judge_sides`, as ``simcluster e2e`` does), print
+    the comparison; the exit code."""
+    from simcluster.real.e2e import Side, judge_sides, note_failed_calls
     from simcluster.real.e2e_cli import exit_code
     from simcluster.usercode.rank_local import parse_isolate
 
@@ -174,10 +178,8 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
-    isolate = parse_isolate(args.isolate)
-    sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout, isolate=isolate)
-    result = compare(scenario, args.target, sim, real)
-    result.isolate = isolate
+    result = judge_sides(scenario, args.target, args.state, real, backend=args.backend, timeout=args.timeout,
+                         isolate=parse_isolate(args.isolate))
     print(result.format(), flush=True)
     return exit_code(result)
 
