@@ -288,8 +288,9 @@ def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census, world: 
     assert result.sim.failure.error_type == result.real.failure.error_type
     # The same message, byte for byte: two callbacks deep, each wraps the error once.
     wrap = "Got the following error when running the callback: "
-    assert result.sim.failure.message == result.real.failure.message and result.sim.failure.rank == result.real.failure.rank
-    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: ")  # rank 2 of 3: out of bounds
+    assert result.sim.failure.message == result.real.failure.message
+    assert result.sim.failure.rank == result.real.failure.rank  # compared on the same rank (e2e.same_rank)
+    assert result.real.failure.message.startswith(f"{wrap}RuntimeError: {wrap}IndexError: ")  # rank 2 of 3: bounds
     for side in (result.sim, result.real):
         assert "IndexError" in side.failure.detail and root_error(side.failure) == "IndexError"
     text = result.format()

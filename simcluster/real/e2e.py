@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "judge_sides", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
+           "run_e2e", "judge_sides", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE",
+           "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
