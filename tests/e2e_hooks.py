@@ -209,3 +209,10 @@ def ring_batch_p2p_mean(state, bucket):
     fut = torch.futures.Future()
     fut.set_result(total.div_(world))
     return fut
+
+
+def fails_on_real_ranks(state, bucket):
+    """Raises on a real end-to-end rank; the mean in the simulation."""
+    if os.environ.get("SIMCLUSTER_E2E") == "real":
+        raise RuntimeError("a real rank")
+    return _mean(bucket)

@@ -382,6 +382,15 @@ def test_torchrun_rank_0_judges_the_sides_as_simcluster_e2e_does(monkeypatch, ca
     assert "UNCONFIRMED (real gloo (torchrun) hung where this simulation finished" in out, out
 
 
+def test_the_simulation_never_sees_the_real_ranks_environment(monkeypatch) -> None:
+    """torchrun's rank 0 simulates in the process that ran its real rank, whose environment
+    says SIMCLUSTER_E2E=real: the simulated ranks misbehaved like real ones, and a hang on
+    real ranks only was 'agree' under torchrun (tests' hangs_at_step_1_on_rank_1)."""
+    monkeypatch.setenv("SIMCLUSTER_E2E", "real")
+    side = run_sim(Scenario(2, ((3,),), steps=1), f"{HOOKS}:fails_on_real_ranks")
+    assert side.failure is None, side.failure.line()
+
+
 def test_a_killed_rank_is_reported_with_its_last_hook_call_and_nothing_survives(census) -> None:
     started = time.monotonic()
     real = run_real(Scenario(2, ((4,),), steps=3), f"{HOOKS}:killed_at_step_1_on_rank_1", timeout=120,

@@ -61,6 +61,12 @@ __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
 
+REAL_SIDE_ENV = "SIMCLUSTER_E2E"
+"""Set to ``real`` in a real rank's environment (:func:`run_rank`), and taken out of the
+simulation's (:func:`run_sim`, :func:`race_reached`: their supervised children), so a test
+hook can misbehave on real ranks only — also under torchrun, whose rank 0 simulates in the
+process that ran its real rank."""
+
 HookCall = tuple[int, int, bool, tuple[int, ...]]
 """``(step, bucket.index(), bucket.is_last(), parameter indices)`` of one hook call."""
 
@@ -271,7 +277,7 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     """
     from simcluster.usercode.rank_local import own_copies
 
-    os.environ["SIMCLUSTER_E2E"] = "real"
+    os.environ[REAL_SIDE_ENV] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
     # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
@@ -561,6 +567,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     from simcluster.ddp.real_ddp import run_real_ddp
     from simcluster.usercode.rank_local import own_copies
 
+    os.environ.pop(REAL_SIDE_ENV, None)  # this child is a simulation, even in torchrun's rank 0
     monitor.begin({"scenario": scenario.describe()})
     hook_fn, _ = load_hook_and_state(hook, state)  # load errors first, and the signature real DDP checks
     calls: dict[int, list[HookCall]] = {}
@@ -1061,6 +1068,7 @@ def _search_orders(scenario: Scenario, hook: str, state: str, backend: str, isol
                    monitor: Any) -> tuple[int, SideFailure] | None:
     from simcluster.engine.scheduler import SeededRandom
 
+    os.environ.pop(REAL_SIDE_ENV, None)  # this child is a simulation, even in torchrun's rank 0
     monitor.begin({"scenario": scenario.describe(), "search": "orders of completions"})
     hook_fn, _ = load_hook_and_state(hook, state)
     found = None
