@@ -4,6 +4,7 @@
     python benchmarks/measure_gloo_facts.py facts      # facts only
     python benchmarks/measure_gloo_facts.py timings    # runner timings only
     python benchmarks/measure_gloo_facts.py census     # what a hook observes: real DDP vs SimDDP (~10 s)
+    python benchmarks/measure_gloo_facts.py gather     # all_gather's future and result() at worlds 1, 2, 3
 
 The census (docs/ddp-facts.md §1, §4) runs one recording hook inside real DDP (2 gloo
 processes, then 1) and inside ``SimDDP`` with the same shapes, options and gradients, and
@@ -78,6 +79,45 @@ def future_values(rank: int, world_size: int, payload: Any) -> dict[str, str]:
     a, b = torch.ones(2), torch.ones(3)
     out["all_reduce_coalesced"] = _describe(dist.all_reduce_coalesced([a, b], async_op=True).wait(), {"a": a, "b": b})
     return out
+
+
+def all_gather_results(rank: int, world_size: int, payload: Any) -> dict[str, str]:
+    """``all_gather(outs, t, async_op=True)``: what ``work.get_future().wait()``, ``.value()``
+    and ``work.result()`` hold (by identity), and what NCCL-style indexing of ``value()[0]``
+    as the gathered whole meets (``[rank]``, then ``[rank][0]``, as torch's quantization hooks
+    index their scales and zero points)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([10.0 + rank, 20.0 + rank])
+    outs = [torch.empty(2) for _ in range(world_size)]
+    known = {"t": t, **{f"outs[{i}]": o for i, o in enumerate(outs)}}
+    work = dist.all_gather(outs, t, async_op=True)
+    fut = work.get_future()
+    waited = fut.wait()
+    out = {"fut.wait()": _describe(waited, known), "fut.value()": _describe(fut.value(), known),
+           "work.result()": _describe(work.result(), known),
+           "types": f"{type(waited).__name__} of {len(waited)} {type(waited[0]).__name__}"}
+    first = fut.value()[0]
+    out["value()[0]"] = f"shape {tuple(first.shape)}, values {first.tolist()}"
+    for r in range(world_size):
+        try:
+            out[f"value()[0][{r}][0]"] = repr(first[r][0])
+        except IndexError as exc:
+            try:
+                reached = f"value()[0][{r}] = {first[r]!r}"
+            except IndexError:
+                reached = f"value()[0][{r}] raises"
+            out[f"value()[0][{r}][0]"] = f"IndexError: {exc} ({reached})"
+    return out
+
+
+def gather() -> None:
+    for world in (1, 2, 3):
+        with GlooCluster(world, timeout=10.0) as cluster:
+            for rank, found in enumerate(cluster.run(all_gather_results)):
+                for name, value in found.items():
+                    print(f"all_gather world {world} rank {rank}: {name:20s} {value}")
 
 
 def callback_threads(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
@@ -516,3 +556,5 @@ if __name__ == "__main__":
         timings()
     if "census" in which:
         census()
+    if "gather" in which:
+        gather()

@@ -10,6 +10,7 @@
                      [--e2e [--e2e-examples N]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                    [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
+                   [--isolate MOD[,MOD]]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
                        [--isolate MOD[,MOD]] [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
@@ -68,7 +69,7 @@ from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
 
-__all__ = ["main", "build_parser", "DEFAULT_DATABASE", "CheckFunction"]
+__all__ = ["main", "build_parser", "add_isolate_option", "DEFAULT_DATABASE", "CheckFunction"]
 
 DEFAULT_DATABASE = ".simcluster/examples"
 """Where counterexamples are kept, relative to the current directory."""
@@ -125,7 +126,7 @@ def _add_check_parser(sub: Any) -> None:
     check.add_argument("--api", default=None, choices=("current", "legacy"))
     check.add_argument("--rng", default="per_rank", choices=("per_rank", "same"),
                        help="each rank's torch/random/numpy seed: seed+rank (per_rank, default) or seed (same)")
-    _add_isolate_option(check)
+    add_isolate_option(check)
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     check.add_argument("--replay", default=None, metavar="TOKEN",
@@ -145,9 +146,9 @@ def _add_check_parser(sub: Any) -> None:
                        help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
 
 
-def _add_isolate_option(parser: argparse.ArgumentParser) -> None:
-    """``--isolate MOD[,MOD]``, the one definition ``check`` and ``explain`` share; its value
-    is parsed by :func:`~simcluster.usercode.rank_local.parse_isolate` (docs/isolation.md)."""
+def add_isolate_option(parser: argparse.ArgumentParser) -> None:
+    """``--isolate MOD[,MOD]``, as ``check``, ``explain`` and ``e2e`` take it (one definition; the
+    value is read by :func:`~simcluster.usercode.rank_local.parse_isolate`)."""
     parser.add_argument("--isolate", default=None, metavar="MOD[,MOD]",
                         help="more modules every simulated rank imports for itself (the TARGET's own always is)")
 
@@ -160,7 +161,7 @@ def _add_explain_parser(sub: Any) -> None:
     explain.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     explain.add_argument("--seed", type=int, default=0, metavar="S")
     explain.add_argument("--state", default="none", metavar="SPEC")
-    _add_isolate_option(explain)
+    add_isolate_option(explain)
     explain.add_argument("--numel", type=int, default=None, metavar="N", help="one parameter of N elements (one bucket)")
     explain.add_argument("--params", default=None, metavar="SHAPES",
                          help="parameter shapes, e.g. 4x5,5,1000 (default 2x2,3,3 with a 12-byte cap: three buckets)")

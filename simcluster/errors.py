@@ -17,6 +17,7 @@ re-raised as itself with notes attached (see :func:`add_context_note`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "Violation",
     "add_context_note",
     "first_line",
+    "innermost_error",
     "HOOK_RAISES",
     "exit_meaning",
 ]
@@ -214,6 +216,22 @@ def first_line(exc: BaseException, *, typed: bool = False) -> str:
     if not typed:
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def innermost_error(message: str) -> str | None:
+    """The innermost exception type the first line of ``message`` names, ``None`` if none:
+    a callback's error reaches DDP wrapped once per callback, by name only (``Got the
+    following error when running the callback: RuntimeError: Got the following error when
+    running the callback: IndexError: …``).
+
+    >>> innermost_error("Got the following error when running the callback: IndexError: list index out of range")
+    'IndexError'
+    >>> innermost_error("no type here") is None
+    True
+    """
+    lines = message.strip().splitlines()
+    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", lines[0] if lines else "")
+    return named[-1] if named else None
 
 
 def exit_meaning(error: BaseException) -> str | None:

@@ -194,3 +194,35 @@ def _mean_hook(state, bucket):
 partial_mean = functools.partial(_mean_hook)
 """A correct hook as a functools.partial, which has no ``__name__``: real DDP's
 register_comm_hook raises AttributeError (docs/ddp-facts.md, Registration (measured))."""
+
+
+def ring_batch_p2p_mean(state, bucket):
+    """A ring all-gather by point to point (``dist.P2POp`` + ``dist.batch_isend_irecv``): each
+    of W-1 rounds passes on what came in the round before, so every rank ends with every
+    rank's buffer and sums them in rank order — the same bits everywhere — then divides by
+    W. The sync hook returns a completed future. ``P2POp`` checks its op *is* torch's
+    ``isend``/``irecv``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buf = bucket.buffer()
+    parts = {rank: buf.clone()}
+    passing = parts[rank]
+    for k in range(1, world):
+        incoming = torch.empty_like(buf)
+        ops = [dist.P2POp(dist.isend, passing, (rank + 1) % world),
+               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        parts[(rank - k) % world] = passing = incoming
+    total = parts[0].clone()
+    for r in range(1, world):
+        total.add_(parts[r])
+    fut = torch.futures.Future()
+    fut.set_result(total.div_(world))
+    return fut
+
+
+def fails_on_real_ranks(state, bucket):
+    """Raises on a real end-to-end rank; the mean in the simulation."""
+    if os.environ.get("SIMCLUSTER_E2E") == "real":
+        raise RuntimeError("a real rank")
+    return _mean(bucket)

@@ -768,6 +768,52 @@ def test_a_wrong_size_result_from_a_gloo_gather_says_what_its_future_holds(gathe
     SimDDP(SimCluster(2, seed=0, backend="nccl"), hook, [(4,)]).step(grads)
 
 
+def _gloo_hints(exc: BaseException) -> list[str]:
+    return [n for n in getattr(exc, "__notes__", ()) if n.startswith("simcluster: hint:")]
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("name", ["quantization_pertensor_hook", "quantization_perchannel_hook"])
+def test_torchs_quantization_hooks_on_gloo_say_their_gather_is_indexed_as_nccls(name: str, world: int) -> None:
+    """torch's quantization hooks index ``fut.wait()[0][rank][0]``: the gathered whole on
+    NCCL, rank 0's part on gloo, where the future holds one tensor per rank at every world
+    size (measured: docs/gloo-facts.md §1) — IndexError. The report says why, in one line."""
+    from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
+
+    hook = getattr(quantization_hooks, name)
+    with pytest.raises(CopyBackError) as caught:
+        SimDDP(SimCluster(world, seed=0, backend="gloo"), hook, [(5,)], state="group").step(
+            [[torch.full((5,), float(r))] for r in range(world)])
+    assert "IndexError" in str(caught.value).splitlines()[0]
+    hints = _gloo_hints(caught.value)
+    assert len(hints) == 1 and "\n" not in hints[0], hints
+    assert "comes from all_gather#0 on WORLD" in hints[0] and "raises IndexError" in hints[0], hints
+    assert "quantization hooks" in hints[0] and "1 included" in hints[0], hints
+
+
+def _index_error_after_all_reduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0][bucket.buffer().numel()])  # one past the end: IndexError
+
+
+def _value_error_after_all_gather(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    outs = [torch.empty_like(bucket.buffer()) for _ in range(dist.get_world_size())]
+    fut = dist.all_gather(outs, bucket.buffer(), async_op=True).get_future()
+
+    def fail(f: torch.futures.Future) -> torch.Tensor:
+        raise ValueError("not about the gather")
+
+    return fut.then(fail)
+
+
+@pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather])
+def test_no_gather_hint_for_an_unrelated_callback_error(hook: Any) -> None:
+    with pytest.raises(CopyBackError) as caught:
+        SimDDP(SimCluster(2, seed=0, backend="gloo"), hook, [(4,)]).step([[torch.ones(4)], [torch.ones(4)]])
+    assert "then-callback of the hook raised" in str(caught.value)
+    assert _gloo_hints(caught.value) == [], caught.value.__notes__
+
+
 def test_a_callback_error_lists_only_the_frames_a_real_run_has() -> None:
     """torch's quantization hook on gloo (docs/e2e.md, measured with real gloo): the outer ``At:``
     block is its one callback frame — not SimFuture.wait nor torch's raise_error, which a real

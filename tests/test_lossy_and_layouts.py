@@ -159,6 +159,9 @@ def test_torch_quantization_rows_pass_averages_on_nccl_and_fail_the_contract_on_
     assert "averages" in report.properties
     assert {(f.backend, f.property) for f in report.failures} == {("gloo", "contract")}, report.format()
     assert "IndexError" in report.failures[0].message
+    # the report says why in one line: gloo's all_gather future holds one tensor per rank
+    hints = [line.strip() for line in report.format().splitlines() if "simcluster: hint:" in line]
+    assert len(hints) == 1 and "all_gather#0" in hints[0] and "raises IndexError" in hints[0], report.format()
 
 
 # --------------------------------------------------------------------------- --params

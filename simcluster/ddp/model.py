@@ -76,9 +76,10 @@ import torch
 import torch.distributed as dist
 
 from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
+from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved
-from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note
+from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note, innermost_error
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
 from simcluster.fake.process_group import SimProcessGroup
@@ -86,7 +87,7 @@ from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.trace import Trace
 
-__all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups"]
+__all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint"]
 
 @dataclass(frozen=True)
 class DDPConfig:
@@ -169,12 +170,20 @@ def _apart_from(value: Any, buffers: dict[Any, torch.Tensor]) -> Any:
     return layout_copy(value)
 
 
-def _gloo_gather_source(future: Any, backend: str) -> str:
-    """Why a result of the wrong size may have come from a gather on gloo: the hook's future
-    derives from an ``all_gather``/``all_gather_into_tensor`` (its label names the chain),
-    whose gloo future holds one tensor per rank — a common portability bug (docs/gloo-facts.md §1)."""
+def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | None = None) -> str:
+    """The one-line hint for a hook result that failed where a gather read as NCCL's may be
+    why (``""`` when not): the hook's future derives from an ``all_gather`` /
+    ``all_gather_into_tensor`` (its label names the chain's source) on a backend whose gather
+    future holds one tensor per rank — gloo: ``[outs[0], …, outs[W-1]]`` at every world size,
+    1 included (measured: ``benchmarks/measure_gloo_facts.py gather``, docs/gloo-facts.md §1) —
+    so ``value()[0]`` is rank 0's part, not the gathered whole NCCL's ``[flat]`` is.
+
+    ``error``: the future's own error (a ``then`` callback raised): hinted when the innermost
+    error it names is ``IndexError`` — the whole indexed by rank, as torch's quantization
+    hooks index ``fut.wait()[0][rank][0]``. ``None``: DDP could not copy the result (too short).
+    """
     label = getattr(future, "label", "")
-    if backend != "gloo" or not label:
+    if backend.gather_as_flat or not label:
         return ""
     source = label.rsplit(" of ", 1)[-1]
     if source.startswith("all_gather_into_tensor#"):
@@ -183,8 +192,14 @@ def _gloo_gather_source(future: Any, backend: str) -> str:
         held = "the W output tensors themselves, [outs[0], …, outs[W-1]], not [flat output] as on NCCL"
     else:
         return ""
-    return (f"simcluster: hint: the hook's future comes from {source}; on gloo that future holds {held} "
+    hint = (f"simcluster: hint: the hook's future comes from {source}; on {backend.name} that future holds {held} "
             "— value()[0] is rank 0's part, not the gathered whole")
+    if error is None:
+        return hint
+    if innermost_error(str(error)) == "IndexError":
+        return (f"{hint} (at every world size, 1 included): indexing it by rank as the whole (value()[0][rank][...], "
+                "as torch's quantization hooks do) raises IndexError (docs/gloo-facts.md §1)")
+    return ""
 
 
 class SimDDP:
@@ -360,14 +375,16 @@ class SimDDP:
             try:
                 for call, future in zip(calls, rank_futures):
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
-                    value = resolved(future, outputs[rank], where, self.config.api)
+                    try:
+                        value = resolved(future, outputs[rank], where, self.config.api)
+                    except CopyBackError as exc:  # a then-callback raised (or the future holds an error)
+                        _hinted(exc, gloo_gather_hint(future, self.cluster.backend, exc))
+                        raise
                     params = [self.params[rank][i] for i in call.params]
                     try:
                         copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
                     except CopyBackError as exc:
-                        gathered = _gloo_gather_source(future, self.cluster.backend.name)
-                        if gathered:
-                            add_context_note(exc, gathered)
+                        _hinted(exc, gloo_gather_hint(future, self.cluster.backend))
                         raise
                     finally:
                         outputs[rank][-1] = _apart_from(outputs[rank][-1], self._buffers[rank])
@@ -400,6 +417,12 @@ class SimDDP:
                     )
             out.append([g.detach() for g in rank_grads])
         return out
+
+
+def _hinted(exc: BaseException, hint: str) -> None:
+    """Add ``hint`` (a one-line note) to ``exc`` unless it is empty."""
+    if hint:
+        add_context_note(exc, hint)
 
 
 def _sync_module_states(params: list[list[torch.nn.Parameter]],

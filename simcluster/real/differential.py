@@ -69,7 +69,7 @@ from simcluster.fake.reducer import call_hook, layout_copy
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
 from simcluster.real.gloo_runner import GlooCluster, first_failed_rank, resolve_target, run_gloo, target_name
-from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode.rank_local import RankLocal, own_copies
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
 
@@ -193,11 +193,9 @@ def _states(state: Any, fresh: bool) -> tuple[str, StateSpec]:
 
 
 def _fresh_copies(payload: dict[str, Any]) -> tuple[Callable[..., Any], StateSpec]:
-    """In a gloo process: the hook and factory from brand-new copies of their modules (one
-    registry, so both come from one copy of a shared file), as a fresh process imports them."""
-    modules: dict[str, Any] = {}
-    hook = RankLocal(payload["hook"]).load(modules)
-    return hook, StateSpec.parse(payload["state"], load=lambda spec: RankLocal(spec, what="state factory").load(modules))
+    """In a gloo process: the hook and factory from brand-new copies of their modules
+    (:func:`~simcluster.usercode.rank_local.own_copies`), as a fresh process imports them."""
+    return own_copies(RankLocal(payload["hook"]), StateSpec.parse(payload["state"], load=_state_loader(True)))
 
 
 # --------------------------------------------------------------------------- gloo side

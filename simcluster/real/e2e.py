@@ -35,6 +35,7 @@ where real gloo aborted a rank (SIGABRT, ``gloo::EnforceNotMet``) is the same fa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -48,17 +49,24 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import HookExited, SimClusterError, first_line
+from simcluster.errors import HookExited, SimClusterError, first_line, innermost_error
 from simcluster.usercode.stand_in import stand_in
 
 if TYPE_CHECKING:
     from simcluster.fake.state import StateSpec
 
 __all__ = ["Scenario", "Side", "SideFailure", "E2EResult", "GradientModel", "run_real", "run_sim", "compare",
-           "run_e2e", "race_reached", "EVENT_PREFIX", "RAISED_NOTE", "SETUP_PHASE", "noted_step"]
+           "run_e2e", "judge_sides", "per_process", "same_rank", "race_reached", "EVENT_PREFIX", "RAISED_NOTE",
+           "SETUP_PHASE", "noted_step"]
 
 EVENT_PREFIX = "simcluster-e2e"
 """Every event line a real rank prints starts with this, then `` rank R: ``."""
+
+REAL_SIDE_ENV = "SIMCLUSTER_E2E"
+"""Set to ``real`` in a real rank's environment (:func:`run_rank`), and taken out of the
+simulation's (:func:`run_sim`, :func:`race_reached`: their supervised children), so a test
+hook can misbehave on real ranks only — also under torchrun, whose rank 0 simulates in the
+process that ran its real rank."""
 
 HookCall = tuple[int, int, bool, tuple[int, ...]]
 """``(step, bucket.index(), bucket.is_last(), parameter indices)`` of one hook call."""
@@ -158,6 +166,17 @@ def load_hook_and_state(hook: str, state: str) -> tuple[Callable[..., Any], Stat
     return load_target(hook), load_state(state)
 
 
+def per_process(hook: str, state: str, isolate: Sequence[str] = ()) -> tuple[Any, StateSpec]:
+    """The hook and its state as every rank — a real process or a simulated one — loads them
+    for itself (:func:`~simcluster.usercode.rank_local.own_copies`): a
+    :class:`~simcluster.usercode.rank_local.RankLocal` hook, and a state factory as one, each
+    copying its own module and the ``isolate`` modules (``check``'s ``--isolate``; both sides
+    get the same, so module globals are judged alike)."""
+    from simcluster.usercode.rank_local import RankLocal, rank_local_state
+
+    return RankLocal(hook, isolate=isolate), rank_local_state(state, isolate=isolate)
+
+
 # --------------------------------------------------------------------------- recording
 
 
@@ -229,6 +248,10 @@ class Side:
     """On the simulated side: where the DDP model the property search runs
     (:class:`~simcluster.ddp.model.SimDDP`) disagrees with torch's real reducer on the same
     simulated groups (:func:`run_model`)."""
+    raised: dict[int, SideFailure] = field(default_factory=dict)
+    """On a real side that failed: every rank that raised an error of its own (not a peer's
+    consequence, such as a closed connection), by rank — :func:`compare` reads the simulated
+    failure's rank here, since which rank reports first is timing on both sides."""
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
@@ -253,10 +276,15 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     propagates with a note naming the rank, type and step (the runner reports it).
     ``emit(rank, text)`` announces each event (default: a line on stdout).
     """
-    os.environ["SIMCLUSTER_E2E"] = "real"
+    from simcluster.usercode.rank_local import own_copies
+
+    os.environ[REAL_SIDE_ENV] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
-    hook, state_spec = load_hook_and_state(payload["hook"], payload["state"])
+    # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
+    # persistent gloo process runs job after job, and module globals must start clean each
+    # time, as in the simulation
+    hook, state_spec = own_copies(*per_process(payload["hook"], payload["state"], payload.get("isolate", ())))
     emit = emit or _print_event
     inputs = scenario.inputs()[rank]
     model = GradientModel(scenario.shapes, scenario.torch_dtype)
@@ -310,18 +338,29 @@ def _print_event(rank: int, text: str) -> None:
     print(f"{EVENT_PREFIX} rank {rank}: {text}", flush=True)
 
 
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
-                "send", "recv", "isend", "irecv")
+ANNOUNCED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+             "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+             "monitored_barrier", "send", "recv", "batch_isend_irecv", "all_reduce_coalesced", "all_gather_coalesced",
+             "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+             "send_object_list", "recv_object_list")
+"""The ``torch.distributed`` entry points a real rank announces (``posting NAME``) when the
+hook calls them. Not ``isend``/``irecv``: torch checks *their identity* — ``dist.P2POp(op, …)``
+raises ``ValueError: Invalid ``op``…`` unless ``op`` is torch's own ``isend`` or ``irecv``
+(``_check_op``, torch 2.13), and ``batch_isend_irecv`` picks the peer argument by ``op is
+isend`` — so a wrapper in their place failed every hook using ``P2POp`` on the real side only
+(a false FIDELITY BUG). Point-to-point ops batched through ``P2POp`` are announced as
+``posting batch_isend_irecv``; a direct ``dist.isend``/``dist.irecv`` is not announced (a rank
+that hangs there is named by its last hook call or earlier collective)."""
 
 
 @contextlib.contextmanager
 def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterator[None]:
-    """While the rank runs: every ``torch.distributed`` collective prints an event first.
+    """While the rank runs: each of :data:`ANNOUNCED`, called through ``torch.distributed``,
+    prints an event first (calls torch makes inside them are not announced again).
     Restored afterwards (rank 0 of a torchrun then simulates in the same process)."""
     import torch.distributed as dist
 
-    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    saved = {name: getattr(dist, name) for name in ANNOUNCED if hasattr(dist, name)}
 
     def announced(name: str, original: Any) -> Any:
         @functools.wraps(original)
@@ -349,7 +388,7 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, 
 
 
 def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: float = 60.0,
-             cluster: Any = None, start_method: str = "subprocess") -> Side:
+             cluster: Any = None, start_method: str = "subprocess", isolate: Sequence[str] = ()) -> Side:
     """The scenario on ``world_size`` fresh real gloo processes; never raises for a hook's failure.
 
     The runner's watchdog bounds the whole run by ``timeout`` seconds; every child is
@@ -358,14 +397,15 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     ranks to reuse (no process start-up; a failed run restarts its world).
     ``start_method``: the runner's (``"forkserver"`` starts a world in ~0.5 s instead of
     seconds, but re-runs the caller's ``__main__``, which then needs the
-    ``if __name__ == "__main__":`` guard; the CLI uses it).
+    ``if __name__ == "__main__":`` guard; the CLI uses it). ``isolate``: modules each job
+    loads fresh with the hook's (:func:`per_process`).
     """
     import time
 
     from simcluster.errors import GlooRunError
     from simcluster.real.gloo_runner import run_gloo
 
-    payload = {"scenario": scenario, "hook": hook, "state": state}
+    payload = {"scenario": scenario, "hook": hook, "state": state, "isolate": tuple(isolate)}
     started = time.monotonic()
     side = Side("real gloo")
     try:
@@ -376,6 +416,7 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
             per_rank = cluster.run(_gloo_job, [payload] * scenario.world_size, timeout=timeout)
     except GlooRunError as err:
         side.failure = real_failure(err, timeout)
+        side.raised = raised_ranks(err)
         note_failed_calls(side, err.failures)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
@@ -439,14 +480,10 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
         own = err.failures[rank]
         events = last_events(text, rank)
         last = f"its last event: {events[-1]}" if events else "no event recorded"
-        if "without reporting an error" in own:  # killed by a signal or exited: gloo_runner's wording
+        if _died(own):
             what = own.strip().splitlines()[-1]
             return SideFailure("died", rank, "died", f"{what}; {last}", None, text)
-        note = RAISED_NOTE.search(own)
-        error_type = note.group(2) if note else _error_type(own)
-        lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
-        message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
-        return SideFailure("raised", rank, error_type, message, noted_step(note), own)
+        return _raised_on(rank, own)
     hung = err.unfinished or [0]
     parts = []
     for rank in hung:
@@ -455,6 +492,30 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
     return SideFailure("hung", hung[0], "hung",
                        f"ranks {hung} did not finish within {timeout:g} s and were killed ({'; '.join(parts)})",
                        None, text)
+
+
+def raised_ranks(err: Any) -> dict[int, SideFailure]:
+    """Every rank of a :class:`~simcluster.real.gloo_runner.GlooRunError` that raised an error
+    of its own (:func:`~simcluster.real.gloo_runner.primary_ranks`), by rank (:attr:`Side.raised`)."""
+    from simcluster.real.gloo_runner import primary_ranks
+
+    return {r: _raised_on(r, err.failures[r]) for r in sorted(primary_ranks(err.failures))
+            if not _died(err.failures[r])}
+
+
+def _died(own: str) -> bool:
+    """A rank's failure text says its process ended without reporting (killed by a signal, or
+    exited): gloo_runner's wording."""
+    return "without reporting an error" in own
+
+
+def _raised_on(rank: int, own: str) -> SideFailure:
+    """Rank ``rank``'s exception, from its traceback text ``own`` (with :func:`run_rank`'s note)."""
+    note = RAISED_NOTE.search(own)
+    error_type = note.group(2) if note else _error_type(own)
+    lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
+    message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
+    return SideFailure("raised", rank, error_type, message, noted_step(note), own)
 
 
 def _error_type(traceback_text: str) -> str:
@@ -469,16 +530,16 @@ def _error_type(traceback_text: str) -> str:
 
 
 def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-            timeout: float = 60.0) -> Side:
+            timeout: float = 60.0, isolate: Sequence[str] = ()) -> Side:
     """The scenario under :func:`~simcluster.ddp.real_ddp.run_real_ddp` (real reducer, simulated
     groups), and under the DDP model (:func:`run_model`), in a supervised child
     (:func:`~simcluster.checking.supervisor.run_supervised`): a hook that spins, blocks, calls
     ``sys.exit`` or ends its process makes this side ``hung`` (after ``timeout`` seconds),
     ``raised SystemExit`` or ``died`` — as a real rank reports it — and never ends or hangs
-    the caller."""
+    the caller. ``isolate``: modules every simulated rank copies with the hook's (:func:`per_process`)."""
     from simcluster.checking.supervisor import run_supervised
 
-    outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, monitor),
+    outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, isolate, monitor),
                              deadline=timeout)
     if outcome.value is not None:
         return outcome.value
@@ -496,7 +557,8 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     return side
 
 
-def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, monitor: Any) -> Side:
+def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, isolate: Sequence[str],
+              monitor: Any) -> Side:
     """:func:`run_sim`'s work, in the supervised child; ``monitor`` announces it as one
     example, so the supervisor's deadline (``timeout``) bounds it from the start."""
     import time
@@ -504,9 +566,9 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     import torch.distributed as dist
 
     from simcluster.ddp.real_ddp import run_real_ddp
-    from simcluster.fake.state import StateSpec
-    from simcluster.usercode.rank_local import RankLocal, rank_local_state
+    from simcluster.usercode.rank_local import own_copies
 
+    os.environ.pop(REAL_SIDE_ENV, None)  # this child is a simulation, even in torchrun's rank 0
     monitor.begin({"scenario": scenario.describe()})
     hook_fn, _ = load_hook_and_state(hook, state)  # load errors first, and the signature real DDP checks
     calls: dict[int, list[HookCall]] = {}
@@ -515,15 +577,12 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
     seeded = torch.get_rng_state()
-    hook_local, state_local = RankLocal(hook), rank_local_state(state)
+    hook_local, state_local = per_process(hook, state, isolate)
 
     def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:
         # Each rank imports the hook's module (and the state factory's) afresh, as a process
         # does: module globals are the rank's own, and start clean for this run.
-        modules: dict[str, Any] = {}
-        spec = state_local if state_local.kind != "factory" else StateSpec.parse(
-            state_local.factory.load(modules), name=state_local.name)  # type: ignore[union-attr]
-        rank_hook = hook_local.load(modules)
+        rank_hook, spec = own_copies(hook_local, state_local)
         return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
 
     try:
@@ -693,6 +752,7 @@ class E2EResult:
     verdict: str
     why: str = ""  # "unconfirmed": why the disagreement is no evidence against the simulator; "unsupported":
     # what is not modelled; "agree": what made two different-looking failures one (e.g. an abort on a mismatch)
+    isolate: tuple[str, ...] = ()  # the modules both sides loaded per rank with the hook's (--isolate)
 
     @property
     def agree(self) -> bool:
@@ -705,7 +765,8 @@ class E2EResult:
 
     def format(self, *, per_step: bool = True) -> str:
         """The report: the scenario, per-step per-rank summaries, failures side by side, the verdict."""
-        lines = [f"e2e {self.hook}: {self.scenario.describe()}",
+        isolated = f" --isolate {','.join(self.isolate)}" if self.isolate else ""
+        lines = [f"e2e {self.hook}{isolated}: {self.scenario.describe()}",
                  f"  {self.sim.name} {self.sim.seconds:.1f}s | {self.real.name} {self.real.seconds:.1f}s"]
         if self.sim.note:
             lines.append(f"  note: {self.sim.note}")
@@ -773,10 +834,26 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     (:attr:`Side.unmodelled`) predicted nothing: the verdict is ``unsupported``."""
     if sim.unmodelled:
         return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
+    real = same_rank(sim, real)
     diffs = side_differences(scenario, sim, real) + sim.model_differences
     why = _unconfirmed(scenario, sim, real) if diffs else _agreed_because(sim, real)
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
+
+
+def same_rank(sim: Side, real: Side) -> Side:
+    """``real`` with its failure on the rank the simulated failure names, when both sides raised
+    on different ranks and that rank raised its own error on real gloo too (:attr:`Side.raised`);
+    else ``real`` as it is. Which rank's error a side reports is timing — on real gloo the first
+    process to report, in the simulation the first rank thread to raise — and ranks may raise
+    different errors: torch's quantization hook at world 3 indexes out of bounds on rank 2 and a
+    0-dim tensor on ranks 0 and 1 (measured), so comparing whichever each side reported first
+    called one run in three a FIDELITY BUG."""
+    s, g = sim.failure, real.failure
+    if s is None or g is None or s.kind != "raised" or g.kind != "raised" or s.rank == g.rank:
+        return real
+    mine = real.raised.get(s.rank)
+    return real if mine is None else dataclasses.replace(real, failure=mine)
 
 
 ONE_RANK = "one-rank group: real gloo itself is not deterministic here, see docs/e2e.md"
@@ -875,8 +952,7 @@ def root_error(failure: SideFailure) -> str:
     """The innermost exception type a failure's message names (DDP wraps a callback's
     ``IndexError`` as ``RuntimeError: Got the following error when running the callback:
     IndexError: ...``), else its own type."""
-    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ", failure.message)
-    return named[-1] if named else failure.error_type
+    return innermost_error(failure.message) or failure.error_type
 
 
 def _call_differences(sim: Side, real: Side, world_size: int, failed_at: float = math.inf) -> list[str]:
@@ -930,28 +1006,42 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
 
 
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess") -> E2EResult:
-    """Run ``scenario`` on real gloo processes and on the simulator; compare (see :func:`compare`).
-    Where only real gloo hung or died, the simulator is asked whether another order of
-    completions meets the same trouble (:func:`race_reached`) before it is blamed."""
-    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method)
-    sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout)
+            timeout: float = 60.0, cluster: Any = None, start_method: str = "subprocess",
+            isolate: Sequence[str] = ()) -> E2EResult:
+    """Run ``scenario`` on real gloo processes (:func:`run_real`), then judge the simulator
+    against them (:func:`judge_sides`). ``isolate``: modules both sides load per rank with
+    the hook's (``--isolate``, :func:`per_process`)."""
+    real = run_real(scenario, hook, state, timeout=timeout, cluster=cluster, start_method=start_method,
+                    isolate=isolate)
+    return judge_sides(scenario, hook, state, real, backend=backend, timeout=timeout, isolate=isolate)
+
+
+def judge_sides(scenario: Scenario, hook: str, state: str, real: Side, *, backend: str = "gloo",
+                timeout: float = 60.0, isolate: Sequence[str] = ()) -> E2EResult:
+    """The verdict on a real run: simulate the same scenario (:func:`run_sim`) and compare
+    (:func:`compare`); where only the real side hung or died, the simulator is first asked
+    whether another order of completions meets the same trouble (:func:`race_reached`) before
+    it is blamed. The one judge of both real runners — gloo processes here (:func:`run_e2e`)
+    and torchrun's rank 0 (:mod:`simcluster.real.e2e_torchrun`)."""
+    isolate = tuple(isolate)
+    sim = run_sim(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
     result = compare(scenario, hook, sim, real)
+    result.isolate = isolate
     if result.verdict == "fidelity bug" and _only_real_stalled(sim, real):
-        reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout)
+        reached = race_reached(scenario, hook, state, backend=backend, timeout=timeout, isolate=isolate)
         if reached is not None:
             seed, failure = reached
-            why = RACE_REACHED.format(kind=real.failure.kind, error=failure.error_type,  # type: ignore[union-attr]
-                                      seed=seed, line=failure.line())
-            return E2EResult(scenario, hook, sim, real, result.differences, "unconfirmed", why)
+            why = RACE_REACHED.format(real=real.name, kind=real.failure.kind,  # type: ignore[union-attr]
+                                      error=failure.error_type, seed=seed, line=failure.line())
+            return E2EResult(scenario, hook, sim, result.real, result.differences, "unconfirmed", why, isolate)
     return result
 
 
 RACE_TRIES = 32
 """How many seeded random orders of completions :func:`race_reached` tries."""
-RACE_REACHED = ("real gloo {kind} where this simulation finished every step, and the DDP model meets {error} on the "
+RACE_REACHED = ("{real} {kind} where this simulation finished every step, and the DDP model meets {error} on the "
                 "same scenario under another order of completions (schedule random(seed={seed}): {line}): the "
-                "hook's race, decided by timing on real gloo too — not confirmed this run")
+                "hook's race, decided by timing on the real backend too — not confirmed this run")
 _STALLS = ("CollectiveMismatchError", "DeadlockError")
 
 
@@ -961,7 +1051,7 @@ def _only_real_stalled(sim: Side, real: Side) -> bool:
 
 
 def race_reached(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",
-                 timeout: float = 60.0) -> tuple[int, SideFailure] | None:
+                 timeout: float = 60.0, isolate: Sequence[str] = ()) -> tuple[int, SideFailure] | None:
     """The first of :data:`RACE_TRIES` seeded random orders of completions under which the
     DDP model (SimDDP) meets a collective mismatch or a deadlock on ``scenario``: ``(seed,
     failure)``, or ``None``. A hook posting collectives from callbacks on gloo's worker threads
@@ -970,21 +1060,21 @@ def race_reached(scenario: Scenario, hook: str, state: str = "none", *, backend:
     Supervised: a hook that hangs here gives ``None``."""
     from simcluster.checking.supervisor import run_supervised
 
-    outcome = run_supervised(lambda monitor: _search_orders(scenario, hook, state, backend, monitor),
+    outcome = run_supervised(lambda monitor: _search_orders(scenario, hook, state, backend, isolate, monitor),
                              deadline=timeout)
     return outcome.value if outcome.death is None and outcome.error is None else None
 
 
-def _search_orders(scenario: Scenario, hook: str, state: str, backend: str,
+def _search_orders(scenario: Scenario, hook: str, state: str, backend: str, isolate: Sequence[str],
                    monitor: Any) -> tuple[int, SideFailure] | None:
     from simcluster.engine.scheduler import SeededRandom
-    from simcluster.usercode.rank_local import RankLocal, rank_local_state
 
+    os.environ.pop(REAL_SIDE_ENV, None)  # this child is a simulation, even in torchrun's rank 0
     monitor.begin({"scenario": scenario.describe(), "search": "orders of completions"})
     hook_fn, _ = load_hook_and_state(hook, state)
     found = None
     for seed in range(RACE_TRIES):
-        side = run_model(scenario, RankLocal(hook), rank_local_state(state), backend=backend, inspect=hook_fn,
+        side = run_model(scenario, *per_process(hook, state, isolate), backend=backend, inspect=hook_fn,
                          schedule=SeededRandom(seed))
         if side.failure is not None and side.failure.error_type in _STALLS:
             found = (seed, side.failure)

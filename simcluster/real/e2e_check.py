@@ -9,6 +9,10 @@ For every checked row, :func:`e2e_for_rows` runs :func:`simcluster.real.e2e.run_
 * ``--e2e-examples`` scenarios drawn from ``--seed`` (world sizes among ``--world-sizes``
   up to 4, parameter shapes from ``--params`` or drawn, a cap or DDP's default).
 
+Both sides load the check's ``--isolate`` modules per rank with the hook's (each simulated
+rank its own copies, each real rank fresh ones per scenario: :func:`simcluster.real.e2e.per_process`),
+so a hook keeping its state in a helper module is judged as the check judged it.
+
 The real side is always gloo (these are CPU processes), so the simulator runs its gloo
 model; a counterexample found under the NCCL model is replayed under the gloo model.
 Examples that run DDP on subgroups are not run end to end (noted). Worlds are reused per
@@ -207,7 +211,7 @@ def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options
                                               GlooCluster(scenario.world_size, timeout=timeout, start_timeout=timeout,
                                                           start_method=start_method))
                 results.append(run(scenario, row["target"], row["state"], backend="gloo", timeout=timeout,
-                                   cluster=cluster))
+                                   cluster=cluster, isolate=options.get("isolate") or ()))
     finally:
         for cluster in clusters.values():
             cluster.close()
@@ -224,6 +228,7 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
     """
     from simcluster.real.differential import importable_name
     from simcluster.checking.tolerances import parse_tolerance
+    from simcluster.usercode.rank_local import parse_isolate
     from simcluster.usercode.targets import parse_shapes
 
     target = hook if isinstance(hook, str) else importable_name(hook)
@@ -233,7 +238,8 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
     row = {"name": report.target, "target": target, "state": state_spec, "tolerance": tolerance, "skipped": None}
     opts = {"world_sizes": tuple(options.get("world_sizes") or (1, 2, 3, 4, 8)), "steps": options.get("steps", 3),
             "seed": options.get("seed") or 0,
-            "params": parse_shapes(params, what="params") if isinstance(params, str) else params}
+            "params": parse_shapes(params, what="params") if isinstance(params, str) else params,
+            "isolate": parse_isolate(options.get("isolate"))}
     summary = e2e_for_rows([row], [report], opts, count)
     report.e2e = summary
     for result in summary.results.get(report.target, []):

@@ -4,12 +4,16 @@
 
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                           [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
+                          [--isolate MOD[,MOD]]
 
 Started directly, it starts ``--world-size`` real gloo processes on this machine
 (:func:`simcluster.real.e2e.run_real`). Started by ``torchrun`` (``RANK``/``WORLD_SIZE``
 in the environment), every process is one rank of the run (env:// rendezvous;
 :mod:`simcluster.real.e2e_torchrun`). Either way it prints one line per step and rank
 (the hook calls and a digest of every gradient, simulated ``=``/``≠`` real) and the verdict.
+``--isolate`` is ``check``'s (the same option): modules every rank loads for itself with the
+TARGET's — each simulated rank its own copy, each real rank a fresh one per run — so a hook
+whose state lives in a helper module is judged as ``check --isolate`` judges it.
 
 Exit codes: **0** both sides agree bitwise (also *unconfirmed*: a one-rank group, or a simulated
 mismatch where real gloo finished, see docs/e2e.md); **1** both sides failed alike (the hook's own failure, confirmed on the real
@@ -58,6 +62,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="real backend and the simulator's model of it (nccl: under torchrun on GPUs)")
     e2e.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"watchdog: the real run's limit (default {DEFAULT_TIMEOUT:g})")
+    from simcluster.cli import add_isolate_option
+
+    add_isolate_option(e2e)
     return e2e
 
 
@@ -97,10 +104,12 @@ def under_torchrun() -> bool:
 
 def e2e_command(args: argparse.Namespace) -> int:
     """Run ``simcluster e2e`` (see the module docstring); returns the exit code."""
+    from simcluster.usercode.rank_local import parse_isolate
     from simcluster.usercode.targets import load_state, load_target
 
-    load_target(args.target)  # a bad TARGET or --state: one line, exit 2, before any process starts
+    load_target(args.target)  # a bad TARGET, --state or --isolate: one line, exit 2, before any process starts
     load_state(args.state)
+    isolate = parse_isolate(args.isolate)
     if under_torchrun():
         from simcluster.real.e2e_torchrun import torchrun_main
 
@@ -112,7 +121,7 @@ def e2e_command(args: argparse.Namespace) -> int:
 
     scenario = scenario_from_args(args, 2 if args.world_size is None else args.world_size)
     result = run_e2e(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout,
-                     start_method=START_METHOD)
+                     start_method=START_METHOD, isolate=isolate)
     print(result.format())
     return exit_code(result)
 

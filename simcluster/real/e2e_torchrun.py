@@ -3,14 +3,15 @@
 ::
 
     torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m simcluster e2e TARGET [--params ...] [--steps K] [--seed S] [--backend gloo|nccl]
+        -m simcluster e2e TARGET [--params ...] [--steps K] [--seed S] [--backend gloo|nccl] [--isolate MOD]
 
 Every rank joins the default group through env:// rendezvous (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` from torchrun), draws the same :class:`~simcluster.real.e2e.Scenario`
 from the options and runs :func:`~simcluster.real.e2e.run_rank` (``--backend nccl``: on
 ``cuda:LOCAL_RANK``). Results travel through the rendezvous' key-value store, not the
 process group — so they arrive even when the group is broken by a failed or hung rank.
-Rank 0 gathers them, runs the simulation with the same world size and backend model,
+Rank 0 gathers them, runs the simulation with the same world size and backend model and
+judges the two sides as ``simcluster e2e`` does (:func:`~simcluster.real.e2e.judge_sides`),
 prints the comparison and exits with the verdict's code (:mod:`simcluster.real.e2e_cli`).
 
 Watchdog. Gloo's (NCCL's) own timeout is ``--timeout``; a rank whose run has not ended
@@ -76,6 +77,7 @@ def torchrun_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from simcluster.real.e2e_cli import scenario_from_args
+    from simcluster.usercode.rank_local import parse_isolate
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.world_size is not None and args.world_size != world_size:
@@ -90,7 +92,7 @@ def torchrun_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     dist.init_process_group(args.backend, init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
     me = _Rank(rank, world_size, dist.distributed_c10d._get_default_store())
-    payload = {"scenario": scenario, "hook": args.target, "state": args.state}
+    payload = {"scenario": scenario, "hook": args.target, "state": args.state, "isolate": parse_isolate(args.isolate)}
     started = time.monotonic()
     threading.Thread(target=_watchdog, args=(me, args, scenario, started), daemon=True).start()
     try:
@@ -131,7 +133,8 @@ def _watchdog(me: _Rank, args: argparse.Namespace, scenario: Any, started: float
 
 
 def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> None:
-    """Rank 0: gather, simulate, compare, print, post the verdict and leave with its code.
+    """Rank 0: gather, simulate, compare, print, post the verdict and leave with its code
+    (3 with the traceback on stderr when that broke: it left silently before).
     Others: wait for rank 0's verdict (bounded) and leave with 0."""
     if me.rank != 0:
         try:
@@ -139,9 +142,18 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
         except Exception:  # noqa: BLE001 - rank 0 is gone: torchrun stops us anyway
             _leave(3)
         _leave(0)
-    code = 3
+    from simcluster.cli import EXIT_INTERNAL, EXIT_INTERRUPTED
+
+    code = EXIT_INTERNAL
     try:
         code = _report(me, args, scenario, started)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+        print("simcluster: interrupted", file=sys.stderr, flush=True)
+    except BaseException:  # noqa: BLE001 - simcluster's own bug (exit 3): its traceback, as the CLI prints it
+        print("simcluster: internal error on rank 0 while comparing the sides:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         try:
             me.store.set(f"{_KEY}/verdict", str(code))
@@ -150,20 +162,25 @@ def _finish(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
 
 
 def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) -> int:
-    from simcluster.real.e2e import Side, compare, note_failed_calls, run_sim
+    """Rank 0's part: gather every rank's outcome into the real side, judge the simulator
+    against it (:func:`~simcluster.real.e2e.judge_sides`, as ``simcluster e2e`` does), print
+    the comparison; the exit code."""
+    from simcluster.real.e2e import Side, judge_sides, note_failed_calls
     from simcluster.real.e2e_cli import exit_code
+    from simcluster.usercode.rank_local import parse_isolate
 
     outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
     real = Side(f"real {args.backend} (torchrun)", seconds=max(o.get("seconds", 0.0) for o in outcomes.values()))
     real.failure = _real_failure(outcomes, me.world_size)
+    real.raised = _raised(outcomes, me.world_size) if real.failure is not None else {}
     if real.failure is None:
         real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
     _quiet_the_group()
-    sim = run_sim(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout)
-    result = compare(scenario, args.target, sim, real)
+    result = judge_sides(scenario, args.target, args.state, real, backend=args.backend, timeout=args.timeout,
+                         isolate=parse_isolate(args.isolate))
     print(result.format(), flush=True)
     return exit_code(result)
 
@@ -213,9 +230,25 @@ def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int) -> Any:
     failed = [r for r in range(world_size) if "error" in outcomes[r]]
     if not failed:
         return None
-    primary = [r for r in failed if not any(m in outcomes[r]["error"]["traceback"] for m in _CONSEQUENCES)] or failed
-    e = outcomes[primary[0]]["error"]
-    return SideFailure("raised", primary[0], e["type"], e["message"], e["step"], e["traceback"])
+    own = _raised(outcomes, world_size)
+    if own:
+        return own[min(own)]
+    e = outcomes[failed[0]]["error"]
+    return SideFailure("raised", failed[0], e["type"], e["message"], e["step"], e["traceback"])
+
+
+def _raised(outcomes: dict[int, dict[str, Any]], world_size: int) -> dict[int, Any]:
+    """Every rank that raised an error of its own (not a consequence of another's: a peer's
+    closed connection or a timeout), as :class:`~simcluster.real.e2e.SideFailure`\\s by rank
+    (:attr:`~simcluster.real.e2e.Side.raised`)."""
+    from simcluster.real.e2e import SideFailure
+
+    out = {}
+    for r in range(world_size):
+        e = outcomes[r].get("error")
+        if e is not None and not any(m in e["traceback"] for m in _CONSEQUENCES):
+            out[r] = SideFailure("raised", r, e["type"], e["message"], e["step"], e["traceback"])
+    return out
 
 
 def _leave(code: int) -> None:

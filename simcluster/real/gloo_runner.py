@@ -64,7 +64,7 @@ from simcluster.names import target_spec
 # resolve_target is part of this module's public API (the children have their own import of it).
 from simcluster.real.gloo_child import _CHILD_CODE, _mp_child, resolve_target  # noqa: F401
 
-__all__ = ["GlooCluster", "run_gloo", "first_failed_rank"]
+__all__ = ["GlooCluster", "run_gloo", "first_failed_rank", "primary_ranks"]
 
 Target = Callable[[int, int, Any], Any] | str
 
@@ -248,7 +248,7 @@ class _World:
         return "\n".join(text.rstrip().splitlines()[-lines:])
 
     def _error(self, what: str, limit: float, failures: dict[int, str], unfinished: list[int]) -> GlooRunError:
-        primary = _primary_ranks(failures)
+        primary = primary_ranks(failures)
         secondary = [r for r in failures if r not in primary]
         if primary:
             parts = [f"{what} failed on a world of {self.world_size} gloo ranks: rank {primary[0]} failed first"]
@@ -340,7 +340,7 @@ def _is_secondary(text: str) -> bool:
     return any(marker in text for marker in _SECONDARY_MARKERS)
 
 
-def _primary_ranks(failures: dict[int, str]) -> list[int]:
+def primary_ranks(failures: dict[int, str]) -> list[int]:
     """The ranks whose failure is their own (not a consequence of another's, such as a
     peer's ``Connection closed by peer``), in the order they reported; if every failure
     is such a consequence, the first to report."""
@@ -348,8 +348,8 @@ def _primary_ranks(failures: dict[int, str]) -> list[int]:
 
 
 def first_failed_rank(err: GlooRunError) -> int:
-    """The rank whose own failure started ``err`` (:func:`_primary_ranks`); -1 if none failed."""
-    primary = _primary_ranks(err.failures)
+    """The rank whose own failure started ``err`` (:func:`primary_ranks`); -1 if none failed."""
+    primary = primary_ranks(err.failures)
     return primary[0] if primary else -1
 
 

@@ -52,7 +52,7 @@ from simcluster.usercode.stand_in import StandIn
 from simcluster.usercode.targets import (exec_file, file_path, import_module, is_file_spec, load_target, module_name_for,
                                          split_spec)
 
-__all__ = ["RankLocal", "as_rank_local", "rank_local_state", "parse_isolate", "SHARED_PACKAGES"]
+__all__ = ["RankLocal", "as_rank_local", "rank_local_state", "own_copies", "parse_isolate", "SHARED_PACKAGES"]
 
 SHARED_PACKAGES = frozenset({"torch", "numpy", "simcluster", "hypothesis", "pytest", "_pytest"})
 """Top-level packages never copied per rank (with the standard library)."""
@@ -194,6 +194,21 @@ def rank_local_state(state: Any, *, isolate: Sequence[str] | str | None = ()) ->
     Shared loading (one copy for every rank) is :func:`~simcluster.usercode.targets.load_state`."""
     return StateSpec.parse(state, load=lambda spec: RankLocal(spec, isolate=isolate, what="--state factory"),
                            name=state.spec if isinstance(state, RankLocal) else None)
+
+
+def own_copies(hook: RankLocal, state: StateSpec,
+               modules: dict[str, Any] | None = None) -> tuple[Callable[..., Any], StateSpec]:
+    """The hook and its state as one process imports them: the hook, and a :class:`RankLocal`
+    state factory, from the copies in ``modules`` (default: brand-new ones) — one registry,
+    so a hook and a factory of the same file come from one copy, as in one process. Other
+    states are returned as they are. A simulated rank passes its own registry; a real rank
+    that a persistent gloo process runs job after job passes none, so every job starts from
+    fresh module globals (of the hook's module and the ``isolate`` modules), as a fresh
+    process would."""
+    modules = {} if modules is None else modules
+    if state.kind == "factory" and isinstance(state.factory, RankLocal):
+        state = StateSpec.parse(state.factory.load(modules), name=state.name)
+    return hook.load(modules), state
 
 
 def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: tuple[str, ...],
