@@ -274,7 +274,7 @@ class SimFuture(torch.futures.Future):
         ``add_done_callback`` one (``child`` None) has an exception logged and swallowed."""
         engine = self._engine
         rank = engine.current_rank
-        if rank is not None and engine.running:
+        if name and rank is not None and engine.running:  # name "": simcluster's own, untraced
             where = "inline" if how == "inline" else (engine.where or "completion")
             engine.trace.log((CallbackRan, (rank, self.label, name, where)))
         if child is None:
@@ -403,7 +403,8 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
 
     for fut in items:
         if isinstance(fut, SimFuture):
-            fut.add_done_callback(one_done)
+            # untraced: torch's collect_all counts in C++, no callback of the user's runs
+            fut._register(one_done, "", None)  # noqa: SLF001 - the same module's class
         elif fut.done():
             one_done(fut)
         else:
