@@ -184,3 +184,13 @@ def posts_world_from_group_callbacks(state, bucket):
         return buf.div_(dist.get_world_size())
 
     return fut.then(on_world)
+
+
+def callback_returns_its_future(state, bucket):
+    """A then-callback returning the future it was given, not a tensor (an observability
+    runbook's timing hook, hooks from the wild 2026-12-04): torch does not unwrap it, and
+    DDP's reducer says ``Unable to cast <torch.Future object at 0x…> to Tensor``."""
+    def timed(f):
+        return f
+
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(timed)

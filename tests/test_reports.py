@@ -350,3 +350,18 @@ def test_captured_output_keeps_every_way_of_writing_in_order() -> None:
         assert sys.stdout.encoding == "utf-8"
         print("no newline at the end", end="")
     assert box.text == "one\ntwo\nthree\nvier ü\nno newline at the end"
+
+
+def test_a_future_holding_a_future_is_worded_as_torch_without_an_address(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    # hooks from the wild 2026-12-04: the report said 'Unable to cast <simcluster.fake.futures.SimFuture
+    # object at 0x7f4a633e54f0> to Tensor' (a class the user never wrote, and an address: a
+    # different report every run) and 'resolved to a SimFuture', not which callback made it
+    code, out, data = _check(capsys, tmp_path, "callback_returns_its_future", "--backend", "gloo",
+                             "--world-sizes", "1", "--examples", "3", "--properties", "contract")
+    assert code == 1
+    assert "Unable to cast <torch.Future object at 0x…> to Tensor" in out
+    assert "SimFuture" not in out and "0x7" not in out
+    assert ("the hook's future resolved to a Future: a then-callback (then(callback_returns_its_future.<locals>.timed)"
+            " of all_reduce#0 on WORLD) returned a future") in out
+    assert "SimFuture" not in json.dumps(data)
