@@ -156,3 +156,15 @@ def callback_returns_its_future(state, bucket):
         return f
 
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(timed)
+
+
+def gathers_into_a_flat_output(state, bucket):
+    """all_gather_into_tensor of a (1, n) view into a flat output: gloo refuses it at the
+    call (the output's chunks must be shaped as the input). torch wraps the call in
+    typing_extensions' @deprecated."""
+    buf = bucket.buffer()
+    out = torch.empty(buf.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(out, buf.view(1, -1))
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

@@ -226,6 +226,17 @@ def test_a_future_holding_a_future_fails_alike_and_is_worded_as_torch_words_it(c
     assert result.sim.failure.message == "Unable to cast <torch.Future object at 0x…> to Tensor", result.format()
 
 
+def test_collectives_sized_for_the_world_on_a_one_rank_group_fail_as_on_real_gloo(census) -> None:
+    """The fake raised its own ValueError at the all_to_all_single call ('input_split_sizes=[13,
+    13] do not split 26 rows into 1 parts'); real gloo posts it (it fails at wait()) and raises
+    at the all_gather_into_tensor: e2e said FIDELITY BUG."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:splits_by_world_size", f"{HOOKS}:one_rank_group",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure.message == result.sim.failure.message == (
+        "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (1), got (2))"), result.format()
+
+
 def test_a_hook_real_ddp_refuses_at_registration_fails_before_step_0_on_both_sides(census) -> None:
     """register_comm_hook raises KeyError 'bucket' for ``hook(state, grad)`` before any step
     (wild5: fairscale's FSDP slowmo_hook). The real side's report said "rank 0 raised at

@@ -506,3 +506,41 @@ def test_all_to_all_single_without_splits_cuts_bytes_on_gloo() -> None:
     sizes = _a2a_outcome(2, "gloo", lambda r: (torch.empty(6), torch.arange(4.0), [], []))
     assert sizes == [("wait", "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/"
                                "alltoall.cc:30] in->size == out->size. ")] * 2
+
+
+@pytest.mark.parametrize("make, message", [
+    # measured on real gloo, 2 ranks (docs/gloo-facts.md §8): raised at the call, as a RuntimeError
+    (lambda: dist.all_gather_into_tensor(torch.empty(12), torch.ones(2, 3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (2, 3), got (6))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(2, 6), torch.ones(2, 3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (2, 3), got (1, 6))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(5), torch.ones(3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (3), got (2))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(1), torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length 2, got 1)"),
+    (lambda: dist.all_gather([torch.empty(1)] * 3, torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length 2, got 3)"),
+    (lambda: dist.all_gather([torch.empty(1, 1), torch.empty(1, 1)], torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (1), got (1, 1))"),
+])
+def test_gloo_all_gathers_refuse_outputs_that_do_not_fit_with_gloos_words(make: Any, message: str) -> None:
+    # The fake raised its own ValueError ('output has 2 elements, expected input.numel() *
+    # world_size = 1'), and accepted a (2, 6) output for a (2, 3) input, which gloo refuses.
+    def rank_fn(rank: int) -> str:
+        try:
+            make()
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    assert SimCluster(2, backend="gloo").run(rank_fn).values == [message, message]
+
+
+def test_gloo_all_gather_into_tensor_takes_a_stacked_output() -> None:
+    def rank_fn(rank: int) -> torch.Tensor:
+        out = torch.empty(4, 3)
+        dist.all_gather_into_tensor(out, torch.full((2, 3), float(rank)))
+        return out
+
+    for out in SimCluster(2, backend="gloo").run(rank_fn).values:
+        assert out.tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2

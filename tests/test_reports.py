@@ -365,3 +365,17 @@ def test_a_future_holding_a_future_is_worded_as_torch_without_an_address(capsys:
     assert ("the hook's future resolved to a Future: a then-callback (then(callback_returns_its_future.<locals>.timed)"
             " of all_reduce#0 on WORLD) returned a future") in out
     assert "SimFuture" not in json.dumps(data)
+
+
+def test_the_at_lines_skip_torchs_deprecation_wrapper(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # ColossalAI's fp8 hook (hooks from the wild 2026-12-04): the report's last 'at' line was
+    # '.../site-packages/typing_extensions.py:3140 in wrapper: return arg(*args, **kwargs)',
+    # the wrapper torch 2.13 puts around dist.all_gather_into_tensor — not the user's code
+    code, out, data = _check(capsys, tmp_path, "gathers_into_a_flat_output", "--backend", "gloo",
+                             "--world-sizes", "2", "--examples", "3", "--properties", "contract,liveness")
+    assert code == 1
+    assert "ProcessGroupGloo::allgather: invalid tensor size at index 0" in out
+    at_lines = [line for line in out.splitlines() if line.startswith("  at ")]
+    assert at_lines and all("typing_extensions" not in line for line in at_lines), at_lines
+    assert at_lines[-1].endswith(f"report_hooks.py:{_line('dist.all_gather_into_tensor(out, buf.view(1, -1))')} "
+                                 "in gathers_into_a_flat_output: dist.all_gather_into_tensor(out, buf.view(1, -1))")

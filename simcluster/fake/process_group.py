@@ -407,6 +407,8 @@ class SimProcessGroup(dist.ProcessGroup):
         (t,) = inputs
         outs = outputs[0]
         self._check_tensors("all_gather", outs)
+        if self._runtime.backend.name == "gloo":
+            _raise_gloo_gather_error(outs, t, self.size())
         self._list_len("all_gather", "tensor_list", outs)
         for o in outs:
             if o.numel() != t.numel() or o.dtype != t.dtype:
@@ -432,6 +434,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         self._check_tensors("all_gather_into_tensor", [output, input])
+        if self._runtime.backend.name == "gloo":
+            _raise_gloo_gather_error(list(output.chunk(self.size())), input, self.size())
         if output.numel() != input.numel() * self.size():
             raise ValueError(
                 f"all_gather_into_tensor on rank {self.global_rank}: output has {output.numel()} elements, "
@@ -653,6 +657,26 @@ def _rejected(error: str, frames: list[Frame], trace: Trace) -> Callable[[dict[i
 
 def _reduce_op(opts: Any) -> Any:
     return getattr(opts, "reduceOp", dist.ReduceOp.SUM) if opts is not None else dist.ReduceOp.SUM
+
+
+def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size: int) -> None:
+    """Raise what gloo's allgather raises at the call when the outputs do not fit ``t``
+    (measured on torch 2.13, docs/gloo-facts.md §8): ``all_gather``'s list, or
+    ``all_gather_into_tensor``'s output cut as ``output.chunk(W)`` — one output per rank,
+    each shaped exactly as the input (a flat output of the right size for a 2-D input is
+    refused; one ``(W·d0, …)`` is not)."""
+    if len(outs) != size:
+        raise BackendError(f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
+                           f"(expected length {size}, got {len(outs)})")
+    for i, o in enumerate(outs):
+        if o.shape != t.shape:
+            raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
+                               f"(expected {_sizes(t)}, got {_sizes(o)})")
+
+
+def _sizes(t: torch.Tensor) -> str:
+    """A shape as c10 prints it in gloo's messages: ``(2, 3)``, ``(4)``."""
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
 
 
 ALLTOALL_SPLITS = "Number of tensor splits not equal to group size"
