@@ -12,21 +12,38 @@ Three names, for three readers:
   directory: a file under it is named by its relative path (``tests/test_x.py:hook``),
   anything else by :func:`target_spec`.
 
+And :func:`without_addresses`, for text that quotes an object as Python's default
+``repr`` does (``<torch.Future object at 0x7f2e…>``, in torch's own error messages): the
+address masked, so such a message is the same from run to run and process to process.
+
 >>> import os.path
 >>> callable_name(os.path.join), target_spec(os.path.join)
 ('join', 'posixpath:join')
 >>> target_spec(lambda: 0) is None
 True
+>>> without_addresses("Unable to cast <torch.Future object at 0x7f2ef87c5430> to Tensor")
+'Unable to cast <torch.Future object at 0x…> to Tensor'
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import re
 import sys
 from typing import Any
 
-__all__ = ["callable_name", "target_spec", "loadable_spec"]
+__all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "MASKED_ADDRESS"]
+
+MASKED_ADDRESS = "0x…"
+"""What stands for a memory address in a default ``repr``."""
+
+_ADDRESS = re.compile(r"(?<= object at )0x[0-9a-fA-F]+(?=>)")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with every default-``repr`` address (``<… object at 0x…>``) masked."""
+    return _ADDRESS.sub(MASKED_ADDRESS, text)
 
 
 def callable_name(obj: Any) -> str:

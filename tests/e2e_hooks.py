@@ -226,3 +226,34 @@ def fails_on_real_ranks(state, bucket):
     if os.environ.get("SIMCLUSTER_E2E") == "real":
         raise RuntimeError("a real rank")
     return _mean(bucket)
+
+
+def callback_returns_its_future(state, bucket):
+    """A then-callback returning the future it was given, not a tensor (an observability
+    runbook's timing hook, hooks from the wild 2026-12-04): torch does not unwrap it, and
+    DDP's reducer says ``Unable to cast <torch.Future object at 0x…> to Tensor``."""
+    def timed(f):
+        return f
+
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(timed)
+
+
+def one_rank_group(process_group):
+    """Each rank's one-rank group (every rank makes all of them, in the same order)."""
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    return groups[dist.get_rank()]
+
+
+def splits_by_world_size(state, bucket):
+    """Counts all_to_all_single's splits and sizes an all_gather_into_tensor's output with
+    WORLD's size on ``state``, a one-rank group (ColossalAI's fp8 hook, hooks from the wild
+    2026-12-04): real gloo posts the all_to_all and fails it at wait() only; the all_gather
+    raises at the call, in gloo's words."""
+    buf, world = bucket.buffer(), dist.get_world_size()
+    n = buf.numel()
+    dist.all_to_all_single(torch.empty(n * world), buf.repeat(world), [n] * world, [n] * world,
+                           group=state, async_op=True)
+    dist.all_gather_into_tensor(torch.empty(world), torch.ones(1), group=state, async_op=True)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

@@ -45,3 +45,14 @@ def callback_broadcast_hook(process_group: dist.ProcessGroup | None,
 def no_callback_collective_hook(process_group: dist.ProcessGroup | None,
                                 bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     return _skip_nonfinite_mean(process_group, bucket, sync_in_callback=False)
+
+
+def one_rank_refused_racy_hook(process_group: dist.ProcessGroup | None,
+                               bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`callback_broadcast_hook` that also raises on a one-rank group — a second bug,
+    which the drawn search finds at once (as a flex-quantisation hook from the wild failed
+    *contract* at world 1, hooks.md 2026-12-04)."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    if group.size() == 1:
+        raise ValueError("needs two ranks or more")
+    return _skip_nonfinite_mean(process_group, bucket, sync_in_callback=True)

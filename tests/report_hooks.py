@@ -212,3 +212,24 @@ def forgets_one_of_its_futures(state, bucket):
     fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
     fut.then(lambda f: done.set_result(f.value()[0]))
     return lost if dist.get_rank() == 1 else done
+
+
+def callback_returns_its_future(state, bucket):
+    """Its then-callback returns the future it got (a timing hook from the wild): torch
+    does not unwrap it; DDP cannot cast a Future to a Tensor."""
+    def timed(f):
+        return f
+
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(timed)
+
+
+def gathers_into_a_flat_output(state, bucket):
+    """all_gather_into_tensor of a (1, n) view into a flat output: gloo refuses it at the
+    call (the output's chunks must be shaped as the input). torch wraps the call in
+    typing_extensions' @deprecated."""
+    buf = bucket.buffer()
+    out = torch.empty(buf.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(out, buf.view(1, -1))
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

@@ -255,6 +255,19 @@ def test_default_settings_catch_a_collective_posted_from_a_then_callback() -> No
         failure.property, failure.message, failure.schedule)
 
 
+def test_the_race_example_reports_its_bug_when_the_draw_found_another() -> None:
+    """Explicit examples ran only when every drawn example passed: a hook failing at world 1
+    in the draw (easily found) had its callbacks' race — which real gloo meets — unreported
+    (hooks from the wild 2026-12-04: flex_quant_hook, contract at world 1, deadlock at 2).
+    Now both are reported; a bug the draw found is not reported twice."""
+    report = check_hook(f"{RACE_HOOKS}:one_rank_refused_racy_hook", backends=("gloo",), world_sizes=(1, 2, 3))
+    props = sorted((f.property, f.world_size) for f in report.failures)
+    assert ("liveness", 1) in props, report.format()  # the ValueError, from the draw
+    race = [f for f in report.failures if "CollectiveMismatchError" in f.message]
+    assert len(race) == 1 and race[0].world_size == 2, report.format()
+    assert len(report.failures) == len({(f.property, f.message.splitlines()[0]) for f in report.failures})
+
+
 def test_the_same_hook_without_the_callback_collective_passes_the_defaults() -> None:
     report = check_hook(f"{RACE_HOOKS}:no_callback_collective_hook")
     assert report.passed, report.format()

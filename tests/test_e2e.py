@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -316,6 +317,28 @@ def test_a_failed_future_reaches_the_reducer_as_on_real_gloo(census, hook: str, 
     assert result.agree and result.hook_failed, result.format()
     assert result.real.failure.message == result.sim.failure.message == message, result.format()
     assert result.real.failure.error_type == result.sim.failure.error_type == "RuntimeError"
+
+
+def test_a_future_holding_a_future_fails_alike_and_is_worded_as_torch_words_it(census) -> None:
+    """Real DDP: ``Unable to cast <torch.Future object at 0x7f…> to Tensor``. The simulation
+    said ``<simcluster.fake.futures.SimFuture object at 0x7f…>`` — a class the user never
+    wrote, and an address in a report — and e2e called the two a fidelity bug."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:callback_returns_its_future", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert re.fullmatch(r"Unable to cast <torch\.Future object at 0x[0-9a-f]+> to Tensor", result.real.failure.message)
+    assert result.sim.failure.message == "Unable to cast <torch.Future object at 0x…> to Tensor", result.format()
+
+
+def test_collectives_sized_for_the_world_on_a_one_rank_group_fail_as_on_real_gloo(census) -> None:
+    """The fake raised its own ValueError at the all_to_all_single call ('input_split_sizes=[13,
+    13] do not split 26 rows into 1 parts'); real gloo posts it (it fails at wait()) and raises
+    at the all_gather_into_tensor: e2e said FIDELITY BUG."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:splits_by_world_size", f"{HOOKS}:one_rank_group",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure.message == result.sim.failure.message == (
+        "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (1), got (2))"), result.format()
 
 
 def test_a_hook_real_ddp_refuses_at_registration_fails_before_step_0_on_both_sides(census) -> None:

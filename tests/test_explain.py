@@ -484,3 +484,35 @@ def test_explain_isolate_refuses_what_check_isolate_refuses_in_the_same_words(
     code, out, err = run(["explain", TORCH_FP16, "--isolate", value], capsys)
     assert code == check_code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and err == check_err and f"--isolate {value!r}" in err
+
+
+COLLECT_ALL_HOOK = """
+import torch
+import torch.distributed as dist
+
+
+def collecting_hook(state, bucket):
+    buf = bucket.buffer()
+    a = dist.all_reduce(buf, async_op=True).get_future()
+    b = dist.all_reduce(torch.ones(1), async_op=True).get_future()
+
+    def average(fut):
+        total, count = fut.value()[0].value()[0], fut.value()[1].value()[0]
+        return total / count
+
+    return torch.futures.collect_all([a, b]).then(average)
+"""
+
+
+def test_the_trace_names_only_the_hooks_own_callbacks_around_collect_all(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # ColossalAI's fp8 hook (hooks from the wild, 2026-12-04) chains then() on collect_all:
+    # the trace listed 'callback collect_all.<locals>.one_done of all_to_all_single#0 …', a
+    # function of simcluster's (torch's collect_all counts its inputs in C++).
+    path = tmp_path / "collecting.py"
+    path.write_text(COLLECT_ALL_HOOK)
+    code, out, _ = run(["explain", f"{path}:collecting_hook", "--steps", "1"], capsys)
+    assert code == 0, out
+    trace = out[out.index("3. What happened"):out.index("4. The collectives")]
+    assert "one_done" not in trace and "collect_all.<locals>" not in trace
+    assert "rank 0: callback collecting_hook.<locals>.average of collect_all of 2 futures runs" in trace

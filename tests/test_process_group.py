@@ -447,3 +447,100 @@ def test_a_gloo_barrier_called_inside_an_earlier_collectives_callback_deadlocks(
     message = str(info.value)
     assert "barrier() (call #1 on WORLD): on ranks [0, 1] it waits, as gloo's barrier does" in message
     assert "behind 2 busy backend worker threads" not in message
+
+
+def _a2a_outcome(world: int, backend: str, make: Any) -> list[tuple[str, object]]:
+    """Each rank's ``all_to_all_single`` with ``make(rank) -> (out, inp, out_splits,
+    in_splits)``: ``("ok", out)``, or where it raised (``"call"``/``"wait"``) and the error."""
+
+    def rank_fn(rank: int) -> tuple[str, object]:
+        out, inp, out_splits, in_splits = make(rank)
+        try:
+            work = dist.all_to_all_single(out, inp, out_splits, in_splits, async_op=True)
+        except RuntimeError as exc:
+            return "call", f"RuntimeError: {exc}"  # the real backend's type (simcluster's BackendError is one)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            return "wait", f"RuntimeError: {exc}"
+        return "ok", out
+
+    return SimCluster(world, backend=backend).run(rank_fn).values
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_all_to_all_single_split_sizes_not_fitting_fail_at_wait_on_gloo_with_torchs_words(world: int) -> None:
+    # Measured (benchmarks/measure_alltoall.py, docs/gloo-facts.md §8): real gloo posts the
+    # call and its work fails at wait() with c10d's checkSplitSizes message, input first —
+    # also at world 1 (two sizes for a one-rank group). The fake raised its own ValueError
+    # at the call.
+    count = _a2a_outcome(world, "gloo", lambda r: (torch.empty(2 * world), torch.arange(2.0 * world),
+                                                     [1] * (world + 1), [1] * (world + 1)))
+    assert count == [("wait", "RuntimeError: Number of tensor splits not equal to group size")] * world
+    total = _a2a_outcome(world, "gloo", lambda r: (torch.empty(world), torch.arange(float(world)),
+                                                     [1] * world, [2] * world))
+    assert total == [("wait", "RuntimeError: Split sizes doesn't match total dim 0 size")] * world
+
+
+def test_all_to_all_single_split_count_raises_at_the_call_on_nccl() -> None:
+    # NCCL's alltoall_base runs checkSplitSizes before enqueueing (read, not run).
+    got = _a2a_outcome(1, "nccl", lambda r: (torch.empty(2), torch.arange(2.0), [1, 1], [1, 1]))
+    assert got == [("call", "RuntimeError: Number of tensor splits not equal to group size")]
+
+
+def test_all_to_all_single_without_splits_cuts_bytes_on_gloo() -> None:
+    # Measured on real gloo, 2 ranks, inputs arange(5) + 10 * rank (float32): each rank
+    # gets 10 bytes — two and a half floats — from each; these are real gloo's outputs.
+    got = _a2a_outcome(2, "gloo", lambda r: (torch.full((5,), 99.0), torch.arange(5.0) + 10 * r, [], []))
+    assert [kind for kind, _ in got] == ["ok", "ok"]
+    assert got[0][1].tolist() == [0.0, 1.0, 0.0, 2.336244799722335e-41, 2.3384868772652547e-41]
+    assert got[1][1].tolist() == [2.2958874039497803e-41, 2.304855714121459e-41, 12.0157470703125, 13.0, 14.0]
+    rows = _a2a_outcome(2, "gloo", lambda r: (torch.full((3, 2), 99.0), torch.arange(6.0).reshape(3, 2) + 10 * r,
+                                              [], []))
+    assert rows[0][1].flatten().tolist() == [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
+    assert rows[1][1].flatten().tolist() == [3.0, 4.0, 5.0, 13.0, 14.0, 15.0]
+    uneven = _a2a_outcome(2, "gloo", lambda r: (torch.empty(5, dtype=torch.uint8),
+                                                torch.arange(5, dtype=torch.uint8), [], []))
+    assert uneven == [("wait", "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/"
+                                "alltoall.cc:29] in->size % context->size == 0. ")] * 2
+    sizes = _a2a_outcome(2, "gloo", lambda r: (torch.empty(6), torch.arange(4.0), [], []))
+    assert sizes == [("wait", "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/"
+                               "alltoall.cc:30] in->size == out->size. ")] * 2
+
+
+@pytest.mark.parametrize("make, message", [
+    # measured on real gloo, 2 ranks (docs/gloo-facts.md §8): raised at the call, as a RuntimeError
+    (lambda: dist.all_gather_into_tensor(torch.empty(12), torch.ones(2, 3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (2, 3), got (6))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(2, 6), torch.ones(2, 3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (2, 3), got (1, 6))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(5), torch.ones(3), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (3), got (2))"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(1), torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length 2, got 1)"),
+    (lambda: dist.all_gather([torch.empty(1)] * 3, torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length 2, got 3)"),
+    (lambda: dist.all_gather([torch.empty(1, 1), torch.empty(1, 1)], torch.ones(1), async_op=True),
+     "ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (1), got (1, 1))"),
+])
+def test_gloo_all_gathers_refuse_outputs_that_do_not_fit_with_gloos_words(make: Any, message: str) -> None:
+    # The fake raised its own ValueError ('output has 2 elements, expected input.numel() *
+    # world_size = 1'), and accepted a (2, 6) output for a (2, 3) input, which gloo refuses.
+    def rank_fn(rank: int) -> str:
+        try:
+            make()
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    assert SimCluster(2, backend="gloo").run(rank_fn).values == [message, message]
+
+
+def test_gloo_all_gather_into_tensor_takes_a_stacked_output() -> None:
+    def rank_fn(rank: int) -> torch.Tensor:
+        out = torch.empty(4, 3)
+        dist.all_gather_into_tensor(out, torch.full((2, 3), float(rank)))
+        return out
+
+    for out in SimCluster(2, backend="gloo").run(rank_fn).values:
+        assert out.tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2

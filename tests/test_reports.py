@@ -480,3 +480,32 @@ def test_a_future_the_hook_made_is_named_by_its_rank_s_count_and_line(capsys: py
     assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on torch.futures.Future() #1 made by rank 1 at "
             f"{HOOKS}:{line}, which never completes") in out
     assert data["failures"][0]["message"] == again["failures"][0]["message"]
+
+
+def test_a_future_holding_a_future_is_worded_as_torch_without_an_address(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    # hooks from the wild 2026-12-04: the report said 'Unable to cast <simcluster.fake.futures.SimFuture
+    # object at 0x7f4a633e54f0> to Tensor' (a class the user never wrote, and an address: a
+    # different report every run) and 'resolved to a SimFuture', not which callback made it
+    code, out, data = _check(capsys, tmp_path, "callback_returns_its_future", "--backend", "gloo",
+                             "--world-sizes", "1", "--examples", "3", "--properties", "contract")
+    assert code == 1
+    assert "Unable to cast <torch.Future object at 0x…> to Tensor" in out
+    assert "SimFuture" not in out and "0x7" not in out
+    assert ("the hook's future resolved to a Future: a then-callback (then(callback_returns_its_future.<locals>.timed)"
+            " of all_reduce#0 on WORLD) returned a future") in out
+    assert "SimFuture" not in json.dumps(data)
+
+
+def test_the_at_lines_skip_torchs_deprecation_wrapper(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # ColossalAI's fp8 hook (hooks from the wild 2026-12-04): the report's last 'at' line was
+    # '.../site-packages/typing_extensions.py:3140 in wrapper: return arg(*args, **kwargs)',
+    # the wrapper torch 2.13 puts around dist.all_gather_into_tensor — not the user's code
+    code, out, data = _check(capsys, tmp_path, "gathers_into_a_flat_output", "--backend", "gloo",
+                             "--world-sizes", "2", "--examples", "3", "--properties", "contract,liveness")
+    assert code == 1
+    assert "ProcessGroupGloo::allgather: invalid tensor size at index 0" in out
+    at_lines = [line for line in out.splitlines() if line.startswith("  at ")]
+    assert at_lines and all("typing_extensions" not in line for line in at_lines), at_lines
+    assert at_lines[-1].endswith(f"report_hooks.py:{_line('dist.all_gather_into_tensor(out, buf.view(1, -1))')} "
+                                 "in gathers_into_a_flat_output: dist.all_gather_into_tensor(out, buf.view(1, -1))")

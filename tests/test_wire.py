@@ -117,3 +117,16 @@ def test_alpha_beta_time_and_network_option() -> None:
     for bad in ("fast", "1,0", "1,2,3", "-1,5"):
         with pytest.raises(UsageError):
             parse_network(bad)
+
+
+def test_a_collectives_ranks_are_told_in_rank_order_whoever_posted_first() -> None:
+    # THC's hook (hooks from the wild, 2026-12-04): rank 1 posted its bf16 all_reduce before
+    # rank 0, and explain said 'ranks [1, 0] … rank 1: 128 B, rank 0: 128 B'
+    from simcluster.engine.trace import Posted
+
+    events = [Posted(1, "all_reduce", "WORLD", 2, 0, "bfloat16", (64,), 128, "SUM"),
+              Posted(0, "all_reduce", "WORLD", 2, 0, "bfloat16", (64,), 128, "SUM")]
+    (row,) = wire_rows(events, "gloo", PRESETS["ethernet25"])
+    assert row.ranks == (0, 1)
+    assert row.sent == (bytes_sent("all_reduce", 128, 2, position=0, elsize=2, backend="gloo"),
+                        bytes_sent("all_reduce", 128, 2, position=1, elsize=2, backend="gloo"))

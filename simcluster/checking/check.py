@@ -16,7 +16,7 @@ and the report lists every one (at most :data:`MAX_BUGS` per backend), each with
 
 The concerns around the search each have their module: :mod:`~simcluster.checking.options`
 (validating ``check_hook``'s arguments, choosing the properties),
-:mod:`~simcluster.checking.explicit` (the examples every search tries after its drawn ones pass),
+:mod:`~simcluster.checking.explicit` (the examples every search tries after its drawn ones),
 :mod:`~simcluster.checking.judge` (one example, the oracles' order, what a hook's
 exception counts as), :mod:`~simcluster.checking.replay` (the ``sc1.`` replay token),
 :mod:`~simcluster.checking.render` (a failure as a report entry and a replay command),
@@ -189,14 +189,16 @@ def _replay(opts: Options, token: str, report: CheckReport, supervise: bool) -> 
 
 def _search(opts: Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
             examples: int, seed: int | None, database: Any, supervise: bool) -> None:
-    """One backend's search: Hypothesis' drawn examples, then (if they all pass) the explicit ones."""
+    """One backend's search: Hypothesis' drawn examples, then the explicit ones — whose
+    failure is reported when it is a bug the drawn examples did not find (another distinct
+    key: a flex-quantisation hook from the wild failed *contract* at world 1 in the draw,
+    and its callbacks' deadlock at world 2, which real gloo met, went unreported)."""
     def backend_job(monitor: Monitor) -> CheckReport:
         part = _partial(opts, monitor)
         with _warnings_once_per_place(part.report):
-            _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
-            if not part.report.failures:
-                for explicit in explicit_examples(opts, world_sizes, steps):
-                    _run_one(part.opts, explicit, backend, part.report, steps)
+            seen = _run_hypothesis(part.opts, backend, part.report, world_sizes, steps, examples, seed, database)
+            for explicit in explicit_examples(opts, world_sizes, steps):
+                _run_one(part.opts, explicit, backend, part.report, steps, seen=seen)
         return part.report
 
     _supervised(backend_job, opts, backend, report, steps, opts.deadline, supervise)
@@ -284,14 +286,20 @@ def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
 
 
 def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int, *,
-             capture: bool = True) -> None:
+             capture: bool = True, seen: set[tuple[str, str, str]] | None = None) -> None:
     """Run one example; a violation becomes a report entry (with what the hook printed, when
-    ``capture``: a replay runs uncaptured and its prints show as they happen)."""
+    ``capture``: a replay runs uncaptured and its prints show as they happen). With
+    ``seen`` (the distinct bugs reported so far), only a new one, within :data:`MAX_BUGS`."""
     report.examples += 1
     try:
         with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed:
             run_example(opts, example, backend)
     except Violation as v:
+        if seen is not None:
+            key = _bug_key(v)[1:]
+            if key in seen or len(seen) >= MAX_BUGS:
+                return
+            seen.add(key)
         if printed is not None:
             v.info["output"] = printed.text
         report.failures.append(_failure(opts, v, steps))
@@ -373,7 +381,8 @@ def _is_final_run() -> bool:
 
 
 def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
-                    examples: int, seed: int | None, database: Any) -> None:
+                    examples: int, seed: int | None, database: Any) -> set[tuple[str, str, str]]:
+    """Hypothesis' search; the distinct bugs it reported (keys of :func:`_bug_key`)."""
     count = [0]
     strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps, subgroups=opts.subgroups,
                                 params=opts.params, bucket_view=opts.bucket_view,
@@ -394,13 +403,16 @@ def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_size
         found = _violations(exc)
         if not found:
             raise
-        _report_bugs(opts, backend, report, found, steps)
+        return _report_bugs(opts, backend, report, found, steps)
     finally:
         report.examples += count[0]
+    return set()
 
 
-def _report_bugs(opts: Options, backend: str, report: CheckReport, found: list[Violation], steps: int) -> None:
-    """The first :data:`MAX_BUGS` distinct bugs, in checking order, with a note if there were more."""
+def _report_bugs(opts: Options, backend: str, report: CheckReport, found: list[Violation],
+                 steps: int) -> set[tuple[str, str, str]]:
+    """The first :data:`MAX_BUGS` distinct bugs, in checking order, with a note if there were
+    more; their keys."""
     seen: set[tuple[str, str, str]] = set()
     for v in sorted(found, key=_bug_key):
         key = _bug_key(v)[1:]
@@ -409,6 +421,7 @@ def _report_bugs(opts: Options, backend: str, report: CheckReport, found: list[V
             report.failures.append(_failure(opts, v, steps))
     if len({_bug_key(v)[1:] for v in found}) > MAX_BUGS:
         report.notes.append(f"{backend}: more than {MAX_BUGS} distinct failures; the first {MAX_BUGS} are shown")
+    return seen
 
 
 class _FrozenClock:

@@ -1,4 +1,4 @@
-"""Explicit examples: known-dangerous inputs every check tries after its drawn examples pass.
+"""Explicit examples: known-dangerous inputs every check tries after its drawn examples.
 
 Hypothesis draws examples at random, and some bugs need a combination that a 50-example
 search reaches only now and then. Two such combinations are tried explicitly, the same
@@ -21,7 +21,8 @@ so for every seed:
   (docs/properties.md, "Explicit examples").
 
 Both are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
-on one is reported, shrunk by nothing, with its replay token like any other.
+on one is reported, shrunk by nothing, with its replay token like any other — unless the
+drawn search already reported that bug (same property, exception type and user line).
 """
 
 from __future__ import annotations

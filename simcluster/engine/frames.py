@@ -39,7 +39,7 @@ def is_simcluster_code(filename: str) -> bool:
 
 
 def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(package folders that are never user code, the stdlib folders)."""
+    """(package folders and single files that are never user code, the stdlib folders)."""
     import torch
 
     import simcluster
@@ -50,8 +50,12 @@ def _roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             packages.append(os.path.dirname(os.path.abspath(module.__file__)))
+    # single-file modules torch calls through on the hook's behalf: typing_extensions'
+    # @deprecated wrapper sits between a hook and dist.all_gather_into_tensor (torch 2.13)
+    files = [os.path.abspath(m.__file__) for name in ("typing_extensions",)
+             if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None)]
     stdlib = {os.path.abspath(p) for key in ("stdlib", "platstdlib") if (p := sysconfig.get_paths().get(key))}
-    return tuple(p + os.sep for p in packages), tuple(p + os.sep for p in sorted(stdlib))
+    return tuple(p + os.sep for p in packages) + tuple(files), tuple(p + os.sep for p in sorted(stdlib))
 
 
 _ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -61,7 +65,8 @@ _TORCH_HOOKS = (os.sep + os.path.join("algorithms", "ddp_comm_hooks") + os.sep,
 
 def is_internal(filename: str) -> bool:
     """Whether ``filename`` belongs to simcluster (but not the hooks it ships), torch (but not
-    torch's DDP communication hooks), Python's stdlib, the test runner or a console script.
+    torch's DDP communication hooks), Python's stdlib, the test runner, a console script or
+    ``typing_extensions`` (whose ``@deprecated`` wrapper torch puts around some collectives).
     The hooks are the code under test: their lines are what a report points at."""
     global _ROOTS
     if _ROOTS is None:

@@ -87,6 +87,10 @@ class BackendModel:
     earlier on the group has finished, its ``then`` callbacks included (gloo, measured:
     docs/gloo-facts.md §8); False: no such wait is modelled (NCCL: a group's collectives
     complete in issue order anyway)."""
+    alltoall_bytes: bool
+    """True: ``all_to_all_single`` without split sizes cuts the flat *bytes* in equal parts
+    and enforces its sizes at ``wait()`` (gloo's own ``alltoall``, measured:
+    docs/gloo-facts.md §8); False: dim 0's rows (NCCL)."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -123,6 +127,7 @@ GLOO = BackendModel(
     per_rank_delivery=True,
     completion_grad_mode=True,
     barrier_after_prior_work=True,
+    alltoall_bytes=True,
 )
 
 NCCL = BackendModel(
@@ -135,6 +140,7 @@ NCCL = BackendModel(
     per_rank_delivery=False,
     completion_grad_mode=None,
     barrier_after_prior_work=False,
+    alltoall_bytes=False,
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

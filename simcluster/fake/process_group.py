@@ -407,6 +407,8 @@ class SimProcessGroup(dist.ProcessGroup):
         (t,) = inputs
         outs = outputs[0]
         self._check_tensors("all_gather", outs)
+        if self._runtime.backend.name == "gloo":
+            _raise_gloo_gather_error(outs, t, self.size())
         self._list_len("all_gather", "tensor_list", outs)
         for o in outs:
             if o.numel() != t.numel() or o.dtype != t.dtype:
@@ -432,6 +434,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         self._check_tensors("all_gather_into_tensor", [output, input])
+        if self._runtime.backend.name == "gloo":
+            _raise_gloo_gather_error(list(output.chunk(self.size())), input, self.size())
         if output.numel() != input.numel() * self.size():
             raise ValueError(
                 f"all_gather_into_tensor on rank {self.global_rank}: output has {output.numel()} elements, "
@@ -539,8 +543,8 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         self._check_tensors("all_to_all_single", [output, input])
         size = self.size()
-        ins = _split(input, input_split_sizes, size, "input", self.global_rank)
-        outs = _split(output, output_split_sizes, size, "output", self.global_rank)
+        error, ins, outs = _alltoall_parts(self._runtime.backend.alltoall_bytes, output, input,
+                                           output_split_sizes, input_split_sizes, size)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
@@ -558,7 +562,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = ([out_full], None)
             return results
 
-        return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins))
+        return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins), error=error)
 
     alltoall_base = all_to_all_single
 
@@ -655,12 +659,73 @@ def _reduce_op(opts: Any) -> Any:
     return getattr(opts, "reduceOp", dist.ReduceOp.SUM) if opts is not None else dist.ReduceOp.SUM
 
 
-def _split(t: torch.Tensor, sizes: list[int], parts: int, what: str, rank: int) -> list[torch.Tensor]:
-    if not sizes:
-        if t.shape[0] % parts:
-            raise ValueError(f"all_to_all_single on rank {rank}: {what} dim 0 ({t.shape[0]}) not divisible by {parts}")
-        return list(t.split(t.shape[0] // parts))
-    if len(sizes) != parts or sum(sizes) != t.shape[0]:
-        raise ValueError(f"all_to_all_single on rank {rank}: {what}_split_sizes={sizes} do not split {t.shape[0]} rows "
-                         f"into {parts} parts")
-    return list(t.split(sizes))
+def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size: int) -> None:
+    """Raise what gloo's allgather raises at the call when the outputs do not fit ``t``
+    (measured on torch 2.13, docs/gloo-facts.md §8): ``all_gather``'s list, or
+    ``all_gather_into_tensor``'s output cut as ``output.chunk(W)`` — one output per rank,
+    each shaped exactly as the input (a flat output of the right size for a 2-D input is
+    refused; one ``(W·d0, …)`` is not)."""
+    if len(outs) != size:
+        raise BackendError(f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
+                           f"(expected length {size}, got {len(outs)})")
+    for i, o in enumerate(outs):
+        if o.shape != t.shape:
+            raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
+                               f"(expected {_sizes(t)}, got {_sizes(o)})")
+
+
+def _sizes(t: torch.Tensor) -> str:
+    """A shape as c10 prints it in gloo's messages: ``(2, 3)``, ``(4)``."""
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
+
+
+ALLTOALL_SPLITS = "Number of tensor splits not equal to group size"
+ALLTOALL_SPLIT_SUM = "Split sizes doesn't match total dim 0 size"
+ALLTOALL_ROWS = "Tensor's dim 0 does not divide equally across group size"
+"""c10d's ``checkSplitSizes`` (torch 2.13, measured on gloo: docs/gloo-facts.md §8)."""
+
+GLOO_ALLTOALL_UNEVEN = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/alltoall.cc:29] "
+                        "in->size % context->size == 0. ")
+GLOO_ALLTOALL_SIZES = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/alltoall.cc:30] "
+                       "in->size == out->size. ")
+"""What gloo's own ``alltoall`` enforces for an ``all_to_all_single`` without split sizes,
+byte for byte as the torch 2.13 wheel words it (measured, docs/gloo-facts.md §8)."""
+
+
+def _alltoall_parts(
+    as_bytes: bool, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+    input_split_sizes: list[int], size: int,
+) -> tuple[str | None, list[torch.Tensor], list[torch.Tensor]]:
+    """``(error, input parts, output parts)`` of an ``all_to_all_single`` on a group of
+    ``size`` ranks, part ``i`` going to (coming from) group rank ``i``; ``error`` is what
+    the backend raises instead (``None``: it runs).
+
+    With split sizes (either side), both backends run c10d's ``checkSplitSizes`` on the
+    input, then the output: a side without sizes must split its dim 0 evenly. Without any,
+    gloo (``as_bytes``) runs its own ``alltoall`` on the *bytes*: it enforces ``in->size %
+    W == 0`` and ``in->size == out->size`` and cuts the flat bytes in ``W`` equal parts —
+    rows that do not split evenly are cut mid-row, and a float32[5] on two ranks sends
+    10 bytes each: two and a half floats (measured). NCCL splits dim 0 (read from its
+    code, not run)."""
+    if as_bytes and not output_split_sizes and not input_split_sizes:
+        in_bytes = input.numel() * input.element_size()
+        if in_bytes % size:
+            return GLOO_ALLTOALL_UNEVEN, [], []
+        if in_bytes != output.numel() * output.element_size():
+            return GLOO_ALLTOALL_SIZES, [], []
+        if input.is_contiguous() and output.is_contiguous():
+            return None, list(input.reshape(-1).view(torch.uint8).chunk(size)), \
+                list(output.view(-1).view(torch.uint8).chunk(size))
+    parts = []
+    for t, sizes in ((input, input_split_sizes), (output, output_split_sizes)):
+        if not sizes:
+            if t.shape[0] % size:
+                return ALLTOALL_ROWS, [], []
+            parts.append(list(t.split(t.shape[0] // size)))
+        elif len(sizes) != size:
+            return ALLTOALL_SPLITS, [], []
+        elif sum(sizes) != t.shape[0]:
+            return ALLTOALL_SPLIT_SUM, [], []
+        else:
+            parts.append(list(t.split(list(sizes))))
+    return None, parts[0], parts[1]

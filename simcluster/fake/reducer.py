@@ -38,7 +38,7 @@ import torch
 from simcluster.fake.bucket import packing
 from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, in_grad_mode
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
-from simcluster.names import callable_name
+from simcluster.names import callable_name, without_addresses
 
 __all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket", "layout_copy"]
 
@@ -165,13 +165,18 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
             "Expected a proper Tensor but got None (or an undefined Tensor in C++) for argument #0 'self'\n"
             f"  simcluster: {where}: the hook's future resolved to None"
         )
-    hint = ""
+    hint, kind = "", type(value).__name__
     if isinstance(value, (list, tuple)):
         hint = (" — the PyTorch 1.7-1.9 contract ([tensor]); since 1.10 the future must hold the tensor itself "
                 "(a hook written for 1.7-1.9 is checked with --api legacy; Python: DDPConfig(api='legacy'))")
+    elif isinstance(value, torch._C.Future):
+        kind = "Future"
+        made_by = f" ({future.label})" if isinstance(future, SimFuture) and future.label.startswith("then(") else ""
+        hint = (f": a then-callback{made_by} returned a future, and torch does not unwrap it; return its tensor "
+                "(e.g. f.value()[0]) instead")
     raise CopyBackError(
-        f"Unable to cast {value} to Tensor\n  simcluster: {where}: the hook's future resolved to a "
-        f"{type(value).__name__}{hint}"
+        f"Unable to cast {without_addresses(str(value))} to Tensor\n  simcluster: {where}: the hook's future "
+        f"resolved to a {kind}{hint}"
     )
 
 

@@ -198,7 +198,8 @@ def wire_rows(events: Sequence[object], backend: str, network: Network) -> list[
         if isinstance(e, Posted):
             posts.setdefault((e.group, e.seq), []).append(e)
     rows = []
-    for (group, seq), ps in posts.items():
+    for (group, seq), posted in posts.items():
+        ps = sorted(posted, key=lambda p: p.rank)  # told by rank, whichever rank posted first
         first = ps[0]
         ranks = tuple(p.rank for p in ps)
         world = 2 if " p2p " in group else len(ranks)
