@@ -280,6 +280,22 @@ def test_real_ranks_announce_batched_p2p_and_leave_torchs_isend_irecv_alone() ->
     assert events == ["posting batch_isend_irecv"]
 
 
+def test_a_collective_captured_at_import_is_the_one_real_ranks_find_when_they_run(census) -> None:
+    """torch's ``auto_quantize(dist.all_gather, …)`` made at a module's import dispatches on
+    ``func is dist.all_gather`` when called. Real ranks announce collectives through wrappers
+    put in ``torch.distributed``'s place; a module loaded before them (or in an earlier job,
+    under other wrappers) captured another object, and every real rank raised 'The collective
+    op … is not supported yet' — a false FIDELITY BUG. Two jobs on one reused gloo world: the
+    second job's fresh module copy must find the same wrappers as the first's."""
+    from simcluster.real.gloo_runner import GlooCluster
+
+    scenario = Scenario(2, ((3,), (2,)), steps=2)
+    with GlooCluster(2, start_method="forkserver") as cluster:
+        for _ in range(2):
+            result = run_e2e(scenario, f"{HOOKS}:fp16_gather_mean", "none", timeout=120, cluster=cluster)
+            assert result.agree and not result.hook_failed, result.format()
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_quantization_hooks_gloo_index_error_shows_on_both_sides(census, world: int) -> None:
     """gloo's all_gather future holds one tensor per rank at every world size (measured at 1,

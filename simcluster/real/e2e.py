@@ -282,18 +282,19 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     os.environ[REAL_SIDE_ENV] = "real"
     scenario: Scenario = payload["scenario"]
     torch.manual_seed(scenario.seed + rank)
-    # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
-    # persistent gloo process runs job after job, and module globals must start clean each
-    # time, as in the simulation
-    hook, state_spec = own_copies(*per_process(payload["hook"], payload["state"], payload.get("isolate", ())))
     emit = emit or _print_event
-    inputs = scenario.inputs()[rank]
-    model = GradientModel(scenario.shapes, scenario.torch_dtype)
-    if device is not None:
-        model, inputs = model.to(device), [x.to(device) for x in inputs]
-    for i, p in enumerate(model.parameters()):
-        p._simcluster_index = i  # type: ignore[attr-defined] - .to(device) may make new Parameters
     with _announce_collectives(rank, emit):
+        # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
+        # persistent gloo process runs job after job, and module globals must start clean each
+        # time, as in the simulation; loaded while the announcers are in place (what a module
+        # captures from torch.distributed at import is what it finds there when it runs)
+        hook, state_spec = own_copies(*per_process(payload["hook"], payload["state"], payload.get("isolate", ())))
+        inputs = scenario.inputs()[rank]
+        model = GradientModel(scenario.shapes, scenario.torch_dtype)
+        if device is not None:
+            model, inputs = model.to(device), [x.to(device) for x in inputs]
+        for i, p in enumerate(model.parameters()):
+            p._simcluster_index = i  # type: ignore[attr-defined] - .to(device) may make new Parameters
         return _train_rank(rank, scenario, model, inputs, hook, state_spec, group, emit)
 
 
@@ -354,30 +355,49 @@ isend`` — so a wrapper in their place failed every hook using ``P2POp`` on the
 that hangs there is named by its last hook call or earlier collective)."""
 
 
+_ANNOUNCING: list[Any] = [None]
+"""``(rank, emit)`` while a real rank runs under :func:`_announce_collectives`, else None."""
+
+_ANNOUNCERS: dict[str, Any] = {}
+"""The wrapper put in place of each of :data:`ANNOUNCED`, made once per process and reused by
+every job: code that captured one (``q_gather = auto_quantize(dist.all_gather, …)`` at module
+level, ``from torch.distributed import all_gather``) and compares it with ``dist.all_gather``
+later (``func is dist.all_gather``, as torch's ``auto_quantize`` does) finds the same object
+in every job, as in a process that never patched anything."""
+
+
+def _announcer(name: str, original: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        announcing = _ANNOUNCING[0]
+        if announcing is not None:
+            announcing[1](announcing[0], f"posting {name}")
+        return original(*args, **kwargs)
+
+    return functools.wraps(original)(call)
+
+
 @contextlib.contextmanager
 def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterator[None]:
     """While the rank runs: each of :data:`ANNOUNCED`, called through ``torch.distributed``,
     prints an event first (calls torch makes inside them are not announced again).
-    Restored afterwards (rank 0 of a torchrun then simulates in the same process)."""
+    Restored afterwards (rank 0 of a torchrun then simulates in the same process). The
+    rank's own copies of the hook's modules are loaded inside, so what they capture at
+    import time is what ``torch.distributed`` holds while they run."""
     import torch.distributed as dist
 
     saved = {name: getattr(dist, name) for name in ANNOUNCED if hasattr(dist, name)}
-
-    def announced(name: str, original: Any) -> Any:
-        @functools.wraps(original)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            emit(rank, f"posting {name}")
-            return original(*args, **kwargs)
-
-        return call
-
+    for name, original in saved.items():
+        if name not in _ANNOUNCERS:
+            _ANNOUNCERS[name] = (_announcer(name, original), original)
+    _ANNOUNCING[0] = (rank, emit)
     try:
-        for name, original in saved.items():
-            setattr(dist, name, announced(name, original))
+        for name in saved:
+            setattr(dist, name, _ANNOUNCERS[name][0])
         yield
     finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
+        _ANNOUNCING[0] = None
+        for name in saved:
+            setattr(dist, name, _ANNOUNCERS[name][1])
 
 
 # --------------------------------------------------------------------------- real side (gloo processes)
