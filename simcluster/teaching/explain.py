@@ -120,7 +120,8 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
     if isinstance(e, Blocked):
         held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
         where = _where_words(e.context).removesuffix(" (grad mode on)")
-        return f"rank {e.rank}: blocks in wait() on {e.future} ({where}{held})"
+        blocks = "blocks in" if e.future.startswith("the synchronous ") else "blocks in wait() on"
+        return f"rank {e.rank}: {blocks} {e.future} ({where}{held})"
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
                 f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
