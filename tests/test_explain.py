@@ -551,3 +551,31 @@ def test_a_synchronous_collective_is_told_as_the_call_not_as_a_wait_the_hook_nev
     assert all("blocks in the synchronous all_reduce#0 on WORLD (async_op=False" in line and "wait()" not in line
                and "its callbacks" not in line for line in synchronous)
     assert all("blocks in wait() on work of all_reduce#1 on WORLD" in line for line in waited)
+
+
+_REDUCES_P_GRAD = '''
+import torch
+import torch.distributed as dist
+
+
+def hook(state, bucket):
+    for p in bucket.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+'''
+
+
+def test_explain_says_p_grad_is_not_a_view_of_the_buffer_when_a_hook_reduces_p_grad(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Modulus SFNO's reduction_comm_hook (hooks from the wild, round 7) all_reduces the p.grad of
+    bucket.parameters() and returns bucket.buffer(): without gradient_as_bucket_view every rank
+    keeps its own gradient (real DDP too, e2e bitwise). Explain said only that p.grad 'holds the
+    same local gradient' — not that it is a tensor of its own, which is why the reduction is lost."""
+    path = tmp_path / "p_grad_hook.py"
+    path.write_text(_REDUCES_P_GRAD)
+    code, out, _ = run(["explain", f"{path}:hook", "--world-size", "2", "--steps", "1", "--params", "3"], capsys)
+    assert code == 0 and "replicas agree bitwise: NO" in out
+    assert "p.grad of each of them holds the same local gradient, in a tensor of its own" in out
+    assert "not a view of the buffer, so a collective on p.grad leaves the buffer local" in out
