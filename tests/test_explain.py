@@ -516,3 +516,66 @@ def test_the_trace_names_only_the_hooks_own_callbacks_around_collect_all(
     trace = out[out.index("3. What happened"):out.index("4. The collectives")]
     assert "one_done" not in trace and "collect_all.<locals>" not in trace
     assert "rank 0: callback collecting_hook.<locals>.average of collect_all of 2 futures runs" in trace
+
+
+_SYNC_AND_WAITED = '''
+import torch
+import torch.distributed as dist
+
+
+def hook(process_group, bucket):
+    scale = bucket.buffer().abs().max()
+    dist.all_reduce(scale, op=dist.ReduceOp.MAX)  # synchronous: no wait() written here
+    work = dist.all_reduce(bucket.buffer().div_(2), async_op=True)
+    work.wait()  # the hook's own wait()
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+'''
+
+
+def test_a_synchronous_collective_is_told_as_the_call_not_as_a_wait_the_hook_never_wrote(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GQSGD's dithering hook (hooks from the wild, round 7) calls
+    ``dist.all_reduce(maximum, op=MAX)`` without ``async_op``; explain said 'blocks in wait()
+    on work of all_reduce#0 on WORLD (its callbacks)' — a wait() and callbacks the hook never
+    wrote. A wait() the hook does write is still told as one."""
+    path = tmp_path / "sync_hook.py"
+    path.write_text(_SYNC_AND_WAITED)
+    code, out, _ = run(["explain", f"{path}:hook", "--world-size", "2", "--steps", "1", "--params", "3"], capsys)
+    assert code == 0
+    blocks = [line for line in _step(out, 0).splitlines() if "blocks in" in line]
+    synchronous = [line for line in blocks if "all_reduce#0" in line]
+    waited = [line for line in blocks if "all_reduce#1" in line]
+    assert len(synchronous) == 2 and len(waited) == 2
+    assert all("blocks in the synchronous all_reduce#0 on WORLD (async_op=False" in line and "wait()" not in line
+               and "its callbacks" not in line for line in synchronous)
+    assert all("blocks in wait() on work of all_reduce#1 on WORLD" in line for line in waited)
+
+
+_REDUCES_P_GRAD = '''
+import torch
+import torch.distributed as dist
+
+
+def hook(state, bucket):
+    for p in bucket.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+'''
+
+
+def test_explain_says_p_grad_is_not_a_view_of_the_buffer_when_a_hook_reduces_p_grad(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Modulus SFNO's reduction_comm_hook (hooks from the wild, round 7) all_reduces the p.grad of
+    bucket.parameters() and returns bucket.buffer(): without gradient_as_bucket_view every rank
+    keeps its own gradient (real DDP too, e2e bitwise). Explain said only that p.grad 'holds the
+    same local gradient' — not that it is a tensor of its own, which is why the reduction is lost."""
+    path = tmp_path / "p_grad_hook.py"
+    path.write_text(_REDUCES_P_GRAD)
+    code, out, _ = run(["explain", f"{path}:hook", "--world-size", "2", "--steps", "1", "--params", "3"], capsys)
+    assert code == 0 and "replicas agree bitwise: NO" in out
+    assert "p.grad of each of them holds the same local gradient, in a tensor of its own" in out
+    assert "not a view of the buffer, so a collective on p.grad leaves the buffer local" in out

@@ -61,7 +61,7 @@ def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str],
     assert code == 1
     assert "rank 0: send(" in out and "rank 1 never posted the matching recv from rank 0" in out
     assert "rank 1 never posted the matching send" not in out
-    assert "blocked in wait() on work of send#0" in out
+    assert "blocked in wait() on the synchronous send#0" in out
     assert f"report_hooks.py:{_line('dist.send(buf.clone()')} in send_before_recv_hook" in out
     assert "never posted the matching recv from rank 1" in data["failures"][0]["message"]
 
@@ -509,3 +509,21 @@ def test_the_at_lines_skip_torchs_deprecation_wrapper(capsys: pytest.CaptureFixt
     assert at_lines and all("typing_extensions" not in line for line in at_lines), at_lines
     assert at_lines[-1].endswith(f"report_hooks.py:{_line('dist.all_gather_into_tensor(out, buf.view(1, -1))')} "
                                  "in gathers_into_a_flat_output: dist.all_gather_into_tensor(out, buf.view(1, -1))")
+
+
+def test_replicas_apart_because_the_hook_reduced_p_grad_say_p_grad_is_not_the_buffer(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Modulus SFNO's reduction_comm_hook (hooks from the wild, round 7) all-reduces p.grad and
+    returns the buffer: the report said a collective on 'a copy' never reached the result, and
+    left the user to guess that p.grad is one. With --gradient-as-bucket-view (p.grad a view of
+    the buffer, as in real DDP) the same hook keeps replicas together."""
+    code, out, data = _check(capsys, tmp_path, "reduces_p_grad_returns_the_buffer", "--backend", "gloo",
+                             "--world-sizes", "2", "--properties", "replicas_agree")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert "nothing this hook communicated reached its result" in message
+    assert ("(p.grad is one: with DDP's default gradient_as_bucket_view=False it is a tensor of its own, not a view "
+            "of the bucket's buffer)") in message
+    code, out, data = _check(capsys, tmp_path, "reduces_p_grad_returns_the_buffer", "--backend", "gloo",
+                             "--world-sizes", "2", "--properties", "replicas_agree", "--gradient-as-bucket-view")
+    assert code == 0, out

@@ -266,9 +266,12 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
     if not base[t].trace.collectives():
         return (f"\n(the hook communicated nothing at step {t}: each rank's result is computed from its own gradients "
                 "alone)")
+    p_grad = ("" if example.layout.gradient_as_bucket_view else
+              " (p.grad is one: with DDP's default gradient_as_bucket_view=False it is a tensor of its own, not a "
+              "view of the bucket's buffer)")
     return (f"\n(nothing this hook communicated reached its result: each rank's result at step {t} stays bit for bit "
             "the same when the other ranks' gradients change — e.g. a collective on a copy whose output is never "
-            "used, or a future completed with the local buffer)")
+            f"used{p_grad}, or a future completed with the local buffer)")
 
 
 def _ones_or_twos(x: torch.Tensor) -> torch.Tensor:

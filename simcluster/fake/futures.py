@@ -330,6 +330,13 @@ class DoneFlag:
     def label(self) -> str:
         return f"work of {self._future.label} (its callbacks)"
 
+    @property
+    def synchronous_label(self) -> str:
+        """What a rank blocked in a *synchronous* collective (``async_op=False``: torch's
+        front end waits on the work inside the call) waits on, in the user's words: the
+        hook never wrote a ``wait()``, it called ``dist.all_reduce(t)``."""
+        return f"the synchronous {self._future.label} (async_op=False: torch waits inside the call)"
+
     def done(self) -> bool:
         return self._complete
 
@@ -368,9 +375,32 @@ class DoneFlag:
                 return
         resume()
 
-    def wait(self) -> None:
+    def wait(self, synchronous: bool = False) -> None:
+        """Block until the work's callbacks ran. ``synchronous``: the wait is the one torch's
+        front end makes inside a collective called with ``async_op=False`` — the trace and a
+        deadlock report then name the synchronous call, not a ``wait()`` the user never wrote."""
         if not self._complete:
-            self._future.engine.block_until(self)
+            self._future.engine.block_until(_Synchronous(self) if synchronous else self)
+
+
+class _Synchronous:
+    """A :class:`DoneFlag` as the waitable of a synchronous collective: the same flag under
+    :attr:`DoneFlag.synchronous_label` (:class:`~simcluster.engine.contract.Waitable`)."""
+
+    __slots__ = ("_flag",)
+
+    def __init__(self, flag: DoneFlag) -> None:
+        self._flag = flag
+
+    @property
+    def label(self) -> str:
+        return self._flag.synchronous_label
+
+    def done(self) -> bool:
+        return self._flag.done()
+
+    def on_done(self, resume: Callable[[], None]) -> None:
+        self._flag.on_done(resume)
 
 
 def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future:

@@ -73,6 +73,8 @@ _grad_enabled = torch.is_grad_enabled  # the issuing thread's grad mode (NCCL's 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ReduceOp = dist.ReduceOp
+# torch's front end: a collective called with async_op=False waits on its work from here
+_C10D_FILE = dist.distributed_c10d.__file__
 _REDUCTIONS: dict[tuple[str, Any, torch.dtype, str], tuple[str, str | None, str]] = {}
 """``(op, ReduceOp kind, dtype, backend)`` -> ``(reduce-op name, rejection, dtype name)``
 (see :meth:`SimProcessGroup._reduce_signature`)."""
@@ -114,7 +116,8 @@ class SimWork(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         # Measured on gloo: work.wait() returns only after the future's callbacks ran.
-        self._finished.wait()
+        # Called from torch's front end, it is a collective called with async_op=False.
+        self._finished.wait(synchronous=sys._getframe(1).f_code.co_filename == _C10D_FILE)
         self._future.wait()
         return True
 

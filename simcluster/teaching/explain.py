@@ -120,7 +120,8 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
     if isinstance(e, Blocked):
         held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
         where = _where_words(e.context).removesuffix(" (grad mode on)")
-        return f"rank {e.rank}: blocks in wait() on {e.future} ({where}{held})"
+        blocks = "blocks in" if e.future.startswith("the synchronous ") else "blocks in wait() on"
+        return f"rank {e.rank}: {blocks} {e.future} ({where}{held})"
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
                 f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
@@ -162,8 +163,10 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
         "the hook: DDP's reducer calls it inside loss.backward(), on the rank's own thread, as soon as the bucket's "
         "gradients and every lower bucket's are ready; grad mode is OFF there (torch.is_grad_enabled() is False)",
         "bucket.buffer(): the rank's local gradients of the bucket's parameters, flat, in bucket.parameters() order; "
-        "p.grad of each of them holds the same local gradient, and p.grad of a parameter whose gradient is not "
-        "ready yet is None (the loop's zero_grad(set_to_none=True))",
+        "p.grad of each of them holds the same local gradient, in a tensor of its own (DDP's default "
+        "gradient_as_bucket_view=False: not a view of the buffer, so a collective on p.grad leaves the buffer "
+        "local), and p.grad of a parameter whose gradient is not ready yet is None (the loop's "
+        "zero_grad(set_to_none=True))",
         "in flight: a collective posted with async_op=True and not completed yet; the hook returns a future at "
         "once and DDP goes on with backward() and the next buckets",
         callbacks,
