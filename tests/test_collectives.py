@@ -505,3 +505,47 @@ def rejection_job(rank: int, world_size: int, probes: list[tuple[str, str, str]]
         except Exception as exc:  # noqa: BLE001
             out.append(("wait", type(exc).__name__, str(exc).split("\nException raised from")[0]))
     return out
+
+
+# -- integer SUMs that wrap around ---------------------------------------------------------
+@pytest.mark.parametrize("dtype, value, world, held, backend", [
+    (torch.uint8, 64, 4, 0, "gloo"),        # 256 mod 256
+    (torch.int8, 32, 4, -128, "gloo"),      # 128 is one past int8's largest
+    (torch.int32, 2**30, 2, -2**31, "gloo"),
+])
+def test_integer_wrap_names_the_first_element_whose_sum_left_the_dtype(dtype, value, world, held, backend) -> None:
+    inputs = [torch.tensor([1, value, value], dtype=dtype) for _ in range(world)]
+    result = C.reduce(inputs, "SUM", backend)
+    assert int(result[1]) == held  # torch's (and gloo's) integer add wraps: nothing saturates
+    count, words = C.integer_wrap(inputs, result)
+    name = str(dtype).removeprefix("torch.")
+    assert count == 2
+    assert words == f"{' + '.join([str(value)] * world)} = {value * world}, held as {held} in {name} (element 1)"
+
+
+def test_integer_wrap_says_nothing_when_the_sum_fits_or_the_dtype_is_not_a_narrow_integer() -> None:
+    small = [torch.tensor([1, 2], dtype=torch.uint8)] * 4
+    assert C.integer_wrap(small, C.reduce(small, "SUM", "gloo")) is None
+    floats = [torch.tensor([3e38], dtype=torch.float32)] * 2
+    assert C.integer_wrap(floats, C.reduce(floats, "SUM", "gloo")) is None  # an overflow to inf is another story
+    wide = [torch.tensor([2**62], dtype=torch.int64)] * 2
+    assert C.integer_wrap(wide, C.reduce(wide, "SUM", "gloo")) is None  # no wider type to tell it by
+
+
+def test_an_all_reduce_whose_integer_sum_wraps_is_in_the_trace_and_explained() -> None:
+    from simcluster import SimCluster
+    from simcluster.engine.trace import Trace, Wrapped
+
+    def quantized(state, bucket):
+        q = torch.full_like(bucket.buffer(), 64, dtype=torch.uint8)
+        return dist.all_reduce(q, async_op=True).get_future().then(lambda f: bucket.buffer())
+
+    def fits(state, bucket):
+        q = torch.full_like(bucket.buffer(), 63, dtype=torch.uint8)
+        return dist.all_reduce(q, async_op=True).get_future().then(lambda f: bucket.buffer())
+
+    run = SimCluster(4, seed=0).run_hook(quantized, [torch.ones(3) for _ in range(4)])
+    wrapped = run.trace.of(Wrapped)
+    assert wrapped == [Wrapped("all_reduce", "WORLD", 0, "uint8", 3, "64 + 64 + 64 + 64 = 256, held as 0 in uint8 (element 0)")]
+    assert "the uint8 SUM WRAPS AROUND in 3 elements" in Trace(wrapped).format()
+    assert SimCluster(4, seed=0).run_hook(fits, [torch.ones(3) for _ in range(4)]).trace.of(Wrapped) == []

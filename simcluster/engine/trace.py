@@ -14,6 +14,8 @@ Events, in the order they happened:
   ``"completion"`` (in the code that completed the future), or
   ``"gloo-worker <group>#<n>"`` (on one of gloo's worker threads of that group).
 * :class:`Blocked` / :class:`Resumed` — a rank waited on a pending future.
+* :class:`Wrapped` — an integer SUM went past its dtype's range (it wraps, silently, on
+  gloo and NCCL alike).
 
 ``Trace.collectives()`` summarises each collective across ranks (op, group, ranks,
 dtype, shape, bytes, issue and completion order): the table ``simcluster explain``
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
-__all__ = ["Posted", "Completed", "Failed", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
+__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,20 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Wrapped:
+    """The collective just completed summed integers past its dtype's range in ``elements``
+    elements: the sum wrapped around (two's complement, as torch's and gloo's integer adds
+    do; no error anywhere). ``example``: the first such element's addends and results."""
+
+    op: str
+    group: str
+    seq: int
+    dtype: str
+    elements: int
+    example: str
+
+
+@dataclass(frozen=True)
 class CallbackRan:
     rank: int
     future: str
@@ -87,7 +103,7 @@ class Resumed:
     future: str
 
 
-Event = Union[Posted, Completed, Failed, CallbackRan, Blocked, Resumed]
+Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, Blocked, Resumed]
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,9 @@ class Trace:
                 lines.append(f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)}{pick}")
             elif isinstance(e, Failed):
                 lines.append(f"         {e.op} #{e.seq} on {e.group} FAILS on every rank: {e.error}")
+            elif isinstance(e, Wrapped):
+                lines.append(f"         {e.op} #{e.seq} on {e.group}: the {e.dtype} SUM WRAPS AROUND in {e.elements} "
+                             f"element{'s' if e.elements > 1 else ''}, e.g. {e.example} (integer adds wrap silently)")
             elif isinstance(e, CallbackRan):
                 lines.append(f"rank {e.rank}: callback {e.callback} of {e.future} runs {e.where}")
             elif isinstance(e, Blocked):

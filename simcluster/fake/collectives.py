@@ -74,6 +74,7 @@ __all__ = [
     "rejection",
     "unsupported_reason",
     "reduce",
+    "integer_wrap",
     "reduce_to_root",
     "reduce_scatter",
     "reduce_scatter_tensor",
@@ -612,6 +613,33 @@ def reduce(inputs: Sequence[torch.Tensor], op: str, backend: str, *, premul_fact
     """
     raw = _prepare(inputs, op, backend, "all_reduce")
     return _from_raw(_compute(raw, op, backend, premul_factor, inputs[0].dtype), inputs[0])
+
+
+def integer_wrap(inputs: Sequence[torch.Tensor], result: torch.Tensor) -> tuple[int, str] | None:
+    """For a SUM of integers narrower than 64 bits: in how many elements ``result`` is not the
+    exact sum of ``inputs`` (worked out in int64) — the sum went past the dtype's range and
+    wrapped around, as torch's and gloo's integer adds do, with no error — and the first such
+    element in words (``"64 + 64 + 64 + 64 = 256, held as 0 in uint8"``). None when no element
+    wrapped, or the dtype is not such an integer one.
+
+    >>> x = torch.tensor([100, 1], dtype=torch.int8)
+    >>> integer_wrap([x, x], x + x)
+    (1, '100 + 100 = 200, held as -56 in int8 (element 0)')
+    """
+    dtype = result.dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or result.element_size() >= 8:
+        return None
+    flat = [x.reshape(-1).to(torch.int64) for x in inputs]
+    exact = torch.stack(flat).sum(0)
+    got = result.reshape(-1).to(torch.int64)
+    wrong = (exact != got).nonzero()
+    if not wrong.numel():
+        return None
+    i = int(wrong[0, 0])
+    addends = [str(int(x[i])) for x in flat]
+    shown = " + ".join(addends if len(addends) <= 8 else [*addends[:8], f"… ({len(addends)} addends)"])
+    name = str(dtype).removeprefix("torch.")
+    return int(wrong.shape[0]), f"{shown} = {int(exact[i])}, held as {int(got[i])} in {name} (element {i})"
 
 
 def reduce_to_root(inputs: Sequence[torch.Tensor], op: str, backend: str, root: int, *,

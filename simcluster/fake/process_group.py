@@ -34,7 +34,7 @@ import torch.distributed as dist
 from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
 from simcluster.engine.frames import Frame, stack_user_frames
-from simcluster.engine.trace import Failed, Trace
+from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
 
@@ -306,9 +306,14 @@ class SimProcessGroup(dist.ProcessGroup):
         sig, name, factor, error = self._reduce_signature("all_reduce", t, opts)
         backend = self._runtime.backend.name
 
+        integers = name == "SUM" and not (t.dtype.is_floating_point or t.dtype.is_complex)
+        runtime = self._runtime
+
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
             result = collectives.reduce([calls[r].payload for r in ranks], name, backend, premul_factor=factor)
+            if integers:  # before the copies below overwrite the addends
+                _note_wrap(runtime.engine.trace, calls[ranks[0]], [calls[r].payload for r in ranks], result)
             out = {}
             for r in ranks:
                 mine = calls[r].payload
@@ -637,6 +642,15 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
                 f"{self.spec.name} has {self.size()} ranks"
             )
+
+
+def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
+    """Log a :class:`~simcluster.engine.trace.Wrapped` when an integer SUM's ``result`` is not
+    the exact sum of ``inputs`` (:func:`~simcluster.fake.collectives.integer_wrap`): a report
+    can then say why a quantizing hook's average is off."""
+    wrapped = collectives.integer_wrap(inputs, result)
+    if wrapped is not None:
+        trace.log((Wrapped, (call.op, call.channel, call.seq, call.dtype, *wrapped)))
 
 
 def _rejected(error: str, frames: list[Frame], trace: Trace) -> Callable[[dict[int, Call]], dict[int, Any]]:
