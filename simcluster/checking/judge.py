@@ -41,7 +41,8 @@ from simcluster.fake.cluster import SimCluster
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint",
            "ORDER"]
 
-ORDER = ("liveness", "contract", "replicas_agree", "averages", "schedule_independence", "error_feedback")
+ORDER = ("liveness", "contract", "replicas_agree", "averages", "keeps_nonfinite", "schedule_independence",
+         "error_feedback")
 """The order the oracles are applied in (and distinct bugs are reported in)."""
 
 Fail = Callable[..., None]
@@ -173,7 +174,7 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
     if "schedule_independence" in opts.props and taken:
         info["step"] = 0
         _judge_schedule(opts, example, backend, results, grads, taken, fail)
-    if check_ef:
+    if check_ef and not example.nonfinite:  # inputs holding inf/NaN have no finite mean for a lag to track
         msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
         if msg:
             fail("error_feedback", msg)
@@ -181,7 +182,7 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
 
 def _judge_steps(opts: Options, example: Example, results: list[Any], grads: list[Any], drain_from: int,
                  groups: list[list[int]], info: dict[str, Any], fail: Fail) -> None:
-    """Step by step: every bucket's result (*contract*), then *replicas_agree* and *averages*."""
+    """Step by step: every bucket's result (*contract*), then *replicas_agree*, *averages* and *keeps_nonfinite*."""
     for t, res in enumerate(results):
         info["step"] = t
         sizes = [sum(int(torch.Size(example.layout.shapes[i]).numel()) for i in b) for b in res.bucket_params]
@@ -196,12 +197,16 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
         if "averages" in opts.props and t < drain_from and (msg := _step_problem(opts, "averages", res, grads[t],
                                                                                  groups)):
             fail("averages", f"step {t}: {msg}")
+        if "keeps_nonfinite" in opts.props and (msg := _step_problem(opts, "keeps_nonfinite", res, grads[t], groups)):
+            fail("keeps_nonfinite", f"step {t}, {msg}")
 
 
 def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[list[int]]) -> str | None:
-    """What *replicas_agree* or *averages* finds wrong with one step's result (None: it holds)."""
+    """What *replicas_agree*, *averages* or *keeps_nonfinite* finds wrong with one step's result (None: it holds)."""
     if prop == "replicas_agree":
-        return P.replicas_agree(res.grads, groups)
+        return P.replicas_agree(res.grads, groups, inputs)
+    if prop == "keeps_nonfinite":
+        return P.keeps_nonfinite(res.grads, inputs, groups, res.bucket_params)
     return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params, res.trace.dtypes)
 
 
