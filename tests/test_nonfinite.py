@@ -202,3 +202,12 @@ def test_keeps_nonfinite_oracle() -> None:
     message = keeps_nonfinite(moved, inputs, buckets=[[1], [0]])
     assert message is not None and message.startswith("bucket 1 (params [0]): rank 1's gradient holds inf")
     assert keeps_nonfinite(moved, [[torch.ones(2), torch.ones(1)]] * 2) is None  # nothing to keep
+
+
+def test_averages_still_judges_finite_float64_inputs_whose_magnitudes_overflow_their_mean() -> None:
+    """The skip looks at the mean of |x| first (cheap): float64 inputs near float64's max make it
+    inf without any input being so; such a group is still judged (a wrong result fails)."""
+    top = torch.finfo(torch.float64).max
+    inputs = [[torch.tensor([top, 1.0], dtype=torch.float64)]] * 2
+    wrong = [[torch.tensor([top, 2.0], dtype=torch.float64)]] * 2
+    assert "element 1" in str(averages(wrong, inputs, "fp32"))

@@ -195,13 +195,17 @@ def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[S
                buckets: Sequence[Sequence[int]] | None) -> tuple[str, Spot | None] | None:
     """The first violation of :func:`averages` under ``tol`` (not ``none``): its sentence,
     without hints, and its :data:`Spot` (None under a lossy tolerance, judged per bucket)."""
-    judged = [g for g in _groups_of(len(inputs), groups) if not _nonfinite_in(inputs, g)]
     if tol.lossy:
+        judged = [g for g in _groups_of(len(inputs), groups) if not _nonfinite_in(inputs, g)]
         lossy = lossy_averages(results, inputs, tol, judged, buckets) if judged else None
         return None if lossy is None else (lossy, None)
-    for ranks in judged:
-        for k in range(len(inputs[ranks[0]])):
-            mean, abs_mean = group_mean(inputs, ranks, k)
+    for ranks in _groups_of(len(inputs), groups):
+        means = [group_mean(inputs, ranks, k) for k in range(len(inputs[ranks[0]]))]
+        # an input that is inf/NaN makes its mean of |x| so (cheap to ask); float64 inputs near
+        # their max can overflow it too, hence the scan of the inputs themselves, then only
+        if not all(bool(torch.isfinite(abs_mean).all()) for _, abs_mean in means) and _nonfinite_in(inputs, ranks):
+            continue
+        for k, (mean, abs_mean) in enumerate(means):
             for r in ranks:
                 got_t = results[r][k].detach()
                 got = got_t.to(torch.float64).reshape(-1)
