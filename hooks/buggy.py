@@ -8,7 +8,7 @@ hook in :mod:`simcluster.hooks.reference` — and each docstring says:
 * **On a real cluster** — what goes wrong, and when (often: not in a one-bucket unit test);
 * **Caught by** — the simcluster property meant to catch it (``averages``,
   ``replicas_agree``, ``contract``, ``liveness``, ``schedule_independence``,
-  ``error_feedback``) and the inputs it needs.
+  ``keeps_nonfinite``, ``error_feedback``) and the inputs it needs.
 
 The bug lines carry a ``# BUG`` comment.  :mod:`simcluster.hooks.catalogue` lists every hook here with
 its state, tolerance and expected failure.  Like the reference hooks, this module imports
@@ -59,6 +59,9 @@ __all__ = [
     "scaled_fp16_blocking",
     "ClipState",
     "clip_waits_for_last_bucket",
+    "skips_on_local_overflow",
+    # keeps_nonfinite
+    "hides_overflow",
     # error_feedback
     "IndexedResidualState",
     "topk_residual_keyed_by_index",
@@ -643,6 +646,56 @@ def clip_waits_for_last_bucket(state: ClipState, bucket: dist.GradBucket) -> Fut
         return mean.mul_(min(1.0, state.max_norm / (total + 1e-6)))
 
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(clip)
+
+
+def skips_on_local_overflow(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """Skips the all-reduce when the local bucket holds an inf or NaN: "don't send an overflow".
+
+    Bug: whether a rank issues the collective depends on a *local* overflow check.  In
+    mixed-precision training one rank's gradients overflow (a loss-scale too high for its
+    batch) while its peers' do not; it skips, they post the all_reduce.
+    Plausible: mixed-precision code skips work on overflow everywhere — GradScaler skips
+    the optimizer step — and "why send gradients the scaler will throw away?" sounds like
+    a free saving; the overflow branch never runs in a test with ordinary gradients.
+    On a real cluster: the first overflow on one rank leaves its peers' all_reduce
+    unmatched — real gloo hung (2 processes under torch's DDP, measured with ``simcluster
+    check ... --e2e``: docs/properties.md, "Explicit examples") or pairs the next bucket's
+    collective with it; the skipping rank also keeps its own gradients while the peers'
+    never see the overflow.
+    Caught by: ``liveness`` with one rank's gradient holding an inf (the explicit
+    non-finite example; no drawn gradient is non-finite).
+    """
+    group = resolve_group(process_group)
+    buffer = bucket.buffer()
+    if not bool(torch.isfinite(buffer).all()):  # BUG: a rank-local decision about a collective
+        done: Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+    buffer.div_(group.size())
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
+
+
+# --------------------------------------------------------------------------- keeps_nonfinite
+
+
+def hides_overflow(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """A mean all-reduce that "sanitises" the bucket with ``nan_to_num`` first: the overflow is hidden.
+
+    Bug: ``nan_to_num_`` turns an ``inf`` into float32's largest value and a ``NaN`` into
+    0 before the all-reduce, so every rank's result is finite.
+    Plausible: a NaN once crashed a long run, and "make the gradients safe before sending
+    them" looks defensive; with a fixed loss scale (no GradScaler) it even seems to help.
+    On a real cluster: ``torch.amp.GradScaler`` skips ``optimizer.step()`` only when it
+    finds an inf or NaN in the rank's own gradients — it never sees this overflow, steps on
+    gradients of ~1e38 (or zeros), and does not lower the loss scale, so it overflows again.
+    Caught by: ``keeps_nonfinite`` with one rank's gradient holding an inf or NaN (the
+    explicit non-finite examples).
+    """
+    group = resolve_group(process_group)
+    buffer = bucket.buffer()
+    buffer.nan_to_num_()  # BUG: hides the overflow from GradScaler
+    buffer.div_(group.size())
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
 
 
 # --------------------------------------------------------------------------- error_feedback

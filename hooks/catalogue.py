@@ -36,6 +36,7 @@ PROPERTIES = (
     "replicas_agree",
     "contract",
     "liveness",
+    "keeps_nonfinite",
     "schedule_independence",
     "error_feedback",
 )
@@ -50,6 +51,7 @@ NEEDS = {
     "large_values": "gradients near the value dtype's largest finite value (float16's under tolerance fp16), "
                     "same sign across ranks",
     "zero_rank": "one rank whose bucket is entirely zero",
+    "nonfinite_rank": "one rank whose gradient holds an inf (or NaN) at one element, every other element finite",
     "distinct_rng": "ranks starting from different global RNG states",
     "repeated_grads": "gradients that repeat (or keep their sign) across steps",
     "registration": "the registration rules (DDP.register_comm_hook's signature checks)",
@@ -188,6 +190,11 @@ BUGGY: tuple[CatalogueEntry, ...] = (
     _bug(buggy.clip_waits_for_last_bucket, "liveness", "wait on later work", "simcluster.hooks.buggy:ClipState", "none",
          "callbacks wait for a future only the last bucket completes", needs=("buckets>=3",),
          backends=("gloo",)),  # the NCCL model runs callbacks at completion, not inline at issue: see docs/hooks.md
+    _bug(buggy.skips_on_local_overflow, "liveness", "data-dependent collective", "none", "fp32",
+         "skips the all_reduce when the local bucket holds an inf/NaN", needs=("nonfinite_rank",), min_world_size=2),
+    # keeps_nonfinite
+    _bug(buggy.hides_overflow, "keeps_nonfinite", "hidden overflow", "none", "fp32",
+         "nan_to_num_ before the all_reduce: GradScaler never sees the overflow", needs=("nonfinite_rank",)),
     # error_feedback
     _bug(buggy.topk_residual_keyed_by_index, "error_feedback", "state vs rebuild", "simcluster.hooks.buggy:IndexedResidualState", "none",
          "error memory keyed by bucket.index(): wrong size after the rebuild", needs=("rebuild",)),

@@ -10,6 +10,10 @@ mean, one posting a collective from its ``then`` callback. Loaded as ``tests/rac
 * :func:`no_callback_collective_hook` — the same hook without the broadcast: every collective
   is posted from the hook, in bucket order, on every rank. It passes.
 
+On an agreed overflow both fill the bucket with ``inf``, so that GradScaler sees it on every
+rank; they zeroed it until the explicit non-finite examples (2026-12-04) showed that this hides
+the overflow (*keeps_nonfinite*; tests/nonfinite_hooks.py keeps the zeroing variant).
+
 No ``from __future__ import annotations`` here: DDP's registration check compares the
 ``bucket`` annotation with ``dist.GradBucket`` itself, and a string never compares equal.
 """
@@ -25,7 +29,7 @@ def _skip_nonfinite_mean(process_group: dist.ProcessGroup | None, bucket: dist.G
     bad = torch.tensor([0.0 if bool(torch.isfinite(buffer).all()) else 1.0])
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)  # blocking: every rank skips, or none
     if float(bad) > 0.0:
-        buffer.zero_()
+        buffer.fill_(float("inf"))  # every rank's GradScaler sees the overflow
     future = dist.all_reduce(buffer.div_(group.size()), group=group, async_op=True).get_future()
 
     def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

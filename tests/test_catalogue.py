@@ -96,7 +96,7 @@ def test_correct_hook_passes_every_property(entry: CatalogueEntry) -> None:
 def test_correct_hook_passes_on_the_triggering_examples(entry: CatalogueEntry) -> None:
     """The inputs that expose the bugs (large values, a zero rank, 3 buckets, …) do not
     trip a correct hook: the fast tier's examples do not fail correct code."""
-    for needs in (("large_values",), ("zero_rank",), ("world>=3",), ("repeated_grads",)):
+    for needs in (("large_values",), ("zero_rank",), ("world>=3",), ("repeated_grads",), ("nonfinite_rank",)):
         probe = CatalogueEntry(entry.name, entry.hook, entry.state, entry.tolerance, entry.api,
                                needs=needs, min_world_size=entry.min_world_size)
         report = check(entry, replay=encode_example(trigger(probe), "gloo"))
@@ -113,7 +113,8 @@ def test_score_counts_cover_the_catalogue() -> None:
 def trigger(entry: CatalogueEntry) -> Example:
     """An example with what ``entry.needs``: 3 parameters of 8 elements and a 16-byte cap
     (3 buckets in flight after the rebuild, at steps 1 and 2), ranks with different
-    values, a non-trivial completion schedule, new values each step."""
+    values, a non-trivial completion schedule, new values each step (``nonfinite_rank``:
+    the last rank's element 3 is inf)."""
     values = {"fp16": "float16", "bf16": "bfloat16"}.get(entry.tolerance, "float32")
     if entry.tolerance == "none":
         values = "float16"  # the error-feedback domain
@@ -123,7 +124,8 @@ def trigger(entry: CatalogueEntry) -> Example:
         world, subgroups = 4, 2
     top = torch.finfo(getattr(torch, values)).max
     ranks = tuple(RankSpec("const", value=top) if "large_values" in entry.needs
-                  else RankSpec("uniform", exp=0, seed=r + 1, zero=("zero_rank" in entry.needs and r == 0))
+                  else RankSpec("uniform", exp=0, seed=r + 1, zero=("zero_rank" in entry.needs and r == 0),
+                                nonfinite=((3, "inf"),) if "nonfinite_rank" in entry.needs and r == world - 1 else ())
                   for r in range(world))
     shifts = (0, 0) if "repeated_grads" in entry.needs else (7, 11)
     layout = Layout(((8,), (8,), (8,)), 16 / 2**20, (2, 1, 0))

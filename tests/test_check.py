@@ -25,7 +25,8 @@ def forgot_division_report() -> CheckReport:
 def test_correct_hook_passes_every_property() -> None:
     report = check_hook(reference.mean_allreduce_hook, **QUICK)
     assert report.passed and not report.failures
-    assert report.properties == ["contract", "liveness", "replicas_agree", "averages", "schedule_independence"]
+    assert report.properties == ["contract", "liveness", "replicas_agree", "averages", "keeps_nonfinite",
+                                 "schedule_independence"]
     assert report.examples >= 10 and report.target == "simcluster.hooks.reference:mean_allreduce_hook"
 
 

@@ -15,12 +15,33 @@ state and --subgroups (tests/test_lossy_and_layouts.py). Loaded as ``tests/user_
   the group's gathered scales is the rank *in the group*. :func:`group_rank_hook` uses
   ``process_group.rank()``. Both take :class:`GroupState` (a factory state).
 
+An overflow (an ``inf`` or ``NaN`` in some rank's bucket) makes the group's largest |gradient|
+``inf`` (a NaN counts as ``inf``), and then every rank skips the codes and returns its bucket
+filled with ``inf`` for GradScaler: integer codes cannot carry it (``round(NaN)`` cast to
+int32 is -2**31, an ``inf`` scale turns every code into 0 or NaN), and until the explicit
+non-finite examples (2026-12-04, *keeps_nonfinite*) these quantizers returned finite garbage.
+
 No ``from __future__ import annotations`` here: DDP's registration check compares the
 ``bucket`` annotation with ``dist.GradBucket`` itself, and a string never compares equal.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
+
+
+def _peak(buffer: torch.Tensor) -> torch.Tensor:
+    """This rank's largest |gradient|, shape (1,); ``inf`` when the bucket holds an inf or NaN."""
+    return buffer.abs().nan_to_num(nan=math.inf, posinf=math.inf).max().reshape(1) if buffer.numel() else torch.zeros(1)
+
+
+def _overflowed(buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """A completed future holding ``buffer`` filled with ``inf``: what every rank hands
+    GradScaler once the group agreed that some rank overflowed."""
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer.fill_(math.inf))
+    return done
 
 
 # --------------------------------------------------------------------------- int8 quantizers
@@ -29,8 +50,10 @@ def _int8_mean(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket,
     group = process_group if process_group is not None else dist.group.WORLD
     world = group.size()
     buffer = bucket.buffer()
-    peak = buffer.abs().max().reshape(1) if buffer.numel() else torch.zeros(1)
+    peak = _peak(buffer)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)  # the group's largest |gradient|
+    if math.isinf(float(peak)):  # some rank overflowed: every rank knows it
+        return _overflowed(buffer)
     scale = float(peak) / 127.0 if float(peak) > 0.0 else 1.0
     quantized = torch.round(buffer / scale).to(accumulate)  # in [-127, 127]
     future = dist.all_reduce(quantized, group=group, async_op=True).get_future()
@@ -110,9 +133,11 @@ class GroupState:
 def _own_scale_mean(state: GroupState, bucket: dist.GradBucket, me: int) -> torch.futures.Future[torch.Tensor]:
     group, world = state.group, state.group.size()
     buffer = bucket.buffer()
-    peak = buffer.abs().max().reshape(1) if buffer.numel() else torch.zeros(1)
+    peak = _peak(buffer)
     scales = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(scales, torch.where(peak > 0, peak / 127.0, torch.ones(1)), group=group)
+    if any(math.isinf(float(s)) for s in scales):  # some rank overflowed: every rank knows it
+        return _overflowed(buffer)
     quantized = torch.round(buffer / scales[me]).to(torch.int8)  # this rank's own scale
     gathered = [torch.zeros_like(quantized) for _ in range(world)]
     future = dist.all_gather(gathered, quantized, group=group, async_op=True).get_future()

@@ -3,7 +3,7 @@
     >>> from simcluster.hooks.reference import mean_allreduce_hook
     >>> report = check_hook(mean_allreduce_hook, examples=5, world_sizes=(2, 3))
     >>> report.passed, report.properties
-    (True, ['contract', 'liveness', 'replicas_agree', 'averages', 'schedule_independence'])
+    (True, ['contract', 'liveness', 'replicas_agree', 'averages', 'keeps_nonfinite', 'schedule_independence'])
 
 For each backend model, one Hypothesis test draws an :class:`~simcluster.checking.strategies.Example`
 (world size, layout, ``steps`` steps of per-rank gradients, a completion schedule) and

@@ -20,7 +20,17 @@ so for every seed:
   hook from the wild (docs/hooks.md) on 1 seed in 20 at the default 50 examples
   (docs/properties.md, "Explicit examples").
 
-Both are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
+* :func:`nonfinite_examples` — one rank's gradient holding ``inf`` at one element (and,
+  in a second example, ``NaN``), every other element finite: what a step of
+  mixed-precision training with an overflow hands the hook. No draw produces a
+  non-finite value (drawn values are clamped to the dtype's range), so a hook that
+  decides on a *local* check of its own gradients — skip the all_reduce on overflow, as
+  mixed-precision code does — or one that hides the overflow from
+  ``torch.amp.GradScaler`` (``nan_to_num``, a clamp) went unseen: the first is a
+  *liveness* failure (one rank skips the collective its peers post), the second a
+  *keeps_nonfinite* failure (:func:`simcluster.checking.properties.keeps_nonfinite`).
+
+All are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
 on one is reported, shrunk by nothing, with its replay token like any other — unless the
 drawn search already reported that bug (same property, exception type and user line).
 """
@@ -35,7 +45,8 @@ from simcluster.checking.options import Options
 from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec
 from simcluster.checking.tolerances import parse_tolerance
 
-__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "explicit_examples", "edge_example", "race_example"]
+__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "explicit_examples", "edge_example", "race_example",
+           "nonfinite_examples"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
 """The race example's schedule: the second-oldest option at every real choice (in order
@@ -58,9 +69,23 @@ _RACE_CAP_MB = 1 / 2**20
 on each parameter is a bucket of its own."""
 
 
+NONFINITE: tuple[str, ...] = ("inf", "nan")
+"""The non-finite values the non-finite examples put in one rank's gradient, one example each."""
+
+NONFINITE_SHAPES: tuple[tuple[int, ...], ...] = ((6, 6), (4,))
+"""The non-finite examples' parameters when ``--params`` gives none: a 6 x 6 matrix, which
+PowerSGD (rank 1) compresses — a vector or a small matrix it all-reduces as is — and a
+vector; one bucket (DDP's default cap)."""
+
+_NONFINITE_AT = 1
+"""The element (of the flattened parameters, modulo their numel) that holds the non-finite
+value: in the first parameter, the matrix of :data:`NONFINITE_SHAPES`."""
+
+
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
-    return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps))
+    return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
+                          *nonfinite_examples(opts, world_sizes, steps))
             if ex is not None]
 
 
@@ -108,3 +133,33 @@ def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
     return Example(world, layout, base, (1,) * (steps - 1), RANKS_DISAGREE, "float32", values,
                    exact=opts.tolerance == "exact")
+
+
+def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
+    """One rank's gradient holding ``inf`` at one element, every other element finite — and
+    the same with ``NaN`` (:data:`NONFINITE`, one example each).
+
+    The smallest world of 2 or more (else the largest drawn, 1); the last rank holds the
+    value, at element 1 of its flattened parameters (``--params``, else
+    :data:`NONFINITE_SHAPES`), DDP's default cap (one bucket); every step, so the hook meets it in every iteration
+    (after the rebuild too, and where a stateful hook such as PowerSGD starts compressing).
+    The other elements are small integers, different per rank and step (exactly
+    averageable; ``exact`` under ``--tolerance exact``). Judged by *liveness* (a rank that
+    skips its collective on a local overflow check leaves its peers' collective unmatched)
+    and *keeps_nonfinite*; *averages* and *error_feedback* do not judge a step whose
+    inputs are not finite (:func:`simcluster.checking.properties.averages`). Only when one
+    of those two properties is checked."""
+    if "liveness" not in opts.props and "keeps_nonfinite" not in opts.props:
+        return []
+    worlds = sorted(w for w in world_sizes if w >= 2)
+    world = worlds[0] if worlds else max(world_sizes)
+    values = _values(opts) or "float32"
+    shapes = opts.params or NONFINITE_SHAPES
+    layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
+    out = []
+    for value in NONFINITE:
+        ranks = tuple(RankSpec("ints", seed=rank, nonfinite=((_NONFINITE_AT, value),) if rank == world - 1 else ())
+                      for rank in range(world))
+        out.append(Example(world, layout, StepSpec(ranks), (1,) * (steps - 1), (), "float32", values,
+                           exact=opts.tolerance == "exact"))
+    return out

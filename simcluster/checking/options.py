@@ -56,9 +56,10 @@ def choose_properties(properties: Sequence[str] | None, tolerance: str, state: S
     """The properties checked, in :data:`~simcluster.checking.report.PROPERTIES` order.
 
     By default every one that applies: *averages* unless the tolerance is ``none``, and
-    *error_feedback* for a stateful lossy hook (tolerance ``none`` and a state factory)."""
+    *error_feedback* for a stateful lossy hook (tolerance ``none`` and a state factory);
+    *keeps_nonfinite* always (it judges only steps whose inputs hold an inf or NaN)."""
     if properties is None:
-        chosen = ["contract", "liveness", "replicas_agree", "schedule_independence"]
+        chosen = ["contract", "liveness", "replicas_agree", "keeps_nonfinite", "schedule_independence"]
         if tolerance != "none":
             chosen.insert(3, "averages")
         if tolerance == "none" and state.kind == "factory":  # a stateful lossy hook: it should keep a residual

@@ -19,6 +19,8 @@ class performs; the derivation is in :func:`error_bound` and ``docs/properties.m
 
 * :func:`averages` — each rank's result is the mean over its group, within the bound.
 * :func:`replicas_agree` — every rank of a group holds bitwise-identical results.
+* :func:`keeps_nonfinite` — an overflow (``inf``/``NaN``) in one rank's gradient stays
+  visible in every rank's result for that bucket, as ``torch.amp.GradScaler`` needs.
 * :func:`registration_problem` / :func:`result_problem` — the *contract*: what current
   (or legacy) DDP accepts at ``register_comm_hook`` and from the hook's future.
 * :func:`liveness` — the run ended in no deadlock and no mismatched collectives.
@@ -38,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
-from simcluster.checking.tolerances import Tolerance, lossy_averages, parse_tolerance
+from simcluster.checking.tolerances import Tolerance, _flat, _locate, lossy_averages, parse_tolerance
 
 __all__ = [
     "Tolerance",
@@ -48,6 +50,7 @@ __all__ = [
     "overflow_threshold",
     "overflow_cause",
     "replicas_agree",
+    "keeps_nonfinite",
     "registration_problem",
     "result_problem",
     "liveness",
@@ -153,8 +156,11 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
 
     ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
     what each rank fed in. ``groups``: the rank lists DDP ran on (default: one group of
-    every rank). A non-finite result where the mean is finite always fails.
-    ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
+    every rank). A non-finite result where the mean is finite always fails. A group whose
+    inputs hold a non-finite value (``inf``, ``NaN``: an overflow) is not judged: its mean
+    is not finite, lossy hooks rightly spread an ``inf`` over the bucket as ``NaN``, and
+    ``torch.amp.GradScaler`` discards every gradient of such a step — what must hold there
+    is :func:`keeps_nonfinite`. ``scale=``/``norm=`` tolerances judge each DDP bucket (``buckets``: the parameter
     indices of each; default one bucket of all) — see :func:`simcluster.checking.tolerances.lossy_averages`.
 
     A failure's sentence may end in hints, each on a line of its own: why a result is not
@@ -190,11 +196,16 @@ def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[S
     """The first violation of :func:`averages` under ``tol`` (not ``none``): its sentence,
     without hints, and its :data:`Spot` (None under a lossy tolerance, judged per bucket)."""
     if tol.lossy:
-        lossy = lossy_averages(results, inputs, tol, groups, buckets)
+        judged = [g for g in _groups_of(len(inputs), groups) if not _nonfinite_in(inputs, g)]
+        lossy = lossy_averages(results, inputs, tol, judged, buckets) if judged else None
         return None if lossy is None else (lossy, None)
     for ranks in _groups_of(len(inputs), groups):
-        for k in range(len(inputs[ranks[0]])):
-            mean, abs_mean = group_mean(inputs, ranks, k)
+        means = [group_mean(inputs, ranks, k) for k in range(len(inputs[ranks[0]]))]
+        # an input that is inf/NaN makes its mean of |x| so (cheap to ask); float64 inputs near
+        # their max can overflow it too, hence the scan of the inputs themselves, then only
+        if not all(bool(torch.isfinite(abs_mean).all()) for _, abs_mean in means) and _nonfinite_in(inputs, ranks):
+            continue
+        for k, (mean, abs_mean) in enumerate(means):
             for r in ranks:
                 got_t = results[r][k].detach()
                 got = got_t.to(torch.float64).reshape(-1)
@@ -400,6 +411,18 @@ def _looser_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence
     return ""
 
 
+def _nonfinite_in(inputs: Grads, ranks: Sequence[int]) -> bool:
+    """Whether some rank of ``ranks`` holds a non-finite gradient (``inf``, ``NaN``)."""
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for r in ranks for t in inputs[r])
+
+
+def _canonical_nans(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with every NaN made the same NaN (payload and sign dropped)."""
+    if not t.is_floating_point() or not bool(t.isnan().any()):
+        return t
+    return torch.where(t.isnan(), torch.full_like(t, math.nan), t)
+
+
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality of two tensors (dtype, shape and every bit; NaNs compare by payload)."""
     if a.dtype != b.dtype or a.shape != b.shape:
@@ -421,18 +444,89 @@ def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"element {i}: {_fmt(fa[i])} vs {_fmt(fb[i])} (differ by {abs(float(fa[i]) - float(fb[i])):.3g})"
 
 
-def replicas_agree(results: Grads, groups: Sequence[Sequence[int]] | None = None) -> str | None:
+def replicas_agree(results: Grads, groups: Sequence[Sequence[int]] | None = None,
+                   inputs: Grads | None = None) -> str | None:
     """Every rank of each group holds bitwise-identical results — DDP's core invariant.
 
-    Replicas that differ by one bit drift apart as training goes on, silently.
+    Replicas that differ by one bit drift apart as training goes on, silently. With
+    ``inputs``, a group whose inputs hold a non-finite value compares any NaN equal to any
+    NaN (their payloads and signs are not compared): such a step's gradients are NaN
+    wherever they are, and a NaN's payload changes no training — GradScaler skips the
+    step on every rank that sees one (:func:`keeps_nonfinite`).
     """
     for ranks in _groups_of(len(results), groups):
         first = ranks[0]
+        any_nan = inputs is not None and _nonfinite_in(inputs, ranks)
         for r in ranks[1:]:
             for k, (a, b) in enumerate(zip(results[first], results[r])):
+                if any_nan:
+                    a, b = _canonical_nans(a), _canonical_nans(b)
                 if not bits_equal(a, b):
                     return f"rank {first} and rank {r} differ in param {k} (shape {tuple(a.shape)}): {_first_diff(a, b)}"
     return None
+
+
+def keeps_nonfinite(results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None = None,
+                    buckets: Sequence[Sequence[int]] | None = None) -> str | None:
+    """Where a rank's gradient holds ``inf`` or ``NaN``, every rank of its group finds a
+    non-finite value in its result for that bucket (``buckets``: the parameter indices of
+    each DDP bucket; default one bucket of all).
+
+    Mixed-precision training relies on it: ``torch.amp.GradScaler`` skips
+    ``optimizer.step()`` only when it finds an ``inf`` or ``NaN`` among *that rank's own*
+    gradients after DDP's copy-back (``found_inf_per_device``; it asks no other rank). A
+    hook that hides an overflow — ``nan_to_num``, a clamp, before or after the all_reduce —
+    makes the optimizer step on gradients built from an overflow; when it is hidden on some
+    ranks only, those step and the others skip: the replicas diverge. Where in the bucket
+    the non-finite value lands, and whether it is ``inf`` or ``NaN``, does not matter
+    (PowerSGD and quantizers rightly turn one ``inf`` into NaNs over the bucket).
+
+        >>> inputs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, math.inf])]]
+        >>> keeps_nonfinite([[torch.tensor([2.0, math.inf])]] * 2, inputs) is None
+        True
+        >>> print(keeps_nonfinite([[torch.tensor([2.0, 3.4e38])]] * 2, inputs))  # doctest: +ELLIPSIS
+        bucket 0 (params [0]): rank 1's gradient holds inf at param 0, element 1, but the result ...: the overflow was hidden from GradScaler on every rank — ...
+    """
+    bucket_list = [list(b) for b in buckets] if buckets is not None else [list(range(len(inputs[0])))]
+    for ranks in _groups_of(len(inputs), groups):
+        for b, params in enumerate(bucket_list):
+            source = _first_nonfinite(inputs, ranks, params)
+            if source is None:
+                continue
+            q, flat_index, value = source
+            k, i = _locate([t.shape for t in inputs[q]], params, flat_index)
+            hidden = [r for r in ranks if bool(torch.isfinite(_flat(results[r], params)).all())]
+            if not hidden:
+                continue
+            there = ", ".join(f"rank {r} {_fmt(float(_flat(results[r], params)[flat_index]))}" for r in hidden[:4])
+            head = (f"bucket {b} (params {params}): rank {q}'s gradient holds {_fmt(value)} at param {k}, element {i}, "
+                    f"but the result for that bucket is all finite on {_ranks_text(hidden)} (there: {there})")
+            if len(hidden) == len(ranks):
+                return (f"{head}: the overflow was hidden from GradScaler on every rank "
+                        "— torch.amp.GradScaler skips optimizer.step() only when a rank's own gradients hold an inf or "
+                        "NaN, so every rank steps on gradients built from an overflow; let it through (no nan_to_num "
+                        "or clamp of the bucket)")
+            kept = [r for r in ranks if r not in hidden]
+            return (f"{head}: the overflow was hidden from GradScaler on {_ranks_text(hidden)} — torch.amp.GradScaler "
+                    f"decides on each rank's own gradients, so {_ranks_text(hidden)} steps while {_ranks_text(kept)} "
+                    "(whose result keeps it) skips the step: the replicas diverge")
+    return None
+
+
+def _first_nonfinite(inputs: Grads, ranks: Sequence[int], params: Sequence[int]) -> tuple[int, int, float] | None:
+    """(rank, position in the bucket's flattened params, value) of the first non-finite input, or None."""
+    for q in ranks:
+        flat = _flat(inputs[q], params)
+        bad = ~torch.isfinite(flat)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            return q, i, float(flat[i])
+    return None
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 # --------------------------------------------------------------------------- contract

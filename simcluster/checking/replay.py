@@ -5,7 +5,8 @@ Every failure :func:`~simcluster.checking.check.check_hook` reports carries a to
 counterexample, not Hypothesis' internal choice sequence, so it survives Hypothesis
 upgrades. The example includes the seed of the ranks' torch, ``random`` and numpy
 generators (``Example.rng_seed``); a token made before that field existed replays with
-``--seed``, as it did then. ``check_hook(..., replay=token)`` (CLI: ``--replay TOKEN``)
+``--seed``, as it did then; a rank's ``nonfinite`` values (the explicit non-finite
+examples only) are written only when there are some. ``check_hook(..., replay=token)`` (CLI: ``--replay TOKEN``)
 runs exactly that example once.
 
     >>> from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
@@ -38,6 +39,9 @@ def encode_example(example: Example, backend: str) -> str:
     data = {"backend": backend, "example": dataclasses.asdict(example)}
     if example.rng_seed is None:  # tokens of examples without drawn RNG seeds read as before
         del data["example"]["rng_seed"]
+    for rank in data["example"]["base"]["ranks"]:  # likewise ranks without non-finite values
+        if not rank["nonfinite"]:
+            del rank["nonfinite"]
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     return TOKEN_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
 
@@ -54,7 +58,8 @@ def decode_example(token: str) -> tuple[Example, str]:
                            "ready_order": tuple(ex["layout"]["ready_order"])})
         b = ex["base"]
         base = StepSpec(ranks=tuple(RankSpec(r["fill"], r["exp"], r["seed"], r["value"],
-                                             tuple((p, v) for p, v in r["specials"]), r["zero"]) for r in b["ranks"]),
+                                             tuple((p, v) for p, v in r["specials"]), r["zero"],
+                                             tuple((p, v) for p, v in r.get("nonfinite", ()))) for r in b["ranks"]),
                         shared=tuple((p, v) for p, v in b["shared"]), exp=b["exp"], shift=b["shift"])
         example = Example(ex["world_size"], layout, base, tuple(ex["shifts"]), tuple(ex["schedule"]), ex["dtype"],
                           ex["values"], ex["exact"], ex["subgroups"], ex.get("rng_seed"))

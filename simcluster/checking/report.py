@@ -18,8 +18,8 @@ from typing import Any
 
 __all__ = ["PROPERTIES", "PropertyFailure", "CheckReport"]
 
-PROPERTIES = ("averages", "replicas_agree", "contract", "liveness", "schedule_independence", "error_feedback",
-              "trains_like_reference")
+PROPERTIES = ("averages", "replicas_agree", "contract", "liveness", "keeps_nonfinite", "schedule_independence",
+              "error_feedback", "trains_like_reference")
 """Every oracle's name, as used in reports, options and the hooks catalogue."""
 
 

@@ -216,7 +216,12 @@ class RankSpec:
     of two spread over 40 binades around ``exp``: mixed magnitudes within a tensor);
     ``const`` (``value`` everywhere). ``seed`` drives a private generator.
     ``specials``: ``(position, value)`` overrides (position modulo the total numel).
-    ``zero``: the whole rank is zero (overrides everything).
+    ``zero``: the whole rank is zero (overrides everything but ``nonfinite``).
+    ``nonfinite``: ``(position, "inf" | "-inf" | "nan")`` overrides set last, after the
+    values are rounded to the value dtype — values no draw produces (drawn values are
+    finite and clamped to the dtype's range); only the explicit non-finite examples
+    (:func:`simcluster.checking.explicit.nonfinite_examples`) set them. Spelled as strings
+    so that a spec equals (and hashes like) its decoded replay token: ``nan != nan``.
     """
 
     fill: str = "zeros"
@@ -225,6 +230,7 @@ class RankSpec:
     value: float = 0.0
     specials: tuple[tuple[int, float], ...] = ()
     zero: bool = False
+    nonfinite: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -339,6 +345,9 @@ def materialize_step(spec: StepSpec, param_shapes: Sequence[Sequence[int]], dtyp
                 if numel:
                     flat[pos % numel] = value * scale
         flat = flat.clamp(-fi.max, fi.max).to(values).to(dtype)
+        for pos, value in rank.nonfinite:
+            if numel:
+                flat[pos % numel] = float(value)
         out.append([piece.reshape(tuple(shape)).clone() for piece, shape in zip(flat.split(sizes), param_shapes)])
     return out
 
@@ -435,6 +444,11 @@ class Example:
     @property
     def steps(self) -> int:
         return 1 + len(self.shifts)
+
+    @property
+    def nonfinite(self) -> bool:
+        """Whether some rank's gradients hold an ``inf`` or ``NaN`` (:attr:`RankSpec.nonfinite`)."""
+        return any(rank.nonfinite for rank in self.base.ranks)
 
     def grads(self) -> list[list[list[torch.Tensor]]]:
         """``grads[step][rank][param]``, materialised (deterministic)."""
