@@ -527,3 +527,19 @@ def test_replicas_apart_because_the_hook_reduced_p_grad_say_p_grad_is_not_the_bu
     code, out, data = _check(capsys, tmp_path, "reduces_p_grad_returns_the_buffer", "--backend", "gloo",
                              "--world-sizes", "2", "--properties", "replicas_agree", "--gradient-as-bucket-view")
     assert code == 0, out
+
+
+def test_an_integer_sum_that_wrapped_around_is_named_in_the_averages_report(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path) -> None:
+    """int8 codes 101 and 102 sum to 203, which int8 holds as -53 (203 - 256): the result is
+    far off and the report said only '|error| … > bound'. Where the codes' sum fits (40 + 40)
+    the hook's own rounding is the only error: a failure, with no such line."""
+    code, out, data = _replayed(capsys, tmp_path, "int8_codes_offset", [1.0, 2.0])
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert data["failures"][0]["property"] == "averages" and "got -126.5" in message
+    assert ("(an integer sum wrapped around: all_reduce#0 on WORLD summed int8 past its range in 2 elements, "
+            "e.g. 101 + 102 = 203, held as -53 in int8 (element 0) — integer adds wrap silently") in message
+    code, out, data = _replayed(capsys, tmp_path, "int8_codes_offset", [-60.4, -60.0])
+    assert code == 1 and "got -60.0" in data["failures"][0]["message"]
+    assert "wrapped around" not in out

@@ -209,7 +209,8 @@ def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[
         return P.replicas_agree(res.grads, groups, inputs if nonfinite else None)
     if prop == "keeps_nonfinite":
         return P.keeps_nonfinite(res.grads, inputs, groups, res.bucket_params) if nonfinite else None
-    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params, res.trace.dtypes)
+    return P.averages(res.grads, inputs, opts.tolerance, groups, res.bucket_params, res.trace.dtypes,
+                      res.trace.wrapped)
 
 
 def _judge_schedule(opts: Options, example: Example, backend: str, results: list[Any], grads: list[Any],

@@ -151,7 +151,8 @@ explain a failure (reading a trace builds its events)."""
 def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
              groups: Sequence[Sequence[int]] | None = None,
              buckets: Sequence[Sequence[int]] | None = None,
-             dtypes: Dtypes | None = None) -> str | None:
+             dtypes: Dtypes | None = None,
+             wrapped: Callable[[], Sequence[str]] | None = None) -> str | None:
     """Each rank's result equals the float64 mean of its group's gradients, within :func:`error_bound`.
 
     ``results[rank][param]``: the gradients after DDP's copy-back; ``inputs[rank][param]``
@@ -167,7 +168,9 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     finite, from the ``dtypes`` the hook's collectives carried (:func:`overflow_cause`;
     without ``dtypes``, the result's dtype is assumed to be the one summed); that every
     result is the ranks' *sum* (the hook did not divide); that every result is within a
-    half-precision tolerance.
+    half-precision tolerance; that an integer sum of the hook's wrapped around (``wrapped``:
+    a callable giving each such collective in words, :meth:`Trace.wrapped
+    <simcluster.engine.trace.Trace.wrapped>`, called only to explain a failure).
     """
     tol = parse_tolerance(tolerance)
     if tol.kind == "none":
@@ -177,13 +180,25 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
         return None
     message, spot = found
     carried = dtypes() if callable(dtypes) else dtypes
+    wraps = _wrap_hint(wrapped() if wrapped is not None else ())
     summed = _sum_hint(tol, results, inputs, groups, buckets, carried)
     if summed:  # it says where the sum overflowed, too
-        return message + summed
+        return message + summed + wraps
     if spot is not None:
         got, mean, xs, result_dtype = spot
         message += _overflow_hint(got, mean, xs, result_dtype, carried)
-    return message + _looser_hint(tol, results, inputs, groups)
+    return message + wraps + _looser_hint(tol, results, inputs, groups)
+
+
+def _wrap_hint(wrapped: Sequence[str]) -> str:
+    """One line when some integer SUM of the hook's wrapped around (a quantizing hook's codes
+    summed past their dtype's range: nothing raises, on gloo or NCCL — the result is off)."""
+    if not wrapped:
+        return ""
+    more = f" (and {len(wrapped) - 1} more)" if len(wrapped) > 1 else ""
+    return (f"\n(an integer sum wrapped around: {wrapped[0]}{more} — integer adds wrap silently on gloo "
+            f"and NCCL alike; quantize to codes whose sum over the group's ranks fits the dtype, or sum "
+            f"in a wider integer dtype)")
 
 
 Spot = tuple[float, float, list[float], torch.dtype]

@@ -190,6 +190,13 @@ class Trace:
                 seen.setdefault(e.dtype, None)
         return tuple(seen)
 
+    def wrapped(self) -> list[str]:
+        """Each collective whose integer SUM wrapped around (:class:`Wrapped`), in words, in
+        the order it happened: ``"all_reduce#0 on WORLD summed uint8 past its range in 3
+        elements, e.g. 64 + 64 + 64 + 64 = 256, held as 0 in uint8 (element 0)"``."""
+        return [f"{e.op}#{e.seq} on {e.group} summed {e.dtype} past its range in {e.elements} "
+                f"element{'s' if e.elements > 1 else ''}, e.g. {e.example}" for e in self.events if isinstance(e, Wrapped)]
+
     def collectives(self) -> list[CollectiveSummary]:
         """Each collective across ranks, in the order it was first posted."""
         posts: dict[tuple[str, int], list[Posted]] = {}
