@@ -118,6 +118,16 @@ def test_explain_prints_the_registration_line_check_reports(capsys: pytest.Captu
         assert check_hook(spec(name), world_sizes=(2,), examples=2, backends=("gloo",), database=None).passed
 
 
+def test_explain_range_opens_with_the_registration_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """``explain --range`` printed the safe range of a partial as if a real cluster could run it."""
+    assert main(["explain", spec("partial_hook"), "--range", "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("registration: "))
+    assert MEASURED["partial_hook"] in line and "world 2:" in out
+    assert main(["explain", spec("mean"), "--range", "--world-sizes", "2"]) == 0
+    assert "registration:" not in capsys.readouterr().out
+
+
 def test_a_wrong_arity_hook_registers_and_fails_when_called_as_on_real_ddp() -> None:
     report = check_hook(spec("one_param"), world_sizes=(2,), examples=2, backends=("gloo",), database=None)
     assert [f.property for f in report.failures] == ["liveness"]

@@ -299,12 +299,14 @@ def _open_calls(events: Sequence[Any]) -> list[str]:
     return [f"rank {r}, bucket {b}: {words[phase]}" for (r, b), phase in state.items() if phase in words]
 
 
-def _registration_lines(story: Story) -> list[str]:
-    """The ``registration:`` line when real DDP's ``register_comm_hook`` would refuse the
-    hook (what it raises and why): on a real cluster the hook never runs; here it does."""
-    if story.registration is None:
+def registration_lines(problem: str | None) -> list[str]:
+    """The ``registration:`` line (and a blank one) when real DDP's ``register_comm_hook``
+    would refuse the hook — ``problem``, what it raises and why
+    (:func:`~simcluster.checking.properties.registration_problem`): on a real cluster the
+    hook never runs; here it does. ``explain`` and ``explain --range`` both open with it."""
+    if problem is None:
         return []
-    return [f"registration: real DDP would refuse this hook — {story.registration}. "
+    return [f"registration: real DDP would refuse this hook — {problem}. "
             "DistributedDataParallel.register_comm_hook raises before any step, so on a real cluster the hook never "
             "runs; below it runs all the same, to show what it does", ""]
 
@@ -316,7 +318,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
     cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
            f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",
-           *_registration_lines(story),
+           *registration_lines(story.registration),
            *_section("How to read this (what real DDP does around the hook, measured on torch 2.13 / gloo):",
                      _reading_notes(story.backend, story.api))]
     previous = None

@@ -113,8 +113,13 @@ def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any, monito
     from simcluster.usercode.targets import parse_world_sizes
 
     sizes = parse_world_sizes(args.world_sizes)
+    from simcluster.checking.properties import registration_problem
+    from simcluster.teaching.explain import registration_lines
+
     print(f"simcluster explain --range: {args.target}, {args.backend} backend model, tolerance {args.tolerance}; "
           "every rank holds +M in every element; largest M whose average stays finite and within tolerance")
+    for line in registration_lines(registration_problem(hook, args.api)):
+        print(line)
     for w in sizes:
         r = safe_range(hook, w, backend=args.backend, state=state, api=args.api, tolerance=args.tolerance,
                        monitor=monitor)
