@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
-from simcluster.checking.tolerances import Tolerance, _flat, _locate, lossy_averages, parse_tolerance
+from simcluster.checking.tolerances import (Tolerance, bucket_position, bucket_values, lossy_averages,
+                                            parse_tolerance)
 
 __all__ = [
     "Tolerance",
@@ -509,11 +510,12 @@ def keeps_nonfinite(results: Grads, inputs: Grads, groups: Sequence[Sequence[int
             if source is None:
                 continue
             q, flat_index, value = source
-            k, i = _locate([t.shape for t in inputs[q]], params, flat_index)
-            hidden = [r for r in ranks if bool(torch.isfinite(_flat(results[r], params)).all())]
+            k, i = bucket_position([t.shape for t in inputs[q]], params, flat_index)
+            got = {r: bucket_values(results[r], params) for r in ranks}
+            hidden = [r for r in ranks if bool(torch.isfinite(got[r]).all())]
             if not hidden:
                 continue
-            there = ", ".join(f"rank {r} {_fmt(float(_flat(results[r], params)[flat_index]))}" for r in hidden[:4])
+            there = ", ".join(f"rank {r} {_fmt(float(got[r][flat_index]))}" for r in hidden[:4])
             head = (f"bucket {b} (params {params}): rank {q}'s gradient holds {_fmt(value)} at param {k}, element {i}, "
                     f"but the result for that bucket is all finite on {_ranks_text(hidden)} (there: {there})")
             if len(hidden) == len(ranks):
@@ -531,7 +533,7 @@ def keeps_nonfinite(results: Grads, inputs: Grads, groups: Sequence[Sequence[int
 def _first_nonfinite(inputs: Grads, ranks: Sequence[int], params: Sequence[int]) -> tuple[int, int, float] | None:
     """(rank, position in the bucket's flattened params, value) of the first non-finite input, or None."""
     for q in ranks:
-        flat = _flat(inputs[q], params)
+        flat = bucket_values(inputs[q], params)
         bad = ~torch.isfinite(flat)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])

@@ -39,7 +39,8 @@ import torch
 
 from simcluster.errors import UsageError
 
-__all__ = ["Tolerance", "TOLERANCE_NAMES", "parse_tolerance", "lossy_averages", "quantization_tolerance"]
+__all__ = ["Tolerance", "TOLERANCE_NAMES", "parse_tolerance", "lossy_averages", "quantization_tolerance",
+           "bucket_values", "bucket_position"]
 
 TOLERANCE_NAMES = ("none", "exact", "fp32", "fp16", "bf16")
 """Named tolerances; the keyed forms are ``rtol=R,atol=A``, ``scale=R[,atol=A]``, ``norm=R[,atol=A]``."""
@@ -123,11 +124,12 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if abs(x) >= 1e-3 or x == 0 else f"{float(x):.6g}"
 
 
-def _flat(tensors: Sequence[torch.Tensor], params: Sequence[int]) -> torch.Tensor:
+def bucket_values(tensors: Sequence[torch.Tensor], params: Sequence[int]) -> torch.Tensor:
+    """The bucket's parameters ``params`` of one rank's ``tensors``, flattened in order, as float64."""
     return torch.cat([tensors[k].detach().to(torch.float64).reshape(-1) for k in params])
 
 
-def _locate(shapes: Sequence[torch.Size], params: Sequence[int], flat_index: int) -> tuple[int, int]:
+def bucket_position(shapes: Sequence[torch.Size], params: Sequence[int], flat_index: int) -> tuple[int, int]:
     """(param, element within it) of a position in a bucket's flattened params."""
     for k in params:
         n = shapes[k].numel()
@@ -152,18 +154,18 @@ def lossy_averages(results: Grads, inputs: Grads, tolerance: Tolerance,
     bucket_list = [list(b) for b in buckets] if buckets is not None else [list(range(n_params))]
     for ranks in [list(g) for g in groups] if groups is not None else [list(range(len(inputs)))]:
         for b, params in enumerate(bucket_list):
-            stack = torch.stack([_flat(inputs[r], params) for r in ranks])
+            stack = torch.stack([bucket_values(inputs[r], params) for r in ranks])
             mean = stack.mean(0)
             g_max = float(stack.abs().max()) if stack.numel() else 0.0
             for r in ranks:
-                msg = _judge(_flat(results[r], params), mean, g_max, tolerance)
+                msg = _judge(bucket_values(results[r], params), mean, g_max, tolerance)
                 if msg is None:
                     continue
                 where = f"rank {r}, bucket {b} (params {params})"
                 if isinstance(msg, str):
                     return f"{where}: {msg}"
-                k, i = _locate([t.shape for t in results[r]], params, msg)
-                got, want = float(_flat(results[r], params)[msg]), float(mean[msg])
+                k, i = bucket_position([t.shape for t in results[r]], params, msg)
+                got, want = float(bucket_values(results[r], params)[msg]), float(mean[msg])
                 err = abs(got - want)
                 what = "is not finite" if not math.isfinite(got) else (
                     f"|error| {err:.3g} > bound {tolerance.ratio * g_max + tolerance.atol:.3g}")

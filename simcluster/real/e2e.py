@@ -358,9 +358,9 @@ that hangs there is named by its last hook call or earlier collective)."""
 _ANNOUNCING: list[Any] = [None]
 """``(rank, emit)`` while a real rank runs under :func:`_announce_collectives`, else None."""
 
-_ANNOUNCERS: dict[str, Any] = {}
-"""The wrapper put in place of each of :data:`ANNOUNCED`, made once per process and reused by
-every job: code that captured one (``q_gather = auto_quantize(dist.all_gather, …)`` at module
+_ANNOUNCERS: dict[str, tuple[Any, Any]] = {}
+"""``(wrapper, torch's own function)`` of each of :data:`ANNOUNCED`: the wrapper is made once
+per process and put in place for every job: code that captured one (``q_gather = auto_quantize(dist.all_gather, …)`` at module
 level, ``from torch.distributed import all_gather``) and compares it with ``dist.all_gather``
 later (``func is dist.all_gather``, as torch's ``auto_quantize`` does) finds the same object
 in every job, as in a process that never patched anything."""
@@ -385,18 +385,19 @@ def _announce_collectives(rank: int, emit: Callable[[int, str], None]) -> Iterat
     import time is what ``torch.distributed`` holds while they run."""
     import torch.distributed as dist
 
-    saved = {name: getattr(dist, name) for name in ANNOUNCED if hasattr(dist, name)}
-    for name, original in saved.items():
+    names = [name for name in ANNOUNCED if hasattr(dist, name)]
+    for name in names:
         if name not in _ANNOUNCERS:
+            original = getattr(dist, name)
             _ANNOUNCERS[name] = (_announcer(name, original), original)
     _ANNOUNCING[0] = (rank, emit)
     try:
-        for name in saved:
+        for name in names:
             setattr(dist, name, _ANNOUNCERS[name][0])
         yield
     finally:
         _ANNOUNCING[0] = None
-        for name in saved:
+        for name in names:
             setattr(dist, name, _ANNOUNCERS[name][1])
 
 

@@ -171,8 +171,8 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
 
     outcomes = _gather(me, args.timeout + _GATHER_MARGIN - (time.monotonic() - started) + _MARGIN)
     real = Side(f"real {args.backend} (torchrun)", seconds=max(o.get("seconds", 0.0) for o in outcomes.values()))
-    real.failure = _real_failure(outcomes, me.world_size)
-    real.raised = _raised(outcomes, me.world_size) if real.failure is not None else {}
+    real.raised = _raised(outcomes, me.world_size)
+    real.failure = _real_failure(outcomes, me.world_size, real.raised)
     if real.failure is None:
         real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
@@ -217,9 +217,9 @@ def _gather(me: _Rank, wait: float) -> dict[int, dict[str, Any]]:
     return outcomes
 
 
-def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int) -> Any:
-    """The real side's failure, if any: a hung rank first (the cause), then a rank whose
-    error is not a consequence of another's (a peer's closed connection or a timeout)."""
+def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int, own: dict[int, Any]) -> Any:
+    """The real side's failure, if any: a hung rank first (the cause), then the first rank
+    whose error is not a consequence of another's (``own``: :func:`_raised`)."""
     from simcluster.real.e2e import SideFailure
 
     hung = [r for r in range(world_size) if "hung" in outcomes[r]]
@@ -230,7 +230,6 @@ def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int) -> Any:
     failed = [r for r in range(world_size) if "error" in outcomes[r]]
     if not failed:
         return None
-    own = _raised(outcomes, world_size)
     if own:
         return own[min(own)]
     e = outcomes[failed[0]]["error"]

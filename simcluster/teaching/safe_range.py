@@ -110,12 +110,11 @@ def safe_range(hook: Callable[[Any, Any], Any], world_size: int, **kwargs: Any) 
 
 def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any, monitor: Any = None) -> int:
     """``simcluster explain TARGET --range``: print the safe range per world size; exit 0."""
+    from simcluster.checking.properties import registration_problem
+    from simcluster.teaching.explain import registration_lines
     from simcluster.usercode.targets import parse_world_sizes
 
     sizes = parse_world_sizes(args.world_sizes)
-    from simcluster.checking.properties import registration_problem
-    from simcluster.teaching.explain import registration_lines
-
     print(f"simcluster explain --range: {args.target}, {args.backend} backend model, tolerance {args.tolerance}; "
           "every rank holds +M in every element; largest M whose average stays finite and within tolerance")
     for line in registration_lines(registration_problem(hook, args.api)):
