@@ -302,3 +302,52 @@ def test_the_race_example_has_buckets_in_flight_and_ranks_that_disagree(steps: i
     run_example(options("no_callback_collective_hook"), example, "gloo")  # no violation
     assert race_example(racy, (1,), steps) is None
     assert race_example(options("callback_broadcast_hook", params="4x4"), (1, 2), steps) is None
+
+
+# --------------------------------------------------------------------------- the explicit twins example
+def test_the_default_check_finds_buckets_in_flight_mixing_silently() -> None:
+    """hooks/buggy.py's inflight_shared_compressor keeps "the" bucket in its state: with
+    buckets of different sizes in flight its callback's copy_ fails (loud), with equal sizes
+    every bucket silently gets the last one's average. The drawn search rarely repeats a
+    shape, and an averages failure (the edge example's float16 overflow) hid any other: the
+    default check reported only the loud form (docs/hooks.md). Now the twins example finds the
+    silent one, reported beside the overflow as a distinct bug, with a hint naming whose
+    average arrived; its replay token reproduces it."""
+    state = "simcluster.hooks.buggy:CompressorState"
+    report = check_hook(buggy.inflight_shared_compressor, state=state, tolerance="fp16", backends=("gloo",))
+    averages = [f for f in report.failures if f.property == "averages"]
+    mixed = [f for f in averages if "another bucket's data" in f.message]
+    assert len(mixed) == 1, report.format()
+    assert any("not finite" in f.message for f in averages), report.format()  # the overflow, still reported
+    (failure,) = mixed
+    assert "param 0's result is param 2's average" in failure.message  # three 4-element buckets: the last wins
+    again = check_hook(buggy.inflight_shared_compressor, state=state, tolerance="fp16", backends=("gloo",),
+                       replay=failure.details["token"])
+    assert [f.message for f in again.failures] == [failure.message]
+
+
+def test_the_twins_example_passes_a_correct_hook_and_needs_two_buckets_of_one_size() -> None:
+    """No false alarm: torch's fp16 hook and the reference compressor hold on the twins example
+    (equal buckets in flight are a layout real DDP makes); with --params of distinct sizes there is
+    none (the race example covers those), with two of one size they are used."""
+    from simcluster.checking.explicit import TWIN_SHAPES, twins_example
+    from simcluster.checking.judge import run_example
+    from simcluster.checking.options import make_options
+    from simcluster.usercode.rank_local import RankLocal
+
+    def options(target: str, params: object = None) -> object:
+        return make_options(RankLocal(target), target=target, replay_target=target, state="none", isolate=(),
+                            tolerance="fp16", backends=("gloo",), world_sizes=(1, 2, 3, 4, 8), steps=3,
+                            examples=50, seed=0, api="current", properties=None, params=params, subgroups=None,
+                            deadline=60.0, rng="per_rank")
+
+    fp16 = options("torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook")
+    example = twins_example(fp16, (1, 2, 3, 4, 8), 3)
+    assert example is not None and example.world_size == 2 and example.layout.shapes == TWIN_SHAPES
+    run_example(fp16, example, "gloo")  # no Violation
+    run_example(options("simcluster.hooks.reference:fp16_compress_hook"), example, "gloo")
+    fp16_hook = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook"
+    assert twins_example(options(fp16_hook, params="4x5,5,3"), (1, 2), 3) is None
+    fixed = twins_example(options(fp16_hook, params="4x5,20,3"), (1, 2), 3)
+    assert fixed is not None and fixed.layout.shapes == ((4, 5), (20,), (3,))
+    assert twins_example(fp16, (1,), 3).world_size == 1  # type: ignore[union-attr]

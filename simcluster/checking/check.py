@@ -286,7 +286,7 @@ def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
 
 
 def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int, *,
-             capture: bool = True, seen: set[tuple[str, str, str]] | None = None) -> None:
+             capture: bool = True, seen: set[tuple[str, str, str, str]] | None = None) -> None:
     """Run one example; a violation becomes a report entry (with what the hook printed, when
     ``capture``: a replay runs uncaptured and its prints show as they happen). With
     ``seen`` (the distinct bugs reported so far), only a new one, within :data:`MAX_BUGS`."""
@@ -381,7 +381,7 @@ def _is_final_run() -> bool:
 
 
 def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_sizes: Sequence[int], steps: int,
-                    examples: int, seed: int | None, database: Any) -> set[tuple[str, str, str]]:
+                    examples: int, seed: int | None, database: Any) -> set[tuple[str, str, str, str]]:
     """Hypothesis' search; the distinct bugs it reported (keys of :func:`_bug_key`)."""
     count = [0]
     strategy = example_strategy(world_size_choices=tuple(world_sizes), steps=steps, subgroups=opts.subgroups,
@@ -410,10 +410,10 @@ def _run_hypothesis(opts: Options, backend: str, report: CheckReport, world_size
 
 
 def _report_bugs(opts: Options, backend: str, report: CheckReport, found: list[Violation],
-                 steps: int) -> set[tuple[str, str, str]]:
+                 steps: int) -> set[tuple[str, str, str, str]]:
     """The first :data:`MAX_BUGS` distinct bugs, in checking order, with a note if there were
     more; their keys."""
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[tuple[str, str, str, str]] = set()
     for v in sorted(found, key=_bug_key):
         key = _bug_key(v)[1:]
         if key not in seen and len(seen) < MAX_BUGS:
@@ -550,6 +550,8 @@ def _violations(exc: BaseException) -> list[Violation]:
     return []
 
 
-def _bug_key(v: Violation) -> tuple[int, str, str, str]:
-    """Sort key and identity of a distinct bug: property (in checking order), exception type, user line."""
-    return ORDER.index(v.prop), v.prop, v.info.get("error_type", ""), v.info.get("line", "")
+def _bug_key(v: Violation) -> tuple[int, str, str, str, str]:
+    """Sort key and identity of a distinct bug: property (in checking order), exception type,
+    user line, and for *averages* the kind of result (:func:`~simcluster.checking.judge.averages_outcome`:
+    an overflow and wrong data are two bugs)."""
+    return ORDER.index(v.prop), v.prop, v.info.get("error_type", ""), v.info.get("line", ""), v.info.get("outcome", "")

@@ -1,7 +1,7 @@
 """Explicit examples: known-dangerous inputs every check tries after its drawn examples.
 
 Hypothesis draws examples at random, and some bugs need a combination that a 50-example
-search reaches only now and then. Two such combinations are tried explicitly, the same
+search reaches only now and then. These combinations are tried explicitly, the same
 ones for every seed (they depend only on the options), so a check that passed them says
 so for every seed:
 
@@ -20,6 +20,15 @@ so for every seed:
   hook from the wild (docs/hooks.md) on 1 seed in 20 at the default 50 examples
   (docs/properties.md, "Explicit examples").
 
+* :func:`twins_example` — several buckets *of the same size* in flight. The race example
+  gives its buckets different sizes so that a collective paired with another bucket's
+  fails loudly; a hook that confuses its buckets in flight (state keyed on "the" bucket:
+  a compressor keeping the last buffer in ``self``, DDP calling the hook for bucket k+1
+  before bucket k's collective completed) is *silently* wrong only when the sizes agree —
+  another bucket's data, no error. The drawn search picks parameter shapes independently
+  and rarely repeats one, so that form went unseen in the default 50 examples
+  (docs/hooks.md: ``buggy.inflight_shared_compressor``).
+
 * :func:`nonfinite_examples` — one rank's gradient holding ``inf`` at one element (and,
   in a second example, ``NaN``), every other element finite: what a step of
   mixed-precision training with an overflow hands the hook. No draw produces a
@@ -37,6 +46,7 @@ drawn search already reported that bug (same property, exception type and user l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -45,8 +55,8 @@ from simcluster.checking.options import Options
 from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec
 from simcluster.checking.tolerances import parse_tolerance
 
-__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "explicit_examples", "edge_example", "race_example",
-           "nonfinite_examples"]
+__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "explicit_examples",
+           "edge_example", "race_example", "twins_example", "nonfinite_examples"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
 """The race example's schedule: the second-oldest option at every real choice (in order
@@ -63,6 +73,10 @@ RACE_SHAPES: tuple[tuple[int, ...], ...] = ((3,), (5,), (4,))
 """The race example's parameters when ``--params`` gives none: three buckets of different
 sizes (one parameter each), so a collective paired with another bucket's shows as a size
 mismatch rather than silently summing the wrong data."""
+
+TWIN_SHAPES: tuple[tuple[int, ...], ...] = ((4,), (4,), (4,))
+"""The twins example's parameters when ``--params`` gives no two of the same size: three
+buckets of 4 elements (one parameter each), whose gradients differ."""
 
 _RACE_CAP_MB = 1 / 2**20
 """A 1-byte bucket cap: DDP closes a bucket at its first parameter, so from the rebuild
@@ -85,7 +99,7 @@ value: in the first parameter, the matrix of :data:`NONFINITE_SHAPES`."""
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
     return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
-                          *nonfinite_examples(opts, world_sizes, steps))
+                          twins_example(opts, world_sizes, steps), *nonfinite_examples(opts, world_sizes, steps))
             if ex is not None]
 
 
@@ -133,6 +147,30 @@ def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
     return Example(world, layout, base, (1,) * (steps - 1), RANKS_DISAGREE, "float32", values,
                    exact=opts.tolerance == "exact")
+
+
+def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """Buckets of the same size in flight together, completed in order, at the smallest
+    world of 2 or more (else the largest drawn, 1: the confusion needs no peer).
+
+    The parameters are ``--params`` when two of them have the same number of elements, else
+    :data:`TWIN_SHAPES` — None when ``--params`` has no two of one size (the race example
+    covers those buckets). One bucket per parameter as in :func:`race_example` (a 1-byte
+    cap: from the rebuild at step 1 on, or from step 0 with ``--steps 1``). Gradients:
+    small integers, different on every rank, parameter and step, so a bucket handed
+    another bucket's average is wrong, not coincidentally right."""
+    if opts.params:
+        sizes = [math.prod(shape) for shape in opts.params]
+        if len(set(sizes)) == len(sizes):
+            return None
+    shapes = opts.params or TWIN_SHAPES
+    worlds = sorted(w for w in world_sizes if w >= 2)
+    world = worlds[0] if worlds else max(world_sizes)
+    values = _values(opts) or "float32"
+    layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1,
+                    gradient_as_bucket_view=opts.bucket_view)
+    base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
+    return Example(world, layout, base, (1,) * (steps - 1), (), "float32", values, exact=opts.tolerance == "exact")
 
 
 def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:

@@ -196,7 +196,19 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
             if prop not in opts.props or (prop == "averages" and t >= drain_from):
                 continue
             if msg := _step_problem(opts, prop, res, grads[t], groups, example.nonfinite):
-                fail(prop, f"step {t}{',' if prop == 'keeps_nonfinite' else ':'} {msg}")
+                extra = {"outcome": averages_outcome(res.grads)} if prop == "averages" else {}
+                fail(prop, f"step {t}{',' if prop == 'keeps_nonfinite' else ':'} {msg}", **extra)
+
+
+def averages_outcome(results: Any) -> str:
+    """What kind of *averages* failure a step's results show: ``"not finite"`` when some
+    result is ``inf``/``NaN`` (an overflow: the mean was finite, or the step would not be
+    judged), else ``"off"`` (finite, but not the mean: wrong data). Two failures of
+    different kinds are two bugs (``check._bug_key``): a shared
+    compressor mixing buckets in flight is off, the same hook's float16 sum of every rank
+    at 65504 is not finite."""
+    finite = all(bool(torch.isfinite(g).all()) for rank in results for g in rank if g.is_floating_point())
+    return "off" if finite else "not finite"
 
 
 def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[list[int]],

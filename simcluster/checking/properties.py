@@ -188,7 +188,39 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     if spot is not None:
         got, mean, xs, result_dtype = spot
         message += _overflow_hint(got, mean, xs, result_dtype, carried)
-    return message + wraps + _looser_hint(tol, results, inputs, groups)
+    return message + wraps + _other_param_hint(tol, results, inputs, groups) + _looser_hint(tol, results, inputs, groups)
+
+
+def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
+    """When a parameter's result is, on every rank of its group, *another* parameter's
+    average (same shape, within ``tol``), say which: another bucket's data reached it. The
+    usual cause is hook state that holds "the" bucket (a compressor keeping the buffer in
+    ``self``) while DDP calls the hook for the next bucket before this one's collective
+    completed. Not under a lossy tolerance (judged per bucket, where shares blur)."""
+    if tol.lossy:
+        return ""
+
+    def within(ranks: list[int], k: int, mean: torch.Tensor, abs_mean: torch.Tensor) -> bool:
+        for r in ranks:
+            got_t = results[r][k].detach()
+            bound = error_bound(tol, len(ranks), mean, abs_mean, got_t.dtype)
+            if not bool(((got_t.to(torch.float64).reshape(-1) - mean).abs() <= bound).all()):
+                return False
+        return True
+
+    for ranks in _groups_of(len(inputs), groups):
+        shapes = [tuple(x.shape) for x in inputs[ranks[0]]]
+        means = [group_mean(inputs, ranks, k) for k in range(len(shapes))]
+        for k, shape in enumerate(shapes):
+            if within(ranks, k, *means[k]):
+                continue
+            for j, other in enumerate(shapes):
+                if j != k and other == shape and not torch.equal(means[j][0], means[k][0]) \
+                        and within(ranks, k, *means[j]):
+                    return (f"\n(param {k}'s result is param {j}'s average, on every rank: another bucket's data "
+                            f"reached it — hook state holding \"the\" bucket while DDP calls the hook for the next "
+                            "one before this one's collective completed?)")
+    return ""
 
 
 def _wrap_hint(wrapped: Sequence[str]) -> str:
