@@ -196,19 +196,19 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
             if prop not in opts.props or (prop == "averages" and t >= drain_from):
                 continue
             if msg := _step_problem(opts, prop, res, grads[t], groups, example.nonfinite):
-                extra = {"outcome": averages_outcome(res.grads)} if prop == "averages" else {}
+                extra = {"outcome": averages_outcome(opts, res.grads, grads[t], groups)} if prop == "averages" else {}
                 fail(prop, f"step {t}{',' if prop == 'keeps_nonfinite' else ':'} {msg}", **extra)
 
 
-def averages_outcome(results: Any) -> str:
-    """What kind of *averages* failure a step's results show: ``"not finite"`` when some
-    result is ``inf``/``NaN`` (an overflow: the mean was finite, or the step would not be
-    judged), else ``"off"`` (finite, but not the mean: wrong data). Two failures of
-    different kinds are two bugs (``check._bug_key``): a shared
-    compressor mixing buckets in flight is off, the same hook's float16 sum of every rank
-    at 65504 is not finite."""
-    finite = all(bool(torch.isfinite(g).all()) for rank in results for g in rank if g.is_floating_point())
-    return "off" if finite else "not finite"
+def averages_outcome(opts: Options, results: Any, inputs: Any, groups: list[list[int]]) -> str:
+    """What an *averages* failure is, for telling bugs apart: ``"another bucket's data"``
+    when some parameter got another parameter's average
+    (:func:`~simcluster.checking.properties.another_params_average`), else ``""``. Two
+    failures of different outcomes are two bugs (``check._bug_key``): a shared compressor
+    mixing buckets in flight, and the same hook's float16 sum of every rank at 65504 that
+    overflows. (A hook that forgets to divide fails alike on both: one bug.)"""
+    mixed = P.another_params_average(results, inputs, opts.tolerance, groups)
+    return "" if mixed is None else "another bucket's data"
 
 
 def _step_problem(opts: Options, prop: str, res: Any, inputs: Any, groups: list[list[int]],

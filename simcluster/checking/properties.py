@@ -192,13 +192,33 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
 
 
 def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
-    """When a parameter's result is, on every rank of its group, *another* parameter's
-    average (same shape, within ``tol``), say which: another bucket's data reached it. The
-    usual cause is hook state that holds "the" bucket (a compressor keeping the buffer in
-    ``self``) while DDP calls the hook for the next bucket before this one's collective
-    completed. Not under a lossy tolerance (judged per bucket, where shares blur)."""
-    if tol.lossy:
+    """One line when some parameter's result is another parameter's average (:func:`another_params_average`)."""
+    found = another_params_average(results, inputs, tol, groups)
+    if found is None:
         return ""
+    k, j = found
+    return (f"\n(param {k}'s result is param {j}'s average, on every rank: another bucket's data reached it — "
+            "hook state holding \"the\" bucket while DDP calls the hook for the next one before this one's "
+            "collective completed?)")
+
+
+def another_params_average(results: Grads, inputs: Grads, tolerance: str | Tolerance,
+                           groups: Sequence[Sequence[int]] | None = None) -> tuple[int, int] | None:
+    """``(k, j)`` when parameter ``k``'s result is, on every rank of its group, parameter
+    ``j``'s average (same shape, a different average, within the tolerance), else None:
+    another bucket's data reached it. The usual cause is hook state that holds "the"
+    bucket (a compressor keeping the buffer in ``self``) while DDP calls the hook for the
+    next bucket before this one's collective completed. None under a lossy tolerance
+    (judged per bucket, where shares blur) or ``none``.
+
+    >>> x = [[torch.tensor([1.0]), torch.tensor([5.0])], [[3.0], [7.0]]]
+    >>> x[1] = [torch.tensor([3.0]), torch.tensor([7.0])]
+    >>> another_params_average([[torch.tensor([6.0])] * 2] * 2, x, "fp32")
+    (0, 1)
+    """
+    tol = parse_tolerance(tolerance)
+    if tol.lossy or tol.kind == "none":
+        return None
 
     def within(ranks: list[int], k: int, mean: torch.Tensor, abs_mean: torch.Tensor) -> bool:
         for r in ranks:
@@ -217,10 +237,8 @@ def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Seq
             for j, other in enumerate(shapes):
                 if j != k and other == shape and not torch.equal(means[j][0], means[k][0]) \
                         and within(ranks, k, *means[j]):
-                    return (f"\n(param {k}'s result is param {j}'s average, on every rank: another bucket's data "
-                            f"reached it — hook state holding \"the\" bucket while DDP calls the hook for the next "
-                            "one before this one's collective completed?)")
-    return ""
+                    return k, j
+    return None
 
 
 def _wrap_hint(wrapped: Sequence[str]) -> str:
