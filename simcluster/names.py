@@ -12,6 +12,10 @@ Three names, for three readers:
   directory: a file under it is named by its relative path (``tests/test_x.py:hook``),
   anything else by :func:`target_spec`.
 
+And :func:`wear_torchs_name`, for the simulator's stand-ins of torch's C++ types: Python's
+own errors (``'…' object has no attribute 'x'``, ``… is not subscriptable``) then name the
+type as a real run names it.
+
 And :func:`without_addresses`, for text that quotes an object as Python's default
 ``repr`` does (``<torch.Future object at 0x7f2e…>``, in torch's own error messages): the
 address masked, so such a message is the same from run to run and process to process.
@@ -33,7 +37,7 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "MASKED_ADDRESS"]
+__all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "wear_torchs_name", "MASKED_ADDRESS"]
 
 MASKED_ADDRESS = "0x…"
 """What stands for a memory address in a default ``repr``."""
@@ -83,3 +87,19 @@ def loadable_spec(obj: Any) -> str | None:
 def _installed(file: str) -> bool:
     path = os.path.abspath(file)
     return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
+
+
+def wear_torchs_name(cls: type, torch_name: str) -> None:
+    """Name ``cls`` as the torch type it stands in for is named in Python's own errors: a
+    pybind type's ``tp_name`` is its dotted path (``torch._C.Future``), and setting a
+    class's ``__name__`` sets its ``tp_name``. So a hook's typo fails as on a real run,
+    ``'torch._C.Future' object has no attribute 'vale'`` (measured on torch 2.13:
+    docs/gloo-facts.md §8, docs/ddp-facts.md), not naming a class the user never wrote.
+    ``__qualname__`` and ``__module__`` stay, so the class itself still reads as
+    simcluster's (``<class 'simcluster.fake.futures.SimFuture'>``).
+
+    Done this way rather than with a ``__getattr__`` that words the error: a class with
+    ``__getattr__`` gets a slower attribute lookup for *every* attribute, found or not,
+    and none of its attribute reads is specialised by the interpreter — ~5 % of a
+    simulated step's instructions (docs/speed.md, stop 23)."""
+    cls.__name__ = torch_name

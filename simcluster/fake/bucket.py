@@ -52,6 +52,7 @@ import torch
 from simcluster.errors import (
     GradBucketAttributeError, GradBucketMisuse, GradBucketRuntimeError, GradBucketTypeError, UsageError,
 )
+from simcluster.names import wear_torchs_name
 
 __all__ = [
     "SimGradBucket",
@@ -318,13 +319,14 @@ def _gated_class(base: type[SimGradBucket], api: Api) -> type[SimGradBucket]:
 
 
 def _wear_torchs_name(cls: type) -> None:
-    """Name ``cls`` as real DDP's bucket type is named, so Python's own errors about a
-    misused bucket read as real DDP's do: ``'torch._C._distributed_c10d.GradBucket' object
-    is not subscriptable``, ``… but got <class 'torch._C._distributed_c10d.GradBucket'>
-    instead`` (a pybind type's ``tp_name`` is the dotted path; measured, docs/ddp-facts.md).
-    Otherwise they named ``SimGradBucket``, a class the user never wrote. Only the simulator's
-    own bucket classes wear it: a user's subclass keeps its name."""
-    cls.__name__ = _TORCH_BUCKET_TYPE
+    """Name ``cls`` as real DDP's bucket type is named (:func:`~simcluster.names.wear_torchs_name`),
+    so Python's own errors about a misused bucket read as real DDP's do:
+    ``'torch._C._distributed_c10d.GradBucket' object is not subscriptable``, and, the class
+    itself named so too, ``… but got <class 'torch._C._distributed_c10d.GradBucket'>
+    instead`` (measured, docs/ddp-facts.md). Otherwise they named ``SimGradBucket``, a class
+    the user never wrote. Only the simulator's own bucket classes wear it: a user's subclass
+    keeps its name."""
+    wear_torchs_name(cls, _TORCH_BUCKET_TYPE)
     cls.__qualname__ = "GradBucket"
     cls.__module__ = _TORCH_BUCKET_TYPE.rpartition(".")[0]
 

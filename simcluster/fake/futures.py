@@ -44,7 +44,7 @@ import torch
 
 from simcluster.engine.frames import is_simcluster_code
 from simcluster.engine.trace import CallbackRan
-from simcluster.names import MASKED_ADDRESS, callable_name
+from simcluster.names import MASKED_ADDRESS, callable_name, wear_torchs_name
 
 if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
@@ -135,13 +135,6 @@ class SimFuture(torch.futures.Future):
     ``label`` names it in traces and deadlock reports (``"all_reduce#3 on WORLD"``,
     ``"then(decompress) of all_reduce#3 on WORLD"``).
     """
-
-    def __getattr__(self, name: str) -> Any:
-        # Only for names the class lacks: worded as torch words it (measured, docs/gloo-facts.md
-        # §8) — a collective's or then()'s future is a torch._C.Future; one the hook made with
-        # torch.futures.Future() (the per-cluster subclass named Future) says 'Future'.
-        kind = "Future" if type(self).__name__ == "Future" else "torch._C.Future"
-        raise AttributeError(f"'{kind}' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
         # As torch's default repr words it (measured on torch 2.13): a collective's or
@@ -401,6 +394,13 @@ class _Synchronous:
 
     def on_done(self, resume: Callable[[], None]) -> None:
         self._flag.on_done(resume)
+
+
+wear_torchs_name(SimFuture, "torch._C.Future")
+"""A collective's or ``then``'s future is a ``torch._C.Future`` in Python's errors (measured,
+docs/gloo-facts.md §8); one the hook made with ``torch.futures.Future()`` (the per-cluster
+subclass named ``Future``: :func:`~simcluster.fake.rank_context.user_future_class`) says
+``'Future'``, as torch's Python subclass does."""
 
 
 def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future:

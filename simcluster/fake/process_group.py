@@ -37,6 +37,7 @@ from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
+from simcluster.names import wear_torchs_name
 
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
@@ -97,11 +98,6 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for names the class lacks: worded on torch's type, as a real gloo work's is
-        # (measured: docs/gloo-facts.md §8), so a hook's typo fails with real torch's message.
-        raise AttributeError(f"'torch._C._distributed_c10d.Work' object has no attribute '{name}'")
-
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
@@ -149,12 +145,11 @@ class SimWork(dist.Work):
         return None
 
 
+wear_torchs_name(SimWork, "torch._C._distributed_c10d.Work")  # as a real gloo work is named (docs/gloo-facts.md §8)
+
+
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated group (see the module docstring)."""
-
-    def __getattr__(self, name: str) -> Any:
-        # Only for names the class lacks: worded on torch's type, as a real group's is.
-        raise AttributeError(f"'torch._C._distributed_c10d.ProcessGroup' object has no attribute '{name}'")
 
     def __init__(self, runtime: Runtime, spec: GroupSpec, global_rank: int) -> None:
         super().__init__(spec.ranks.index(global_rank), len(spec.ranks))
@@ -642,6 +637,9 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
                 f"{self.spec.name} has {self.size()} ranks"
             )
+
+
+wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")  # as a real group is named
 
 
 def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
