@@ -3,11 +3,10 @@
 tensor whose dim 0 (or bytes) do not divide by the group, input and output of different
 sizes; where each error is raised (at the call or at ``wait()``) and what the data is when
 none is. Run: python benchmarks/measure_alltoall.py (docs/gloo-facts.md §8)."""
-import os
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _gloo import call_and_wait, gloo_world, spawn_worlds
 
 
 def cases(world: int) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[int], list[int]]]:
@@ -23,23 +22,13 @@ def cases(world: int) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[int], 
 
 
 def run(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    for name, (out, inp, out_splits, in_splits) in cases(world).items():
-        inp = inp + 10 * rank if inp.dtype != torch.uint8 else inp
-        where = "call"
-        try:
-            work = dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
-                                          async_op=True)
-            where = "wait"
-            work.wait()
-            outcome = f"ok {out.flatten().tolist()}"
-        except Exception as exc:  # noqa: BLE001 - the measurement
-            outcome = f"raised at {where}: {type(exc).__name__}: {str(exc).splitlines()[0]!r}"
-        print(f"world {world} rank {rank} {name}: {outcome}", flush=True)
-    dist.destroy_process_group()
+    with gloo_world(rank, world, port):
+        for name, (out, inp, out_splits, in_splits) in cases(world).items():
+            inp = inp + 10 * rank if inp.dtype != torch.uint8 else inp
+            failed = call_and_wait(lambda: dist.all_to_all_single(
+                out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, async_op=True))
+            print(f"world {world} rank {rank} {name}: {failed or f'ok {out.flatten().tolist()}'}", flush=True)
 
 
 if __name__ == "__main__":
-    for world, port in ((1, 29561), (2, 29562)):
-        mp.spawn(run, args=(world, port), nprocs=world)
+    spawn_worlds(run, ((1, 29561), (2, 29562)))

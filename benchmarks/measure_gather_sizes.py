@@ -1,11 +1,10 @@
 """What real gloo raises for ``all_gather`` / ``all_gather_into_tensor`` outputs that do not
 fit the input (torch 2.13, 2 ranks), and where (call or ``wait()``).
 Run: python benchmarks/measure_gather_sizes.py (docs/gloo-facts.md §8)."""
-import os
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _gloo import call_and_wait, gloo_world, spawn_worlds
 
 CASES = {
     "into (12,) from (2, 3)": lambda: dist.all_gather_into_tensor(torch.empty(12), torch.ones(2, 3), async_op=True),
@@ -21,20 +20,10 @@ CASES = {
 
 
 def run(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    for name, call in CASES.items():
-        where = "call"
-        try:
-            work = call()
-            where = "wait"
-            work.wait()
-            outcome = "ok"
-        except Exception as exc:  # noqa: BLE001 - the measurement
-            outcome = f"raised at {where}: {type(exc).__name__}: {str(exc).splitlines()[0]!r}"
-        print(f"rank {rank} {name}: {outcome}", flush=True)
-    dist.destroy_process_group()
+    with gloo_world(rank, world, port):
+        for name, call in CASES.items():
+            print(f"rank {rank} {name}: {call_and_wait(call) or 'ok'}", flush=True)
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(2, 29571), nprocs=2)
+    spawn_worlds(run, ((2, 29571),))

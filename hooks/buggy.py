@@ -545,6 +545,20 @@ def rank0_logs_global_norm(process_group: dist.ProcessGroup | None, bucket: dist
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
 
 
+def _mean_unless(process_group: dist.ProcessGroup | None, buffer: torch.Tensor, skip: bool) -> Future[torch.Tensor]:
+    """The mean all-reduce of ``buffer`` on the group — or, when ``skip``, ``buffer`` as it is
+    and no collective posted: the body of :func:`skip_allreduce_if_zero` and
+    :func:`skips_on_local_overflow`. The
+    bug is in the caller, where ``skip`` is decided from this rank's data alone."""
+    group = resolve_group(process_group)
+    if skip:
+        done: Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+    buffer.div_(group.size())
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
+
+
 def skip_allreduce_if_zero(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """Skips the all-reduce when the local bucket is all zeros: a data-dependent collective.
 
@@ -558,14 +572,9 @@ def skip_allreduce_if_zero(process_group: dist.ProcessGroup | None, bucket: dist
     of different buckets; the skipping rank also keeps zeros instead of the mean.
     Caught by: ``liveness`` with one rank's gradient all zero.
     """
-    group = resolve_group(process_group)
     buffer = bucket.buffer()
-    if not bool(buffer.any()):  # BUG: a rank-local decision about a collective
-        done: Future[torch.Tensor] = torch.futures.Future()
-        done.set_result(buffer)
-        return done
-    buffer.div_(group.size())
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
+    all_zero = not bool(buffer.any())
+    return _mean_unless(process_group, buffer, skip=all_zero)  # BUG: a rank-local decision about a collective
 
 
 def scaled_fp16_blocking(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
@@ -665,14 +674,9 @@ def skips_on_local_overflow(process_group: dist.ProcessGroup | None, bucket: dis
     Caught by: ``liveness`` with one rank's gradient holding an inf (the explicit
     non-finite example; no drawn gradient is non-finite).
     """
-    group = resolve_group(process_group)
     buffer = bucket.buffer()
-    if not bool(torch.isfinite(buffer).all()):  # BUG: a rank-local decision about a collective
-        done: Future[torch.Tensor] = torch.futures.Future()
-        done.set_result(buffer)
-        return done
-    buffer.div_(group.size())
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(first_tensor)
+    overflow = not bool(torch.isfinite(buffer).all())
+    return _mean_unless(process_group, buffer, skip=overflow)  # BUG: a rank-local decision about a collective
 
 
 # --------------------------------------------------------------------------- keeps_nonfinite

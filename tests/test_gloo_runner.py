@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from simcluster.errors import GlooRunError, TargetLoadError, UsageError
-from simcluster.real.gloo_runner import GlooCluster, run_gloo
+from simcluster.real.gloo_runner import GlooCluster, is_consequence, primary_ranks, run_gloo
 
 pytestmark = pytest.mark.gloo
 
@@ -128,6 +128,20 @@ def test_raising_rank_is_reported_with_its_own_traceback(cluster: GlooCluster) -
     # the next job gets a fresh world
     assert [r["sum"] for r in cluster.run(collective_job, payloads=[1, 1])] == [2.0, 2.0]
     assert cluster.starts == starts + 1
+
+
+def test_a_timeout_is_a_consequence_only_where_failed_ranks_stay() -> None:
+    """gloo_runner's failed rank leaves at once, so a peer's closed connection is the
+    consequence and a timeout is a rank's own; under torchrun (``timeouts=True``) a failed
+    rank stays until the verdict, so its peers time out instead."""
+    closed = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1234."
+    timed_out = "RuntimeError: [pair.cc:598] Timed out waiting 5000ms for recv operation to complete"
+    own = "ValueError: deliberate failure on rank 1"
+    assert is_consequence(closed) and is_consequence(closed, timeouts=True)
+    assert not is_consequence(timed_out) and is_consequence(timed_out, timeouts=True)
+    assert not is_consequence(own, timeouts=True)
+    assert primary_ranks({0: closed, 2: timed_out, 1: own}) == [2, 1]
+    assert primary_ranks({1: closed, 0: closed}) == [1]  # all consequences: the first to report
 
 
 def test_hang_is_killed_within_the_timeout_and_no_child_survives(cluster: GlooCluster) -> None:

@@ -165,10 +165,11 @@ def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: b
 
 
 @contextlib.contextmanager
-def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend: str) -> Iterator[None]:
+def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend: BackendModel) -> Iterator[None]:
     """Install the proxy as torch's ``_world``, the run's ``new_group`` and
-    :func:`_monitored_barrier` for the run only (and, under the NCCL model, the stand-in
-    ``torch.cuda.nccl.version`` a SimCluster run installs too)."""
+    :func:`_monitored_barrier` for the run only (and, when ``backend`` knows its NCCL version
+    (:attr:`BackendModel.knows_nccl_version`), the stand-in ``torch.cuda.nccl.version`` a
+    SimCluster run installs too)."""
     saved = [(c10d, "_world", c10d._world), (c10d, "new_group", c10d.new_group), (dist, "new_group", dist.new_group),
              (c10d, "monitored_barrier", c10d.monitored_barrier), (dist, "monitored_barrier", dist.monitored_barrier),
              (torch.cuda.nccl, "version", torch.cuda.nccl.version)]
@@ -176,7 +177,7 @@ def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend
         c10d._world = proxy
         c10d.new_group = dist.new_group = new_group
         c10d.monitored_barrier = dist.monitored_barrier = _monitored_barrier
-        if backend == "nccl":
+        if backend.knows_nccl_version:
             torch.cuda.nccl.version = nccl_version_stand_in
         yield
     finally:
@@ -308,7 +309,7 @@ def run_real_ddp(
                          gradient_as_bucket_view=gradient_as_bucket_view))
     engine.on_abort(lambda: _fail_pending(run.returned))
 
-    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend.name):
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend):
         try:
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:

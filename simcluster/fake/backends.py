@@ -37,8 +37,10 @@ A hook's result can depend on the backend in five ways, and each model states al
    them in that order.
 5. **Which ops and dtypes are accepted, and when the error comes.** gloo raises for
    ``PREMUL_SUM`` and for bitwise ops on floating dtypes at ``wait()``, leaving the
-   group usable; NCCL rejects unsupported ops when the call is made. The messages and
-   the floating-point summation order come from :mod:`simcluster.fake.collectives`.
+   group usable; NCCL rejects unsupported ops when the call is made. gloo also refuses,
+   at the call, gather outputs not shaped as the input and a send or recv to the rank
+   itself, which NCCL accepts. The messages and the floating-point summation order come
+   from :mod:`simcluster.fake.collectives`.
 
 The facts behind each line are in ``docs/gloo-facts.md`` (measured on torch 2.13 with
 real gloo) and ``docs/collectives.md``; NCCL's are read from its code paths, not run.
@@ -91,6 +93,23 @@ class BackendModel:
     """True: ``all_to_all_single`` without split sizes cuts the flat *bytes* in equal parts
     and enforces its sizes at ``wait()`` (gloo's own ``alltoall``, measured:
     docs/gloo-facts.md §8); False: dim 0's rows (NCCL)."""
+    strict_gather_shapes: bool
+    """True: ``all_gather`` and ``all_gather_into_tensor`` check their outputs at the call,
+    in the backend's own words: one output per rank (the tensor output cut as
+    ``output.chunk(W)``), each shaped exactly as the input (gloo's
+    ``ProcessGroupGloo::allgather``, measured with ``benchmarks/measure_gather_sizes.py``:
+    docs/gloo-facts.md §8); False: only the element count is checked, in simcluster's own
+    words (NCCL: its checks are not measured)."""
+    refuses_self_p2p: bool
+    """True: a ``send``/``recv`` whose peer is the calling rank raises at the call (gloo
+    never connects a rank to itself, measured: docs/gloo-facts.md §6, "Point to point");
+    False: it is accepted and completes only with the matching half from itself (NCCL, read
+    from ``ProcessGroupNCCL::pointToPoint``, same section)."""
+    knows_nccl_version: bool
+    """True: ``torch.cuda.nccl.version()`` answers during a run, as on a real NCCL cluster
+    whose CUDA build knows its NCCL (this CPU build does not, so a run installs
+    :func:`simcluster.fake.rank_context.nccl_version_stand_in`; only torch's collective
+    error logger reads it, for a log field); False: left as torch has it (gloo)."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -128,6 +147,9 @@ GLOO = BackendModel(
     completion_grad_mode=True,
     barrier_after_prior_work=True,
     alltoall_bytes=True,
+    strict_gather_shapes=True,
+    refuses_self_p2p=True,
+    knows_nccl_version=False,
 )
 
 NCCL = BackendModel(
@@ -141,6 +163,9 @@ NCCL = BackendModel(
     completion_grad_mode=None,
     barrier_after_prior_work=False,
     alltoall_bytes=False,
+    strict_gather_shapes=False,
+    refuses_self_p2p=False,
+    knows_nccl_version=True,
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

@@ -410,7 +410,7 @@ class SimProcessGroup(dist.ProcessGroup):
         (t,) = inputs
         outs = outputs[0]
         self._check_tensors("all_gather", outs)
-        if self._runtime.backend.name == "gloo":
+        if self._runtime.backend.strict_gather_shapes:
             _raise_gloo_gather_error(outs, t, self.size())
         self._list_len("all_gather", "tensor_list", outs)
         for o in outs:
@@ -437,7 +437,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         self._check_tensors("all_gather_into_tensor", [output, input])
-        if self._runtime.backend.name == "gloo":
+        if self._runtime.backend.strict_gather_shapes:
             _raise_gloo_gather_error(list(output.chunk(self.size())), input, self.size())
         if output.numel() != input.numel() * self.size():
             raise ValueError(
@@ -593,7 +593,7 @@ class SimProcessGroup(dist.ProcessGroup):
         for peer in (src, dst):
             if not 0 <= peer < self.size():
                 raise ValueError(f"{op} on rank {self.global_rank}: peer {peer} is not a rank of {self.spec.name}")
-        if src == dst and self._runtime.backend.name == "gloo":
+        if src == dst and self._runtime.backend.refuses_self_p2p:
             raise BackendError(GLOO_SELF_P2P.format(rank=self.global_rank) + f"\n  simcluster: rank "
                                f"{self.global_rank}'s {op} {'to' if op == 'send' else 'from'} itself on {self.spec.name}: "
                                "gloo has no connection from a rank to itself and raises at the call "

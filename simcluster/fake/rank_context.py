@@ -316,7 +316,7 @@ def install_torch_patches(
         futures_module.collect_all, futures_module.wait_all = futures.collect_all, futures.wait_all
         if engine is not None:
             futures_module.Future = _future_class_for(contexts, engine)
-        if contexts.runtime.backend.name == "nccl":
+        if contexts.runtime.backend.knows_nccl_version:
             torch.cuda.nccl.version = nccl_version_stand_in
         return saved, install_generators()
     except BaseException:

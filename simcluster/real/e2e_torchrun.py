@@ -42,7 +42,6 @@ __all__ = ["torchrun_main"]
 _KEY = "simcluster-e2e"
 _MARGIN = 5.0  # seconds after --timeout at which a rank declares itself hung
 _GATHER_MARGIN = 15.0  # rank 0 waits this much beyond --timeout for every rank's post
-_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out", "Broken pipe")
 
 
 class _Rank:
@@ -238,14 +237,16 @@ def _real_failure(outcomes: dict[int, dict[str, Any]], world_size: int, own: dic
 
 def _raised(outcomes: dict[int, dict[str, Any]], world_size: int) -> dict[int, Any]:
     """Every rank that raised an error of its own (not a consequence of another's: a peer's
-    closed connection or a timeout), as :class:`~simcluster.real.e2e.SideFailure`\\s by rank
-    (:attr:`~simcluster.real.e2e.Side.raised`)."""
+    closed connection or, since a rank that raised stays in the world until rank 0's verdict,
+    a timeout: :func:`~simcluster.real.gloo_runner.is_consequence` with ``timeouts``), as
+    :class:`~simcluster.real.e2e.SideFailure`\\s by rank (:attr:`~simcluster.real.e2e.Side.raised`)."""
     from simcluster.real.e2e import SideFailure
+    from simcluster.real.gloo_runner import is_consequence
 
     out = {}
     for r in range(world_size):
         e = outcomes[r].get("error")
-        if e is not None and not any(m in e["traceback"] for m in _CONSEQUENCES):
+        if e is not None and not is_consequence(e["traceback"], timeouts=True):
             out[r] = SideFailure("raised", r, e["type"], e["message"], e["step"], e["traceback"])
     return out
 

@@ -64,14 +64,26 @@ from simcluster.names import target_spec
 # resolve_target is part of this module's public API (the children have their own import of it).
 from simcluster.real.gloo_child import _CHILD_CODE, _mp_child, resolve_target  # noqa: F401
 
-__all__ = ["GlooCluster", "run_gloo", "first_failed_rank", "primary_ranks"]
+__all__ = ["GlooCluster", "run_gloo", "first_failed_rank", "primary_ranks", "is_consequence", "CONSEQUENCE_MARKERS",
+           "TIMEOUT_MARKERS"]
 
 Target = Callable[[int, int, Any], Any] | str
 
 #: seconds the parent waits for the other ranks once one rank has failed
 _GRACE_AFTER_FAILURE = 2.0
-#: substrings of errors that are consequences of another rank's failure
-_SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+CONSEQUENCE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""Substrings of a rank's error text that mark it as a consequence of another rank's failure:
+the peer's process ended (a rank that raises leaves at once), so gloo's TCP pair reading from
+it says ``Connection closed by peer`` (measured: docs/gloo-facts.md §6), or the socket was reset
+(``Connection reset by peer``) or written after the close (``Broken pipe``)."""
+
+TIMEOUT_MARKERS = ("Timed out", "timed out")
+"""Substrings of the error of a collective that outlived the backend's timeout (either
+capitalisation). A consequence only where a failed rank's process *stays* in the
+world: under torchrun a rank that raised posts its outcome and waits for rank 0's verdict
+(:mod:`simcluster.real.e2e_torchrun`), so its peers' collectives time out instead of seeing a
+closed connection. Here (:func:`primary_ranks`) a failed rank leaves at once and the parent
+kills the others within seconds, so a timeout is no sign of a peer's failure: the rank's own."""
 
 
 # --------------------------------------------------------------------------- target
@@ -336,15 +348,19 @@ def _validate(world_size: int, timeout: float, start_method: str) -> None:
         raise UsageError(f"start_method={start_method!r} must be 'subprocess' or one of {mp.get_all_start_methods()}")
 
 
-def _is_secondary(text: str) -> bool:
-    return any(marker in text for marker in _SECONDARY_MARKERS)
+def is_consequence(text: str, *, timeouts: bool = False) -> bool:
+    """Whether a rank's error ``text`` is a consequence of another rank's failure
+    (:data:`CONSEQUENCE_MARKERS`; with ``timeouts``, :data:`TIMEOUT_MARKERS` too: for a
+    launcher whose failed ranks stay alive, as torchrun's)."""
+    markers = CONSEQUENCE_MARKERS + TIMEOUT_MARKERS if timeouts else CONSEQUENCE_MARKERS
+    return any(marker in text for marker in markers)
 
 
 def primary_ranks(failures: dict[int, str]) -> list[int]:
     """The ranks whose failure is their own (not a consequence of another's, such as a
     peer's ``Connection closed by peer``), in the order they reported; if every failure
     is such a consequence, the first to report."""
-    return [r for r, text in failures.items() if not _is_secondary(text)] or list(failures)[:1]
+    return [r for r, text in failures.items() if not is_consequence(text)] or list(failures)[:1]
 
 
 def first_failed_rank(err: GlooRunError) -> int:
