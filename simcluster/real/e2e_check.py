@@ -97,7 +97,9 @@ def _indent(text: str) -> str:
 
 
 def scenario_from_example(example: Any, label: str) -> Scenario:
-    """A check :class:`~simcluster.checking.strategies.Example` as a scenario (its exact gradients)."""
+    """A check :class:`~simcluster.checking.strategies.Example` as a scenario: its exact
+    gradients, and its layout's gradient-ready order (the order the simulated search's DDP
+    step used, ``DDPConfig.ready_order``), which both sides then follow."""
     grads = example.grads()
     layout = example.layout
     return Scenario(world_size=example.world_size, shapes=tuple(tuple(s) for s in layout.shapes),
@@ -105,7 +107,8 @@ def scenario_from_example(example: Any, label: str) -> Scenario:
                     seed=0 if example.rng_seed is None else example.rng_seed, dtype=example.dtype,
                     static_graph=layout.static_graph, find_unused_parameters=layout.find_unused_parameters,
                     gradient_as_bucket_view=layout.gradient_as_bucket_view,
-                    grads=tuple(tuple(tuple(rank) for rank in step) for step in grads), label=label)
+                    grads=tuple(tuple(tuple(rank) for rank in step) for step in grads), label=label,
+                    ready_order=tuple(layout.ready_order) or None)
 
 
 def _counterexamples(report: Any, notes: list[str]) -> list[Scenario]:
