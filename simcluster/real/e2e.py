@@ -1,7 +1,7 @@
 """End to end: the hook inside torch's real ``DistributedDataParallel``, simulated and real.
 
 One :class:`Scenario` (world size, parameter shapes, steps, bucket cap, per-rank
-gradients) is run twice with the *same* real C++ reducer:
+gradients, gradient-ready order) is run twice with the *same* real C++ reducer:
 
 * **sim** — :func:`simcluster.ddp.real_ddp.run_real_ddp`: one thread per rank on
   simulated process groups (the backend model ``gloo`` or ``nccl``);
@@ -15,7 +15,9 @@ simulator**, not a verdict on the hook (:func:`compare`).
 The model is built so the gradients are exactly the scenario's: ``forward(x)`` is
 ``Σ_i (p_i * x_i).sum()`` with ``x`` the flat concatenation of the per-parameter inputs, so
 ``p_i.grad == x_i`` bit for bit (the backward of ``sum`` is ones, of ``mul`` is
-``grad * x``). A check example's gradients therefore reach the hook unchanged.
+``grad * x``). A check example's gradients therefore reach the hook unchanged. The parts
+are added so that backward readies the gradients in the scenario's ready order
+(:class:`GradientModel`), which the DDP model is given too.
 
 Every real rank prints one line per event (``simcluster-e2e rank R: step S: ...``: a hook
 call, a collective posted, a failure) to its captured output; when a rank hangs or dies,

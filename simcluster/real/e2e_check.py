@@ -3,7 +3,8 @@
 For every checked row, :func:`e2e_for_rows` runs :func:`simcluster.real.e2e.run_e2e` on
 
 * every shrunk counterexample the search reported (decoded from its replay token: world
-  size, parameter shapes, bucket cap, DDP flags, the exact per-rank gradients and RNG seed);
+  size, parameter shapes, bucket cap, DDP flags, the exact per-rank gradients, RNG seed and
+  gradient-ready order, which real DDP follows as the simulation does);
 * the edge case the search tries last: every rank at the value dtype's largest finite
   value (world 3 when it is among the world sizes);
 * ``--e2e-examples`` scenarios drawn from ``--seed`` (world sizes among ``--world-sizes``
