@@ -1041,3 +1041,83 @@ def test_view_mode_grads_keep_their_bucket_layout_on_every_side(census) -> None:
     assert result.verdict == "agree", result.format()
     assert [g.storage_offset() for g in result.real.grads[0][0]] == [0, 20]
     assert [g.storage_offset() for g in result.real.grads[1][0]] == [5, 0]
+
+
+# --------------------------------------------------------------------------- the gradient-ready order
+# A counterexample's layout carries the order in which gradients became ready in the simulated
+# search; DDP's rebuild after iteration 0 follows it. The e2e replayed every counterexample with
+# GradientModel's own order (reverse parameter order) on the real side and in the real reducer,
+# and the DDP model's default (the same): a bug that needs another order was never replayed.
+
+ORDERED = Scenario(2, ((4, 5), (5,), (3,)), steps=2, bucket_cap_mb=16 / 2**20, ready_order=(0, 2, 1))
+ORDERED_STEP_1 = [(1, 0, False, (0,)), (1, 1, True, (2, 1))]
+"""ORDERED's hook calls after the rebuild, worked out by hand from the cap rule: ready order 0
+(80 B, reaches the 16-byte cap alone), then 2 (12 B) and 1 (20 B) together. Reverse order
+(2, 1, 0) would give buckets [2, 1] and [0]."""
+
+
+def ready_orders_job(rank: int, world_size: int, payload: list[tuple[int, ...] | None]) -> list[list[int]]:
+    """In a gloo rank: for each order, the order in which real DDP's GradientModel of three
+    parameters accumulates their gradients (post-accumulate-grad hooks) over two iterations."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from simcluster.real.e2e import GradientModel
+
+    out = []
+    for order in payload:
+        model = GradientModel(((2,), (3,), (1,)), ready_order=order)
+        seen: list[int] = []
+        for i, p in enumerate(model.parameters()):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: seen.append(i))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1 / 2**20)
+        for _ in range(2):
+            ddp(torch.ones(6)).backward()
+            ddp.zero_grad(set_to_none=True)
+        del ddp  # docs/gloo-facts.md §10: no DDP object outlives the job
+        out.append(seen)
+    return out
+
+
+def test_real_ddp_and_both_simulated_ddps_follow_a_scenarios_ready_order(census) -> None:
+    import itertools
+
+    orders = [None, *itertools.permutations(range(3))]
+    with GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver") as cluster:
+        seen = cluster.run(ready_orders_job, [orders] * 2)
+        # a hook norming every ready p.grad: its result depends on which gradients are ready
+        result = run_e2e(ORDERED, f"{HOOKS}:scales_by_every_ready_grad", f"{HOOKS}:model_parameters",
+                         timeout=120, cluster=cluster)
+    for rank in range(2):
+        assert seen[rank][0] == [2, 1, 0] * 2, "the default: reverse parameter order"
+        assert seen[rank][1:] == [list(order) * 2 for order in orders[1:]]
+    assert result.agree and not result.hook_failed, result.format()
+    for side in (result.sim, result.real):
+        for rank in range(2):
+            assert [c for c in side.calls[rank] if c[0] == 1] == ORDERED_STEP_1, (side.name, side.calls)
+    assert "ready order [0, 2, 1]" in result.format()
+
+
+def test_a_counterexamples_scenario_carries_its_ready_order() -> None:
+    from types import SimpleNamespace
+
+    from simcluster.checking.replay import encode_example
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+    from simcluster.real.e2e_check import _counterexamples
+
+    example = Example(2, Layout(((4, 5), (5,), (3,)), 16 / 2**20, (0, 2, 1)),
+                      StepSpec((RankSpec("ints", seed=1), RankSpec("ints", seed=2))), shifts=(1,))
+    failure = SimpleNamespace(property="averages", details={"token": encode_example(example, "gloo")})
+    [scenario] = _counterexamples(SimpleNamespace(failures=[failure]), [])
+    assert scenario.ready_order == (0, 2, 1)
+    assert scenario.describe().startswith("world 2, params [(4, 5), (5,), (3,)] (float32), cap 16 B, "
+                                          "ready order [0, 2, 1], 2 steps")
+    # a scenario of its own keeps GradientModel's order, and says nothing of it
+    assert Scenario(2, ((3,), (2,))).ready_order is None
+    assert "ready order" not in Scenario(2, ((3,), (2,))).describe()
+
+
+def test_a_ready_order_that_is_not_a_permutation_is_a_usage_error() -> None:
+    from simcluster.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"not a permutation of range\(2\).*repeated \[0\]"):
+        Scenario(2, ((3,), (2,)), ready_order=(0, 0))

@@ -1,7 +1,7 @@
 """End to end: the hook inside torch's real ``DistributedDataParallel``, simulated and real.
 
 One :class:`Scenario` (world size, parameter shapes, steps, bucket cap, per-rank
-gradients) is run twice with the *same* real C++ reducer:
+gradients, gradient-ready order) is run twice with the *same* real C++ reducer:
 
 * **sim** — :func:`simcluster.ddp.real_ddp.run_real_ddp`: one thread per rank on
   simulated process groups (the backend model ``gloo`` or ``nccl``);
@@ -15,7 +15,9 @@ simulator**, not a verdict on the hook (:func:`compare`).
 The model is built so the gradients are exactly the scenario's: ``forward(x)`` is
 ``Σ_i (p_i * x_i).sum()`` with ``x`` the flat concatenation of the per-parameter inputs, so
 ``p_i.grad == x_i`` bit for bit (the backward of ``sum`` is ones, of ``mul`` is
-``grad * x``). A check example's gradients therefore reach the hook unchanged.
+``grad * x``). A check example's gradients therefore reach the hook unchanged. The parts
+are added so that backward readies the gradients in the scenario's ready order
+(:class:`GradientModel`), which the DDP model is given too.
 
 Every real rank prints one line per event (``simcluster-e2e rank R: step S: ...``: a hook
 call, a collective posted, a failure) to its captured output; when a rank hangs or dies,
@@ -85,7 +87,12 @@ class Scenario:
 
     ``grads[step][rank][param]``: the gradients; ``None`` draws them from ``seed``
     (standard normal, float32 first, then cast to ``dtype``) — every rank and the
-    simulation draw the same ones. ``label`` says where the scenario came from.
+    simulation draw the same ones. ``ready_order``: the order in which the parameters'
+    gradients become ready in backward (parameter indices, first ready first), which DDP's
+    bucket rebuild after iteration 0 follows; both sides use it — the real ranks' and the
+    real reducer's :class:`GradientModel`, and the DDP model's ``DDPConfig.ready_order``.
+    ``None``: reverse parameter order (``GradientModel``'s own, measured; the DDP model's
+    default). ``label`` says where the scenario came from.
     """
 
     world_size: int
@@ -99,6 +106,13 @@ class Scenario:
     gradient_as_bucket_view: bool = False
     grads: tuple[tuple[tuple[torch.Tensor, ...], ...], ...] | None = None
     label: str = ""
+    ready_order: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.ready_order is not None:  # a bad order: one clear UsageError here, not in a rank
+            from simcluster.ddp.layout import ready_order_of
+
+            object.__setattr__(self, "ready_order", tuple(ready_order_of(self.ready_order, len(self.shapes))))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -123,7 +137,8 @@ class Scenario:
     def describe(self) -> str:
         cap = "default cap" if self.bucket_cap_mb is None else f"cap {int(self.bucket_cap_mb * 2**20)} B"
         flags = [n for n in ("static_graph", "find_unused_parameters", "gradient_as_bucket_view") if getattr(self, n)]
-        text = (f"world {self.world_size}, params {[tuple(s) for s in self.shapes]} ({self.dtype}), {cap}, "
+        order = "" if self.ready_order is None else f", ready order {list(self.ready_order)}"
+        text = (f"world {self.world_size}, params {[tuple(s) for s in self.shapes]} ({self.dtype}), {cap}{order}, "
                 f"{self.steps} steps, seed {self.seed}")
         return text + "".join(f", {f}" for f in flags) + (f" [{self.label}]" if self.label else "")
 
@@ -134,28 +149,48 @@ class Scenario:
 
 
 class GradientModel(torch.nn.Module):
-    """Parameters of the given shapes whose gradients are the input: ``p_i.grad == x_i``.
+    """Parameters of the given shapes whose gradients are the input: ``p_i.grad == x_i``,
+    becoming ready in ``ready_order`` (parameter indices, first ready first; default ``None``:
+    reverse parameter order, as DDP's layout model assumes by default).
+
+    ``forward`` adds the parts ``(p_i * x_i).sum()`` in the *reverse* of the ready order. The
+    autograd engine runs, of the nodes ready at once, the one created last first, and a
+    parameter's ``AccumulateGrad`` (where DDP's hook fires) as soon as it can; so backward
+    reaches the last-added part — the first-ready parameter — first, then the next, every
+    iteration. Measured on real DDP over gloo for every order of up to 4 parameters, with
+    every DDP flag (``benchmarks/measure_ready_order.py``, docs/ddp-facts.md §3 "Ready order").
+    The gradients do not depend on the order (each part's backward is ``ones * x_i``).
 
     >>> m = GradientModel([(2,), (1, 2)])
     >>> m(torch.tensor([1.0, 2.0, 3.0, -0.0])).backward()
     >>> [p.grad.tolist() for p in m.parameters()]
     [[1.0, 2.0], [[3.0, -0.0]]]
+    >>> GradientModel([(2,), (1,), (3,)]).ready_order, GradientModel([(2,), (1,)], ready_order=(0, 1)).ready_order
+    ([2, 1, 0], [0, 1])
     """
 
-    def __init__(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32,
+                 ready_order: Sequence[int] | None = None) -> None:
+        from simcluster.ddp.layout import ready_order_of
+
         super().__init__()
         self.shapes = [tuple(s) for s in shapes]
+        self.ready_order = ready_order_of(ready_order, len(self.shapes))
         for i, shape in enumerate(self.shapes):
             p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
             p._simcluster_index = i  # type: ignore[attr-defined] - how a hook call names its parameters
             self.register_parameter(f"p{i}", p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        total, offset = None, 0
-        for p in self.parameters():
-            part = (p * x[offset:offset + p.numel()].view(p.shape)).sum()
+        params = list(self.parameters())
+        offsets = [0]
+        for p in params:
+            offsets.append(offsets[-1] + p.numel())
+        total = None
+        for i in reversed(self.ready_order):  # the first-ready parameter's part is added last
+            p = params[i]
+            part = (p * x[offsets[i]:offsets[i + 1]].view(p.shape)).sum()
             total = part if total is None else total + part
-            offset += p.numel()
         assert total is not None
         return total
 
@@ -290,7 +325,7 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
         # captures from torch.distributed at import is what it finds there when it runs)
         hook, state_spec = own_copies(*per_process(payload["hook"], payload["state"], payload.get("isolate", ())))
         inputs = scenario.inputs()[rank]
-        model = GradientModel(scenario.shapes, scenario.torch_dtype)
+        model = GradientModel(scenario.shapes, scenario.torch_dtype, scenario.ready_order)
         if device is not None:
             model, inputs = model.to(device), [x.to(device) for x in inputs]
         for i, p in enumerate(model.parameters()):
@@ -608,7 +643,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
 
     try:
-        run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype), scenario.inputs(),
+        run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
                            world_size=scenario.world_size, hook=None, setup=own_process,
                            iterations=scenario.steps, backend=backend, timeout=timeout,
                            **scenario.ddp_kwargs())
@@ -659,7 +694,7 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
                          schedule=InOrder() if schedule is None else schedule)
     config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
                        find_unused_parameters=scenario.find_unused_parameters,
-                       gradient_as_bucket_view=scenario.gradient_as_bucket_view)
+                       gradient_as_bucket_view=scenario.gradient_as_bucket_view, ready_order=scenario.ready_order)
     ddp = SimDDP(cluster, recording(hook, calls, dist.get_rank), list(scenario.shapes), state=state, config=config,
                  dtype=scenario.torch_dtype)
     for params in ddp.params:

@@ -3,7 +3,8 @@
 For every checked row, :func:`e2e_for_rows` runs :func:`simcluster.real.e2e.run_e2e` on
 
 * every shrunk counterexample the search reported (decoded from its replay token: world
-  size, parameter shapes, bucket cap, DDP flags, the exact per-rank gradients and RNG seed);
+  size, parameter shapes, bucket cap, DDP flags, the exact per-rank gradients, RNG seed and
+  gradient-ready order, which real DDP follows as the simulation does);
 * the edge case the search tries last: every rank at the value dtype's largest finite
   value (world 3 when it is among the world sizes);
 * ``--e2e-examples`` scenarios drawn from ``--seed`` (world sizes among ``--world-sizes``
@@ -97,7 +98,9 @@ def _indent(text: str) -> str:
 
 
 def scenario_from_example(example: Any, label: str) -> Scenario:
-    """A check :class:`~simcluster.checking.strategies.Example` as a scenario (its exact gradients)."""
+    """A check :class:`~simcluster.checking.strategies.Example` as a scenario: its exact
+    gradients, and its layout's gradient-ready order (the order the simulated search's DDP
+    step used, ``DDPConfig.ready_order``), which both sides then follow."""
     grads = example.grads()
     layout = example.layout
     return Scenario(world_size=example.world_size, shapes=tuple(tuple(s) for s in layout.shapes),
@@ -105,7 +108,8 @@ def scenario_from_example(example: Any, label: str) -> Scenario:
                     seed=0 if example.rng_seed is None else example.rng_seed, dtype=example.dtype,
                     static_graph=layout.static_graph, find_unused_parameters=layout.find_unused_parameters,
                     gradient_as_bucket_view=layout.gradient_as_bucket_view,
-                    grads=tuple(tuple(tuple(rank) for rank in step) for step in grads), label=label)
+                    grads=tuple(tuple(tuple(rank) for rank in step) for step in grads), label=label,
+                    ready_order=tuple(layout.ready_order) or None)
 
 
 def _counterexamples(report: Any, notes: list[str]) -> list[Scenario]:
