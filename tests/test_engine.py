@@ -296,6 +296,71 @@ def test_waiting_on_a_plain_torch_future_made_in_a_hook_is_a_deadlock_not_a_hang
     assert torch.futures.Future is plain  # restored after the run
 
 
+def _lines_of(fn: object, *texts: str) -> list[int]:
+    """The line numbers, in ``fn``'s file, of the first line of ``fn`` holding each of ``texts``."""
+    import inspect
+
+    source, start = inspect.getsourcelines(fn)  # type: ignore[arg-type]
+    return [start + next(i for i, line in enumerate(source) if text in line) for text in texts]
+
+
+def _skips_on_rank_3(state: object, bucket) -> torch.futures.Future:
+    """Ranks 0 and 1 post an all_reduce at one line, rank 2 at another and waits for it; rank 3
+    returns a future it completed itself."""
+    buf = bucket.buffer()
+    if dist.get_rank() == 3:
+        done = torch.futures.Future()
+        done.set_result(buf)
+        return done
+    if dist.get_rank() == 2:
+        dist.all_reduce(buf, async_op=True).wait()  # rank 2 waits for it
+    return dist.all_reduce(buf, async_op=True).get_future()
+
+
+def test_posting_lines_name_where_each_unmatched_call_was_posted() -> None:
+    """With ``posting_lines`` the deadlock report names the user line of each call some rank
+    never matched (ranks sharing a line together), keeps the blocked rank's own line, and
+    its replay line (carrying the option) reproduces the report as printed. Without it, no
+    stack is walked at a post and the report has no such lines."""
+    import os
+
+    wait, post, made = _lines_of(_skips_on_rank_3, ".wait()  # rank 2", "return dist.all_reduce", "torch.futures.Future()")
+    here = os.path.relpath(__file__) if not os.path.relpath(__file__).startswith("..") else __file__
+    grads = [torch.ones(2)] * 4
+    with pytest.raises(DeadlockError) as plain:
+        SimCluster(4, seed=1).run_hook(_skips_on_rank_3, grads)
+    assert "posted it at" not in str(plain.value)
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(4, seed=1, posting_lines=True).run_hook(_skips_on_rank_3, grads)
+    text = "\n".join([str(info.value), *info.value.__notes__])
+    assert f"rank 2: blocked in wait() on work of all_reduce#0 on WORLD (its callbacks) (rank 2) at {here}:{wait} in " \
+        "_skips_on_rank_3" in text  # a blocked rank keeps its own line
+    assert ("all_reduce(float32, (2,), SUM) (call #0 on WORLD): posted by ranks [0, 1, 2], never posted by ranks [3]\n"
+            f"    ranks [0, 1] posted it at {here}:{post} in _skips_on_rank_3: return dist.all_reduce(buf, async_op=True)"
+            ".get_future()\n"
+            f"    rank 2 posted it at {here}:{wait} in _skips_on_rank_3: dist.all_reduce(") in text
+    # what the rank that never posted did instead: its future, named with the line that made it
+    assert (f"rank 3: DDP (bucket 0) waits on nothing: the hook returned torch.futures.Future() #0 made by rank 3 at "
+            f"{here}:{made}, which has completed") in text
+    replay = info.value.replay
+    assert replay is not None and replay.endswith("posting_lines=True)")
+    with pytest.raises(DeadlockError) as again:
+        eval(replay, {"SimCluster": SimCluster}).run_hook(_skips_on_rank_3, grads)
+    assert str(again.value) == str(info.value) and again.value.__notes__ == info.value.__notes__
+
+
+def test_posting_lines_name_an_unmatched_send() -> None:
+    def rank_fn(rank: int) -> None:
+        if rank == 0:
+            dist.isend(torch.ones(2), dst=1)  # rank 1 never receives it
+
+    (line,) = _lines_of(rank_fn, "dist.isend(")
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(2, posting_lines=True).run(rank_fn)
+    assert "rank 1 never posted the matching recv from rank 0" in str(info.value)
+    assert f"test_engine.py:{line} in rank_fn: dist.isend(" in str(info.value).split("is unmatched:")[1]
+
+
 def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:
     import copy
     import pickle

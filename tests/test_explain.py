@@ -579,3 +579,31 @@ def test_explain_says_p_grad_is_not_a_view_of_the_buffer_when_a_hook_reduces_p_g
     assert code == 0 and "replicas agree bitwise: NO" in out
     assert "p.grad of each of them holds the same local gradient, in a tensor of its own" in out
     assert "not a view of the buffer, so a collective on p.grad leaves the buffer local" in out
+
+
+def _skips_on_rank_1(state: object, bucket: object) -> object:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())  # type: ignore[attr-defined]
+        return done
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future()  # type: ignore[attr-defined]
+
+
+def test_explain_names_the_line_that_posted_an_unmatched_call() -> None:
+    """A story is told once, so explain records where each collective was posted: its
+    deadlock names the line of the all_reduce rank 1 never matched, and what rank 1 returned."""
+    import inspect
+    import os
+
+    here = os.path.relpath(__file__) if not os.path.relpath(__file__).startswith("..") else __file__
+    source, start = inspect.getsourcelines(_skips_on_rank_1)
+    posted = start + next(i for i, line in enumerate(source) if "return dist.all_reduce(" in line)
+    made = start + next(i for i, line in enumerate(source) if "torch.futures.Future()" in line)
+    text, ran = explain(_skips_on_rank_1, world_size=2, shapes=((4,),), bucket_cap_mb=None, steps=1)
+    assert not ran
+    assert f"rank 0 posted it at {here}:{posted} in _skips_on_rank_1" in text
+    assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() "
+            f"#0 made by rank 1 at {here}:{made}, which has completed") in text

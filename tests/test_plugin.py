@@ -44,13 +44,26 @@ def test_positional_world_size(sim_cluster):
 
 def test_fresh_cluster_per_test(sim_cluster):
     assert sim_cluster.choices == []
+
+def _skips_on_rank_1(state, bucket):
+    if torch.distributed.get_rank() == 1:
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+    return torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+@pytest.mark.simcluster(posting_lines=True)
+def test_posting_lines(sim_cluster):
+    from simcluster import DeadlockError
+    with pytest.raises(DeadlockError, match=r"rank 0 posted it at \\w+\\.py:\\d+ in _skips_on_rank_1"):
+        sim_cluster.run_hook(_skips_on_rank_1, [torch.ones(2)] * 2)
 '''
 
 
 def test_fixture_and_marker(pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(FIXTURE_TESTS)
     result = pytester.runpytest("--strict-markers", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
 
 
 def test_marker_with_unknown_option_is_an_error(pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch) -> None:
@@ -209,7 +222,7 @@ def test_under_xdist_with_CI_set_workers_use_our_ci_profile(
     clean_env.setenv("EXPECT", "ci,25,ro")
     pytester.makepyfile(test_fixtures=FIXTURE_TESTS, test_probe=PROFILE_PROBE)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "--strict-markers", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
 
 
 def test_a_failing_assert_hook_shows_the_tests_line_and_the_report_only(pytester: pytest.Pytester,

@@ -543,3 +543,77 @@ def test_an_integer_sum_that_wrapped_around_is_named_in_the_averages_report(caps
     code, out, data = _replayed(capsys, tmp_path, "int8_codes_offset", [-60.4, -60.0])
     assert code == 1 and "got -60.0" in data["failures"][0]["message"]
     assert "wrapped around" not in out
+
+
+# --------------------------------------------------------------------------- deadlocks: the user's lines
+def test_a_deadlock_report_names_the_line_that_posted_the_unmatched_call_and_what_the_silent_rank_returned(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """hooks/buggy.py:skips_on_local_overflow: rank 1 (holding the inf) returns a future it
+    completed itself; rank 0 posts the all_reduce. The report said which call was unmatched,
+    never where: now the line that posted it, and what rank 1's hook returned — the future,
+    with the line that made it. Byte-identical in a second run, and the printed replay
+    command (run twice) reproduces it."""
+    import inspect
+
+    from simcluster.hooks import buggy
+
+    source, start = inspect.getsourcelines(buggy.skips_on_local_overflow)
+    posted = start + next(i for i, line in enumerate(source) if "dist.all_reduce(" in line)
+    made = start + next(i for i, line in enumerate(source) if "torch.futures.Future()" in line)
+    path = os.path.relpath(inspect.getsourcefile(buggy) or "", ROOT)
+
+    def check(*argv: str) -> tuple[int, str, Any]:
+        out_json = tmp_path / "report.json"
+        code = main([*argv, "--no-database", "--quiet", "--json", str(out_json)])
+        return code, capsys.readouterr()[0], json.loads(out_json.read_text())[0]
+
+    runs = [check("check", "simcluster.hooks.buggy:skips_on_local_overflow", "--backend", "gloo") for _ in range(2)]
+    (code, out, data), (_, _, again) = runs
+    assert code == 1
+    (failure,) = [f for f in data["failures"] if f["error_type"] == "DeadlockError"]
+    message = failure["message"]
+    assert ("all_reduce(float32, (40,), SUM) (call #0 on WORLD): posted by ranks [0], never posted by ranks [1]\n"
+            f"    rank 0 posted it at {path}:{posted} in skips_on_local_overflow: return dist.all_reduce(") in message
+    assert ("rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() "
+            f"#0 made by rank 1 at {path}:{made}, which has completed") in message
+    assert f"{path}:{posted} in skips_on_local_overflow" in out
+    assert [f["message"] for f in again["failures"]] == [f["message"] for f in data["failures"]]
+    for _ in range(2):
+        code, replayed, data = check(*shlex.split(failure["replay"])[1:])
+        assert code == 1 and [f["message"] for f in data["failures"]] == [message]
+        assert message.splitlines()[-1] in replayed
+
+
+def test_a_deadlock_the_reporting_rerun_does_not_reproduce_keeps_its_first_report() -> None:
+    """The posting lines come from a re-run of the example (the search walks no stack at a
+    post). A hook whose state outlives a run can behave otherwise the second time: then the
+    first report stands as it was, without lines, rather than a story of another run."""
+    import torch.distributed as dist
+
+    from simcluster.checking.judge import run_example, with_posting_lines
+    from simcluster.checking.options import make_options
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+    from simcluster.errors import Violation
+
+    skip = [True]
+
+    def hook(state: object, bucket: Any) -> Any:
+        if skip[0] and dist.get_rank() == 1:
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+    opts = make_options(hook, target="hook", replay_target="hook", state="none", isolate=(), tolerance="none",
+                        backends=("gloo",), world_sizes=(2,), steps=1, examples=1, seed=0, api="current",
+                        properties=["liveness"], params=None, subgroups=None, deadline=60.0, rng="per_rank")
+    example = Example(2, Layout(((4,),), ready_order=(0,)), StepSpec((RankSpec("const", value=1.0),) * 2))
+    with pytest.raises(Violation) as caught:
+        run_example(opts, example, "gloo")
+    first = caught.value
+    assert first.info["error_type"] == "DeadlockError" and "posted it at" not in str(first)
+    found = with_posting_lines(opts, first)
+    assert found is not first and "rank 0 posted it at tests/test_reports.py:" in str(found)
+    assert str(found).startswith(str(first).splitlines()[0])
+    skip[0] = False  # the re-run no longer deadlocks
+    assert with_posting_lines(opts, first) is first

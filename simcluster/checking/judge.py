@@ -19,6 +19,7 @@ count as *contract*.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,13 +34,13 @@ from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site
 from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
 from simcluster.errors import (
-    HOOK_RAISES, BackendError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError, UsageError, Violation,
-    exit_meaning, first_line,
+    HOOK_RAISES, BackendError, DeadlockError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError,
+    UsageError, Violation, exit_meaning, first_line,
 )
 from simcluster.fake.cluster import SimCluster
 
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint",
-           "ORDER"]
+           "with_posting_lines", "ORDER"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "keeps_nonfinite", "schedule_independence",
          "error_feedback")
@@ -84,7 +85,8 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
     """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
     seed = opts.seed if example.rng_seed is None else example.rng_seed
-    cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng)
+    cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng,
+                         posting_lines=opts.posting_lines)
     lay = example.layout
     config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
                        find_unused_parameters=lay.find_unused_parameters,
@@ -293,6 +295,40 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
     return (f"\n(nothing this hook communicated reached its result: each rank's result at step {t} stays bit for bit "
             "the same when the other ranks' gradients change — e.g. a collective on a copy whose output is never "
             f"used{p_grad}, or a future completed with the local buffer)")
+
+
+def with_posting_lines(opts: Options, violation: Violation) -> Violation:
+    """For a reported deadlock: the same violation, found again by a re-run of the example
+    that records the user line posting each collective (``SimCluster(posting_lines=True)``),
+    so each call some rank never matched is named with the line that posted it
+    (``rank 0 posted it at hooks.py:12 in hook: …``). Otherwise ``violation`` itself.
+
+    Finding a call's line walks the stack, which the search must not pay at every
+    collective; so the search runs without, and this runs once per reported deadlock:
+    one more simulation of the example up to the failing step. The re-run's violation is
+    taken only if it is the same finding — same property, error type and step, and every
+    line of the first report still there, in order — else (a hook whose state outlives a
+    run, say: the re-run passes, or fails otherwise) the first report stands, without the lines."""
+    info = violation.info
+    if not isinstance(info.get("error"), DeadlockError) or opts.posting_lines:
+        return violation
+    try:
+        _judge_example(dataclasses.replace(opts, posting_lines=True), info["example"], info["backend"])
+    except Violation as again:
+        same = (again.prop, again.info.get("error_type"), again.info.get("step")) == (
+            violation.prop, info.get("error_type"), info.get("step"))
+        if same and _keeps_lines(str(violation), str(again)):
+            again.info = {**info, "error": again.info["error"]}  # the first run's printed output, schedule, line
+            return again
+    except Exception:  # noqa: BLE001 - the re-run went another way (a usage error, say): the first report stands
+        pass
+    return violation
+
+
+def _keeps_lines(first: str, again: str) -> bool:
+    """Whether every line of ``first`` is in ``again``, in the same order (``again`` may add lines)."""
+    lines = iter(again.splitlines())
+    return all(any(line == other for other in lines) for line in first.splitlines())
 
 
 def _ones_or_twos(x: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ class Options:
     subgroups: bool = False  # draw DDP on equal subgroups of the world (--subgroups; always with state "group")
     rng: str = "per_rank"  # the ranks' RNG policy (SimCluster's rng=)
     bucket_view: bool = False  # every layout with DDP's gradient_as_bucket_view=True (--gradient-as-bucket-view)
+    posting_lines: bool = False  # record each collective's posting line (a deadlock's reporting re-run, judge.py)
 
 
 def choose_properties(properties: Sequence[str] | None, tolerance: str, state: StateSpec) -> tuple[str, ...]:

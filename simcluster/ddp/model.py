@@ -78,8 +78,10 @@ import torch.distributed as dist
 from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
 from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
-from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved
-from simcluster.errors import CopyBackError, SimClusterError, UsageError, add_context_note, innermost_error
+from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
+from simcluster.errors import (
+    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error,
+)
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
 from simcluster.fake.process_group import SimProcessGroup
@@ -168,6 +170,11 @@ def _apart_from(value: Any, buffers: dict[Any, torch.Tensor]) -> Any:
     if all(b.untyped_storage().data_ptr() != ptr for b in buffers.values()):
         return value
     return layout_copy(value)
+
+
+def _reducer_wait(iteration: int, bucket_index: int) -> str:
+    """How a report names DDP's reducer waiting on a hook's future: ``DDP's reducer (iteration 0, bucket 1)``."""
+    return f"DDP's reducer (iteration {iteration}, bucket {bucket_index})"
 
 
 def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | None = None) -> str:
@@ -297,6 +304,9 @@ class SimDDP:
         try:
             result = self.cluster.run(rank_fn)
         except BaseException as exc:
+            if isinstance(exc, DeadlockError) and (
+                    lines := returned_lines(futures, lambda k: _reducer_wait(it, calls[k].index))):
+                add_context_note(exc, "\n".join(lines))
             add_context_note(exc, f"simcluster: in SimDDP.step, DDP iteration {it}")
             raise
         finally:
@@ -336,7 +346,7 @@ class SimDDP:
             check_future(future, self.hook, rank, where)
             futures.append(future)
         for call, future in zip(calls, futures):
-            collect(future, [None] * world, rank, f"DDP's reducer (iteration {it}, bucket {call.index})")
+            collect(future, [None] * world, rank, _reducer_wait(it, call.index))
 
     def _buffer_generation(self) -> int | None:
         """The first iteration whose buckets get new buffers: the rebuild's (measured: the

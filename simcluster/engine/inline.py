@@ -123,7 +123,7 @@ class Engine:
         "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_finished_seq",
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
-        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads",
+        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "posting_lines",
     )
 
     def __init__(
@@ -138,8 +138,13 @@ class Engine:
         worker_name: Callable[[str, int], str] = lambda channel, i: f"worker {channel}#{i}",
         stuck_timeout: float = 60.0,
         replay: Callable[[list[int]], str] = lambda choices: f"schedule={choices!r}",
+        posting_lines: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        self.posting_lines = posting_lines
+        """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
+        named by the deadlock report): a walk of the stack per call, so off unless a run is
+        re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
         self.trace = trace
         self.choices: list[tuple[int, int]] = []
         self._replay = replay
@@ -290,6 +295,9 @@ class Engine:
                 "share one Python process, so state built once is shared by every rank; give each rank its own "
                 "(pass a factory called once per rank with that rank's process group)."
             )
+        if self.posting_lines:
+            found = stack_user_frames(sys._getframe(1), limit=1)
+            call.posted_at = found[0] if found else None
         inst, mismatch = self._matcher.post(call)
         if mismatch is not None:
             self._fail(mismatch)

@@ -15,7 +15,9 @@ The messages built here:
 * :func:`mismatch_error` — ranks posted different calls at the same position;
 * :func:`compute_failure` — the calls agree in signature but cannot be combined
   (e.g. ``all_to_all`` split sizes that do not fit);
-* :func:`unmatched_line` — a collective some ranks never posted (deadlock reports).
+* :func:`unmatched_line` — a collective some ranks never posted (deadlock reports), with
+  the user line each rank that did post it posted it at, when the run recorded them
+  (``Call.posted_at``).
 
 Example (a two-rank group where rank 1 posts a different reduce op)::
 
@@ -35,7 +37,8 @@ from simcluster.engine.trace import Completed, Posted, Trace
 from simcluster.errors import CollectiveMismatchError
 
 __all__ = [
-    "Instance", "Matcher", "MAX_LISTED", "compute_failure", "mismatch_error", "rank_list", "unmatched_line",
+    "Instance", "Matcher", "MAX_LISTED", "compute_failure", "mismatch_error", "posted_at_lines", "rank_list",
+    "unmatched_line",
 ]
 
 MAX_LISTED = 8
@@ -160,20 +163,45 @@ def compute_failure(inst: Instance, computed: Call, exc: Exception) -> Collectiv
 
 
 def unmatched_line(inst: Instance) -> str | None:
-    """One line of a deadlock report for ``inst`` if some participant never posted its call
-    (for point-to-point: the missing send or recv and its peer), else ``None``."""
+    """The entry of a deadlock report for ``inst`` if some participant never posted its call
+    (for point-to-point: the missing send or recv and its peer), else ``None``: one line,
+    then one per user line the call was posted at when the run recorded them
+    (:func:`posted_at_lines`)."""
     first = inst.first
     missing = [r for r in inst.ranks if r not in inst.calls]
     if first is None:
         return None
     if len(set(inst.ranks)) < len(inst.ranks):  # a rank's send/recv to itself
-        return _p2p_unmatched(first, inst, [first.rank])
-    if missing and first.op in ("send", "recv"):
-        return _p2p_unmatched(first, inst, missing)
-    if missing:
-        return (f"  {first.describe} (call #{inst.seq} on {inst.channel}): posted by ranks "
+        line = _p2p_unmatched(first, inst, [first.rank])
+    elif missing and first.op in ("send", "recv"):
+        line = _p2p_unmatched(first, inst, missing)
+    elif missing:
+        line = (f"  {first.describe} (call #{inst.seq} on {inst.channel}): posted by ranks "
                 f"{rank_list(sorted(inst.calls))}, never posted by ranks {rank_list(missing)}")
-    return None
+    else:
+        return None
+    return "\n".join([line, *posted_at_lines(inst.calls)])
+
+
+def posted_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
+    """``rank 0 posted it at hooks.py:12 in hook: source`` for ``calls`` (rank -> call), ranks
+    that posted at the same line together, in rank order; none for calls whose line was not
+    recorded (``Call.posted_at``: only a run that asks for posting lines records them).
+    At most :data:`MAX_LISTED` lines, then a count."""
+    ranks_at: dict[str, list[int]] = {}
+    for rank in sorted(calls):
+        frame = calls[rank].posted_at
+        if frame is not None:
+            ranks_at.setdefault(str(frame), []).append(rank)
+    lines = [f"{indent}{_ranks(ranks)} posted it at {where}" for where, ranks in ranks_at.items()]
+    if len(lines) > MAX_LISTED:
+        lines = lines[:MAX_LISTED] + [f"{indent}… and {len(lines) - MAX_LISTED} more lines it was posted at"]
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` for one rank, else ``ranks [0, 1]`` (:func:`rank_list`)."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
 
 
 def rank_list(ranks: list[int], limit: int = 8) -> str:
@@ -190,7 +218,7 @@ def _calls_by_description(calls: dict[int, Call]) -> str:
     groups: dict[str, list[int]] = {}
     for rank, call in sorted(calls.items()):
         groups.setdefault(call.describe, []).append(rank)
-    lines = [f"  {'rank ' + str(rs[0]) if len(rs) == 1 else 'ranks ' + rank_list(rs)}: {d}" for d, rs in groups.items()]
+    lines = [f"  {_ranks(rs)}: {d}" for d, rs in groups.items()]
     more = len(lines) - MAX_LISTED
     return "\n".join(lines[:MAX_LISTED] + ([f"  … and {more} more distinct calls"] if more > 0 else []))
 

@@ -30,11 +30,11 @@ import torch
 from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, fresh_bucket, make_bucket
 from simcluster.engine.inline import Engine
-from simcluster.errors import UsageError, add_context_note
+from simcluster.errors import DeadlockError, UsageError, add_context_note
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
-from simcluster.fake.reducer import call_hook, check_future, collect, raise_stored
+from simcluster.fake.reducer import call_hook, check_future, collect, raise_stored, returned_lines
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.scheduler import Scheduler, make_scheduler
 from simcluster.fake.state import LayoutModel, StateSpec
@@ -81,6 +81,10 @@ class SimCluster(Runtime):
     cluster, so a multi-step run replays from one list of choices.
     ``rng``: ``"per_rank"`` (rank r starts from ``manual_seed(seed + r)``) or ``"same"``.
     ``stuck_timeout``: seconds before code blocked outside the simulator is reported.
+    ``posting_lines``: record the user line that posted each collective, so a deadlock
+    report names it beside each call a rank never matched (``rank 0 posted it at
+    hooks.py:12 in hook: …``). It walks the stack at every collective, so it is off by
+    default; ``simcluster check`` turns it on when it re-runs a deadlocked example for its report.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class SimCluster(Runtime):
         *,
         rng: str = "per_rank",
         stuck_timeout: float = 60.0,
+        posting_lines: bool = False,
     ) -> None:
         check_int("world_size", world_size, *WORLD_SIZES)
         check_int("seed", seed, *SEEDS)
@@ -103,6 +108,7 @@ class SimCluster(Runtime):
         self._schedule_arg = schedule
         self.rng = rng
         self.stuck_timeout = stuck_timeout
+        self.posting_lines = posting_lines
         self.engine: Engine | None = None
         self.choices: list[int] = []
         self.contexts = RankContexts(world_size, self, seed=seed, rng=rng)
@@ -119,9 +125,10 @@ class SimCluster(Runtime):
         (making the same calls on it in the same order); ``pending``: choices of the run
         in progress; ``upto``: only the first ``upto`` choices made (a past run's end)."""
         choices = self.choices if upto is None else self.choices[:upto]
+        lines = ", posting_lines=True" if self.posting_lines else ""
         return (
             f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
-            f"schedule={[*choices, *pending]!r}, rng={self.rng!r})"
+            f"schedule={[*choices, *pending]!r}, rng={self.rng!r}{lines})"
         )
 
     # -- running --------------------------------------------------------------
@@ -156,6 +163,7 @@ class SimCluster(Runtime):
             worker_name=self.backend.worker_name,
             stuck_timeout=self.stuck_timeout,
             replay=self.replay_line,
+            posting_lines=self.posting_lines,
         )
 
         for rank in range(self.world_size):
@@ -235,6 +243,8 @@ class SimCluster(Runtime):
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size
         outputs: list[Any] = [None] * self.world_size
+        returned: list[Any] = [None] * self.world_size  # each rank's future, for a deadlock report
+        waits = f"DDP (bucket {bucket_index})"
         if parameters is None:  # one fresh parameter per rank: nothing left to validate
             if isinstance(bucket_index, bool) or not isinstance(bucket_index, int) or bucket_index < 0 \
                     or not isinstance(is_last, bool):
@@ -255,9 +265,15 @@ class SimCluster(Runtime):
                 states[rank] = self.state_for(rank, state)
             future = call_hook(hook, states[rank], buckets[rank])
             check_future(future, hook, rank, f"bucket {bucket_index}")
-            collect(future, outputs, rank, f"DDP (bucket {bucket_index})")
+            returned[rank] = future
+            collect(future, outputs, rank, waits)
 
-        values, trace, start, replay = self._run(rank_fn)
+        try:
+            values, trace, start, replay = self._run(rank_fn)
+        except DeadlockError as exc:
+            if lines := returned_lines([[f] if f is not None else [] for f in returned], lambda _: waits):
+                add_context_note(exc, "\n".join(lines))
+            raise
         raise_stored(outputs, self.world_size, bucket_index, replay)
         return HookRun(
             values=values, trace=trace, schedule=self.choices[start:], replay_fn=replay,

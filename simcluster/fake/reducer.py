@@ -7,7 +7,9 @@ reducer applies it:
 
 1. :func:`check_future` — the hook must return a ``torch.futures.Future`` (real DDP's
    pybind cast error otherwise; ``None`` crashes real DDP);
-2. :func:`collect` — wait on it as the reducer does, inside the simulation;
+2. :func:`collect` — wait on it as the reducer does, inside the simulation (and if the
+   run deadlocks, :func:`returned_lines` says which ranks' futures completed while a
+   peer's for the same bucket never will);
 3. :func:`resolved` — the tensor the reducer gets from the completed future, or the error
    real DDP raises from ``backward()`` (:func:`raise_stored`: the future's own error,
    where a bare hook run reports it as itself);
@@ -35,12 +37,14 @@ from typing import Any
 
 import torch
 
+from simcluster.engine.matching import MAX_LISTED
 from simcluster.fake.bucket import packing
 from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, in_grad_mode
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name, without_addresses
 
-__all__ = ["call_hook", "check_future", "collect", "raise_stored", "resolved", "copy_bucket", "layout_copy"]
+__all__ = ["call_hook", "check_future", "collect", "returned_lines", "raise_stored", "resolved", "copy_bucket",
+           "layout_copy"]
 
 
 
@@ -106,6 +110,34 @@ def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -
             f"rank {rank}, {context}: the hook returned a pending plain torch Future that simcluster did not "
             "create; it cannot complete inside the simulation (real DDP would hang in backward())"
         )
+
+
+def returned_lines(returned: list[list[Any]], waits: Callable[[int], str]) -> list[str]:
+    """For a deadlock report: what the hook returned on the ranks that are not stuck where
+    their peers are. ``returned[r][k]`` is the future rank ``r``'s hook returned for the
+    ``k``-th bucket it was called on; ``waits(k)`` names the reducer's wait on it, as
+    :func:`collect` was told. For each ``k`` where some rank's future never completes,
+    one line per rank whose future has completed, naming that future by its label::
+
+        rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() #0 made by rank 1 at hooks.py:12, which has completed
+
+    A future the hook made carries its rank's count and the user line that made it
+    (:func:`~simcluster.fake.rank_context.user_future_class`), a ``then`` child the label
+    of its parent — so a rank that skipped a collective its peers posted is named with
+    the line of the future it returned instead. Read only once a run has deadlocked (no
+    cost while it runs); at most :data:`~simcluster.engine.matching.MAX_LISTED` lines, then a count."""
+    lines: list[str] = []
+    for k in range(max(map(len, returned), default=0)):
+        futures = [(rank, fs[k]) for rank, fs in enumerate(returned) if len(fs) > k]
+        if all(future.done() for _, future in futures):
+            continue
+        for rank, future in futures:
+            if future.done():
+                label = getattr(future, "label", "") or "a torch Future simcluster did not make"
+                lines.append(f"  rank {rank}: {waits(k)} waits on nothing: the hook returned {label}, which has completed")
+    if len(lines) > MAX_LISTED:
+        lines = lines[:MAX_LISTED] + [f"  … and {len(lines) - MAX_LISTED} more ranks' completed futures"]
+    return lines
 
 
 @dataclass

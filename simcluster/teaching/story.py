@@ -183,7 +183,8 @@ def record(
     check_int("--seed", seed, *SEEDS)
     shapes = tuple(tuple(s) for s in shapes)
     hook, state = as_rank_local(hook, isolate=isolate), rank_local_state(state, isolate=isolate)
-    cluster = SimCluster(world_size=world_size, seed=seed, backend=backend)
+    # a story is told once, not searched: a deadlock may name the line that posted each unmatched call
+    cluster = SimCluster(world_size=world_size, seed=seed, backend=backend, posting_lines=True)
     seen: list[Any] = []
     ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=state,
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))
