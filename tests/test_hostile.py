@@ -70,6 +70,18 @@ def test_a_killed_process_is_a_liveness_failure_with_its_position():
     assert "--replay sc1." in failure.replay
 
 
+def test_a_process_killed_from_a_callback_names_the_rank_whose_code_ran():
+    """A hook whose rank 0 callback SIGKILLs the process (the ULFM fault-injection hook from the
+    wild, round 8): the report placed it at "rank 1 … (the last hook call that started)" — the
+    last hook call announced — and never named rank 0, whose code ran. The supervisor now also
+    keeps the rank whose code runs (every hand-over between ranks) and names it."""
+    report, _ = check("rank0_callback_kills_process", backends=("gloo",))
+    failure = report.failures[0]
+    assert failure.property == "liveness" and "killed by SIGKILL" in failure.message
+    assert "rank 1, DDP step 0, bucket 0 (the last hook call that started); rank 0's code was running" in (
+        failure.message), failure.message
+
+
 # ---------------------------------------------------------------- stuck code
 # A spinning loop may be sampled at either of its lines (the loop test or its body).
 SPIN_LINES = ("while True:", "pass")

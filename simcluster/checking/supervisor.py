@@ -60,6 +60,7 @@ from typing import Any
 
 from simcluster.errors import HookExited
 from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, user_frames
+from simcluster.usercode.rank_state import CURRENT
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
            "end_process", "one_torch_thread", "how_it_ended", "kill_and_reap", "format_stack", "stuck_in",
@@ -69,7 +70,10 @@ DEFAULT_DEADLINE = 60.0
 """Seconds one example may take before it is reported stuck (``--deadline``)."""
 
 _PAGE = 1 << 16
-_HEADER = struct.Struct("<QdBiiiI")  # example seq, last begin/end (monotonic), active, rank, step, bucket, payload length
+_HEADER = struct.Struct("<QdBiiiiI")
+"""Example seq, last begin/end (monotonic), active, the last hook call's rank, step and bucket,
+the rank whose code runs (-1: none yet), payload length."""
+_RUNNING_AT = 29  # the running rank's offset: after seq (8), time (8), active (1), rank/step/bucket (12)
 _DUMP_GRACE = 1.0  # seconds allowed for faulthandler to write the stacks
 _POLL = 0.05
 _PR_SET_PDEATHSIG = 1
@@ -100,13 +104,23 @@ class Monitor:
         data = json.dumps(payload).encode()[: _PAGE - _HEADER.size]
         self._seq += 1
         self._page[_HEADER.size:_HEADER.size + len(data)] = data
-        _HEADER.pack_into(self._page, 0, self._seq, time.monotonic(), 1, -1, -1, -1, len(data))
+        _HEADER.pack_into(self._page, 0, self._seq, time.monotonic(), 1, -1, -1, -1, -1, len(data))
 
     def at(self, rank: int, step: int, bucket: int) -> None:
         """A hook call starts on ``rank`` at DDP step ``step``, bucket ``bucket``."""
         if self._page is None:
             return
         struct.pack_into("<iii", self._page, 17, rank, step, bucket)
+
+    def running(self, rank: int) -> None:
+        """Rank ``rank``'s code runs from now on (its hook, a callback of its, DDP's work for
+        it): called at every hand-over between ranks (:meth:`RankContexts.switch
+        <simcluster.fake.rank_context.RankContexts.switch>`, through ``CURRENT.announce``), so a
+        process that dies is placed at the rank whose code ended it — a ``then`` callback runs
+        after other ranks' hook calls have started."""
+        if self._page is None:
+            return
+        struct.pack_into("<i", self._page, _RUNNING_AT, rank)
 
     def end(self) -> None:
         """The example ended (passed or failed)."""
@@ -124,13 +138,21 @@ class ChildDeath:
     position: tuple[int, int, int] | None  # (rank, step, bucket) of the last hook call
     stacks: str  # faulthandler's dump of every thread ('' if none was taken)
     output: str = ""  # what user code printed in the example it was running (captured)
+    running: int | None = None  # the rank whose code ran last (None: unknown)
 
     def where(self) -> str:
-        """``rank 1, step 0, bucket 0`` (the last hook call), or what is known."""
+        """``rank 1, DDP step 0, bucket 0`` (the last hook call), or what is known; and the
+        rank whose code was running when that is another rank (a callback, run after a
+        peer's hook call started)."""
         if self.position is None:
-            return "before the first hook call of the example"
+            text = "before the first hook call of the example"
+            return text if self.running is None else f"{text}; rank {self.running}'s code was running"
         rank, step, bucket = self.position
-        return f"rank {rank}, DDP step {step}, bucket {bucket} (the last hook call that started)"
+        text = f"rank {rank}, DDP step {step}, bucket {bucket} (the last hook call that started)"
+        if self.running is not None and self.running != rank:
+            text += f"; rank {self.running}'s code was running"
+        return text
+
 
     def summary(self, subject: str) -> str:
         """One sentence: what ``subject`` (``"the example"``, ``"the hook"``) did and where
@@ -227,6 +249,7 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
     code = 0
     try:
         _prepare_child(stack_fd, parent)
+        CURRENT.announce = monitor.running  # this process is the child's: no one else's run to announce
         try:
             message: tuple[str, Any] = ("value", job(monitor))
         except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
@@ -369,7 +392,7 @@ def _dump_and_kill(pid: int, stack_file: Any) -> str:
 def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
     import json
 
-    _seq, _started, active, rank, step, bucket, length = _HEADER.unpack_from(page, 0)
+    _seq, _started, active, rank, step, bucket, running, length = _HEADER.unpack_from(page, 0)
     payload = None
     if active:
         try:
@@ -377,7 +400,7 @@ def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
         except ValueError:
             payload = None
     position = (rank, step, bucket) if active and rank >= 0 else None
-    return ChildDeath(kind, detail, payload, position, stacks)
+    return ChildDeath(kind, detail, payload, position, stacks, running=running if active and running >= 0 else None)
 
 
 # --------------------------------------------------------------------------- stacks

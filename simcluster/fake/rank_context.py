@@ -214,6 +214,8 @@ class RankContexts:
             _GENERATOR.set_state(self.rng_states[new])
             c10d._world = self.worlds[new]
             CURRENT.modules = self.modules[new]
+            if CURRENT.announce is not None:
+                CURRENT.announce(new)
         CURRENT.rank = new
 
     def future_number(self, rank: int | None) -> int:

@@ -57,12 +57,15 @@ except ImportError:  # pragma: no cover - no numpy: nothing to swap
 class _Current:
     """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
 
-    __slots__ = ("generators", "rank", "modules")
+    __slots__ = ("generators", "rank", "modules", "announce")
 
     def __init__(self) -> None:
         self.generators: RankGenerators | None = None
         self.rank: int | None = None
         self.modules: dict[str, Any] | None = None  # the running rank's module copies (rank_local)
+        self.announce: Callable[[int], None] | None = None
+        """Told each rank that starts running (a supervised child's ``Monitor.running``: a
+        process that dies is placed at the rank whose code ran); None: nobody listens."""
 
 
 CURRENT = _Current()

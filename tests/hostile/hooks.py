@@ -103,3 +103,15 @@ def prints_then_spins(state, bucket):
     print(f"rank {dist.get_rank()}: about to wait for the others")
     while True:
         time.sleep(0.01)
+
+
+def rank0_callback_kills_process(state, bucket):
+    """Rank 0's ``then`` callback ends its process (``SIGKILL``, as a fault-injection hook from
+    the wild does to "simulate a failure"): by then rank 1's hook call has started, so the
+    last hook call announced is rank 1's while the code that killed the process is rank 0's."""
+    def done(fut):
+        if dist.get_rank() == 0:
+            os.kill(os.getpid(), 9)
+        return fut.value()[0]
+
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(done)
