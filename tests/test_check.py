@@ -351,3 +351,43 @@ def test_the_twins_example_passes_a_correct_hook_and_needs_two_buckets_of_one_si
     fixed = twins_example(options(fp16_hook, params="4x5,20,3"), (1, 2), 3)
     assert fixed is not None and fixed.layout.shapes == ((4, 5), (20,), (3,))
     assert twins_example(fp16, (1,), 3).world_size == 1  # type: ignore[union-attr]
+
+
+ORDER_HOOKS = Path(__file__).with_name("order_hooks.py")
+
+
+def test_the_order_example_finds_replicas_a_rank_dependent_sum_drives_apart() -> None:
+    """A hook summing the ranks' buffers itself, each rank from its own (tests/order_hooks.py,
+    after a Trivance all-reduce from the wild), refusing worlds other than 3: the drawn search
+    met the refusals at once, and the drift at world 3 was reported on seed 1 only of 0-2.
+    The order example (ranks at 1, 2**-24, -1: the float32 sum is 0 or 2**-24 by order) finds
+    it on every seed; two ranks cannot show it (addition is commutative)."""
+    from simcluster.checking.explicit import order_example
+    from simcluster.checking.judge import run_example
+    from simcluster.checking.options import make_options
+    from simcluster.usercode.rank_local import RankLocal
+
+    for seed in (0, 2):
+        report = check_hook(f"{ORDER_HOOKS}:world_three_only_hook", backends=("gloo",), seed=seed)
+        drift = [f for f in report.failures if f.property == "replicas_agree"]
+        assert len(drift) == 1 and drift[0].world_size == 3, report.format()
+        assert "0.0 vs 1.98682e-08" in drift[0].message, drift[0].message  # 0 on one rank, 2**-24 / 3 on another
+
+    def options(target: str, tolerance: str) -> object:
+        return make_options(RankLocal(target), target=target, replay_target=target, state="none", isolate=(),
+                            tolerance=tolerance, backends=("gloo",), world_sizes=(1, 2, 3, 4, 8), steps=3,
+                            examples=50, seed=0, api="current", properties=None, params=None, subgroups=None,
+                            deadline=60.0, rng="per_rank")
+
+    torch_hooks = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
+    for hook, tolerance in ((f"{torch_hooks}:allreduce_hook", "fp32"), (f"{torch_hooks}:fp16_compress_hook", "fp16"),
+                            (f"{torch_hooks}:bf16_compress_hook", "bf16"), (f"{torch_hooks}:allreduce_hook", "none")):
+        opts = options(hook, tolerance)
+        example = order_example(opts, (1, 2, 3, 4, 8), 3)
+        assert example is not None and example.world_size == 3
+        for backend in ("gloo", "nccl"):
+            run_example(opts, example, backend)  # no false alarm: a collective's sum is the same bits everywhere
+    fp32 = options(f"{torch_hooks}:allreduce_hook", "fp32")
+    assert order_example(fp32, (1, 2), 3) is None  # two ranks: a + b == b + a
+    assert order_example(fp32, (2, 4, 8), 3).world_size == 4  # type: ignore[union-attr]
+    assert order_example(options(f"{torch_hooks}:allreduce_hook", "exact"), (3,), 3) is None

@@ -39,6 +39,16 @@ so for every seed:
   *liveness* failure (one rank skips the collective its peers post), the second a
   *keeps_nonfinite* failure (:func:`simcluster.checking.properties.keeps_nonfinite`).
 
+* :func:`order_example` — three ranks whose sum depends on the order it is added in:
+  ``1``, ``2**-24`` and ``-1`` (``(1 + 2**-24) - 1`` is 0 in float32, ``(2**-24 - 1) + 1``
+  is ``2**-24``). A collective computes the sum once and every rank gets the same bits; a
+  hook that adds the ranks' contributions itself, each rank in its own order (a Trivance
+  or "sum the gathered list starting from my rank" all-reduce), hands the ranks different
+  gradients, and the replicas drift apart. With two ranks addition is commutative: only
+  worlds of 3 or more show it, and only on values like these — a hook refusing other world
+  sizes spent the draw failing there, and its drift at world 3 went unreported on 2 seeds
+  in 3 (hooks from the wild, round 8: a Trivance all-reduce).
+
 All are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
 on one is reported, shrunk by nothing, with its replay token like any other — unless the
 drawn search already reported that bug (same property, exception type and user line).
@@ -55,8 +65,8 @@ from simcluster.checking.options import Options
 from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, StepSpec
 from simcluster.checking.tolerances import parse_tolerance
 
-__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "explicit_examples",
-           "edge_example", "race_example", "twins_example", "nonfinite_examples"]
+__all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "ORDER_VALUES",
+           "explicit_examples", "edge_example", "race_example", "twins_example", "nonfinite_examples", "order_example"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
 """The race example's schedule: the second-oldest option at every real choice (in order
@@ -96,10 +106,18 @@ _NONFINITE_AT = 1
 value: in the first parameter, the matrix of :data:`NONFINITE_SHAPES`."""
 
 
+ORDER_VALUES: tuple[float, ...] = (1.0, 2.0**-24, -1.0)
+"""The order example's values, one per rank (every element of the rank's gradients; ranks
+past the third hold 0): their float32 sum is 0 or ``2**-24`` depending on the order of the
+additions. Representable in float16 and bfloat16 too (``2**-24`` is float16's smallest
+subnormal), so they are inputs of every tolerance's domain."""
+
+
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
     return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
-                          twins_example(opts, world_sizes, steps), *nonfinite_examples(opts, world_sizes, steps))
+                          twins_example(opts, world_sizes, steps), *nonfinite_examples(opts, world_sizes, steps),
+                          order_example(opts, world_sizes, steps))
             if ex is not None]
 
 
@@ -201,3 +219,22 @@ def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) ->
         out.append(Example(world, layout, StepSpec(ranks), (1,) * (steps - 1), (), "float32", values,
                            exact=opts.tolerance == "exact"))
     return out
+
+
+def order_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """Ranks holding :data:`ORDER_VALUES` (rank r its r-th value everywhere, later ranks 0) at
+    the smallest world of 3 or more, every step; ``--params`` or one 4-vector, DDP's default
+    cap, completed in order. Judged by *replicas_agree*: every rank must get the same bits
+    (and by *averages*, whose float32 bound a correct mean meets: the exact mean is
+    ``2**-24 / 3``, the error a rounding of ``1/3``). None when no world size is 3 or more,
+    when *replicas_agree* is not checked, or under ``--tolerance exact`` (the mean is not
+    exactly representable: a correct hook would fail there)."""
+    worlds = sorted(w for w in world_sizes if w >= 3)
+    if not worlds or "replicas_agree" not in opts.props or opts.tolerance == "exact":
+        return None
+    world = worlds[0]
+    values = _values(opts) or "float32"
+    shapes = opts.params or ((4,),)
+    layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
+    ranks = tuple(RankSpec("const", value=ORDER_VALUES[r] if r < len(ORDER_VALUES) else 0.0) for r in range(world))
+    return Example(world, layout, StepSpec(ranks), (0,) * (steps - 1), (), "float32", values)
