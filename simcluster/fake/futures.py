@@ -136,6 +136,13 @@ class SimFuture(torch.futures.Future):
     ``"then(decompress) of all_reduce#3 on WORLD"``).
     """
 
+    # Slots, not the instance dict, for the attributes the simulator reads and writes (a
+    # dozen per collective and rank): torch's pybind allocator leaves a subclass instance's
+    # dict unprepared, so every dict attribute takes the interpreter's slow generic path,
+    # while a slot is a fixed offset the interpreter specialises (-4.4 % of a W=8 step,
+    # docs/speed.md). Instances keep a dict for attributes user code sets, as torch's do.
+    __slots__ = ("_engine", "_rank", "label", "_callbacks", "_resumers", "_complete", "_errored", "_guard")
+
     def __repr__(self) -> str:
         # As torch's default repr words it (measured on torch 2.13): a collective's or
         # then()'s future is a torch.Future, torch.futures.Future() a torch.jit.Future —
