@@ -98,6 +98,8 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
+    __slots__ = ("_future", "_finished", "_op", "_get_future_error")  # as SimFuture's (see there): one per call
+
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
