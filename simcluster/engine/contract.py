@@ -92,6 +92,9 @@ class Call:
     ``posted_at`` is the user line that posted it, recorded only by a run that asks for
     posting lines (finding it walks the stack: never on the hot path); a deadlock report
     names it beside each call some rank never matched.
+
+    The process group builds one per collective and rank *positionally* (a class called with
+    keywords costs a dict per call): a new field goes after ``after``, or every builder changes.
     """
 
     rank: int
@@ -107,9 +110,9 @@ class Call:
     detail: str = ""
     uses_worker: bool = True
     payload: Any = None
+    after: tuple[Waitable, ...] = ()
     seq: int = -1
     worker: int = -1
-    after: tuple[Waitable, ...] = ()
     posted_at: "Frame | None" = None
 
     @property
