@@ -11,7 +11,8 @@ process group and the futures (:mod:`simcluster.fake`) work with either, through
 * a future that code waits on is a :class:`Waitable`; ``wait()`` on a pending one calls
   :meth:`~EngineContract.block_until`, and the DDP model "waits" the reducer's way with
   :meth:`~EngineContract.expect` (no thread hand-over);
-* completing a future first asks :meth:`~EngineContract.check_thread`;
+* completing a future first asks :meth:`~EngineContract.check_thread` (except where the
+  simulator completes it itself, on a thread the engine runs: a delivery, a ``then`` child);
 * callbacks are traced with :attr:`~EngineContract.current_rank` and
   :attr:`~EngineContract.where`.
 

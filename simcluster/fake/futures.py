@@ -193,12 +193,20 @@ class SimFuture(torch.futures.Future):
 
     # A future may be completed only by code the engine runs (not by a thread a hook
     # started): otherwise the run's outcome would depend on that thread's timing. Checked
-    # inline in set_result/set_exception (twice per collective and rank).
+    # inline in set_result/set_exception; the simulator's own completions skip it (_resolve).
 
     def set_result(self, result: Any) -> None:
         engine = self._engine
         if engine.running:
             engine.check_thread(f"completing {self.label}")
+        self._resolve(result)
+
+    def _resolve(self, result: Any) -> None:
+        """:meth:`set_result` without the thread check, for the completions the simulator
+        makes on a thread that is already known to be the engine's: a collective's delivery
+        (:meth:`DoneFlag.deliver`, an engine task) and a ``then`` child completed by its
+        callback while its parent completes (which passed the check, or is a delivery).
+        Twice per collective and rank: the check's message and call cost ~1 % of a step."""
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -309,7 +317,10 @@ class SimFuture(torch.futures.Future):
         except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future, errored
             child.set_error(callback_error(exc))
         else:
-            child.set_result(result)
+            if how == "completion":  # on the completing thread, checked already (see _resolve)
+                child._resolve(result)
+            else:  # registered on a complete future: the caller's thread, not checked yet
+                child.set_result(result)
 
 
 class DoneFlag:
@@ -377,7 +388,7 @@ class DoneFlag:
         if exc is not None:
             self._future.set_error(exc)
         else:
-            self._future.set_result(value)
+            self._future._resolve(value)  # noqa: SLF001 - an engine task: on the engine's thread
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""
