@@ -11,7 +11,8 @@ process group and the futures (:mod:`simcluster.fake`) work with either, through
 * a future that code waits on is a :class:`Waitable`; ``wait()`` on a pending one calls
   :meth:`~EngineContract.block_until`, and the DDP model "waits" the reducer's way with
   :meth:`~EngineContract.expect` (no thread hand-over);
-* completing a future first asks :meth:`~EngineContract.check_thread`;
+* completing a future first asks :meth:`~EngineContract.check_thread` (except where the
+  simulator completes it itself, on a thread the engine runs: a delivery, a ``then`` child);
 * callbacks are traced with :attr:`~EngineContract.current_rank` and
   :attr:`~EngineContract.where`.
 
@@ -92,6 +93,9 @@ class Call:
     ``posted_at`` is the user line that posted it, recorded only by a run that asks for
     posting lines (finding it walks the stack: never on the hot path); a deadlock report
     names it beside each call some rank never matched.
+
+    The process group builds one per collective and rank *positionally* (a class called with
+    keywords costs a dict per call): a new field goes after ``after``, or every builder changes.
     """
 
     rank: int
@@ -107,9 +111,9 @@ class Call:
     detail: str = ""
     uses_worker: bool = True
     payload: Any = None
+    after: tuple[Waitable, ...] = ()
     seq: int = -1
     worker: int = -1
-    after: tuple[Waitable, ...] = ()
     posted_at: "Frame | None" = None
 
     @property

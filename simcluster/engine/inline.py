@@ -98,14 +98,16 @@ class _Resume:
     label: str
 
 
-@dataclass
+@dataclass(slots=True)
 class _Workers:
-    """A backend's worker threads of one group on one rank (gloo: 2), and their queue."""
+    """A backend's worker threads of one group on one rank (gloo: 2), and their queue.
+    Made for each rank and group in every run: built positionally (a class called with
+    keywords costs a dict)."""
 
     size: int
     busy: list[bool]
+    free: int  # how many of ``busy`` are False
     queue: deque[tuple[Instance, Call]] = field(default_factory=deque)
-    free: int = 0  # how many of ``busy`` are False
 
 
 class Engine:
@@ -307,7 +309,7 @@ class Engine:
             pool = self._workers.get(key)
             if pool is None:
                 size = self._workers_per_channel
-                pool = self._workers[key] = _Workers(size, [False] * size, free=size)
+                pool = self._workers[key] = _Workers(size, [False] * size, size)
             pool.queue.append((inst, call))
             self._start_queued(pool)
         else:

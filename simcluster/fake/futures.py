@@ -34,6 +34,7 @@ Example — a rank's code chaining on a collective (run inside a cluster)::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -59,6 +60,22 @@ _C_FUTURE_INIT = torch._C.Future.__init__
 _C_SET_RESULT = torch._C.Future.set_result
 _C_VALUE = torch._C.Future.value
 _C_WAIT = torch._C.Future.wait
+_GUARD = threading.Lock()
+"""Makes "check pending, then append a callback or waiter" atomic with "mark complete, then
+take the lists", for every :class:`SimFuture` and :class:`DoneFlag`. Only the free-running
+engine (:mod:`simcluster.engine.threaded`) completes futures while other threads register
+callbacks. One lock for all: each section it guards is a few C operations that call no
+other code, so none waits for long and none nests; and no lock is made per future (three per
+collective and rank). A forked child (supervised checks fork) gets a fresh one: a thread of the
+parent may have held it at the fork."""
+
+
+def _fresh_guard_after_fork() -> None:
+    global _GUARD
+    _GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_guard_after_fork)
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # per thread, C calls
 
 
@@ -136,6 +153,13 @@ class SimFuture(torch.futures.Future):
     ``"then(decompress) of all_reduce#3 on WORLD"``).
     """
 
+    # Slots, not the instance dict, for the attributes the simulator reads and writes (a
+    # dozen per collective and rank): torch's pybind allocator leaves a subclass instance's
+    # dict unprepared, so every dict attribute takes the interpreter's slow generic path,
+    # while a slot is a fixed offset the interpreter specialises (-4.4 % of a W=8 step,
+    # docs/speed.md). Instances keep a dict for attributes user code sets, as torch's do.
+    __slots__ = ("_engine", "_rank", "label", "_callbacks", "_resumers", "_complete", "_errored")
+
     def __repr__(self) -> str:
         # As torch's default repr words it (measured on torch 2.13): a collective's or
         # then()'s future is a torch.Future, torch.futures.Future() a torch.jit.Future —
@@ -154,10 +178,6 @@ class SimFuture(torch.futures.Future):
         self._resumers: list[Callable[[], None]] = []
         self._complete = False
         self._errored = False
-        # Only the free-running engine (simcluster.engine.threaded) completes futures while
-        # other threads register callbacks; the lock makes "check pending, then
-        # append" atomic with "mark complete, then take the lists" there.
-        self._guard = threading.Lock()
 
     engine = property(attrgetter("_engine"), doc="The engine of the run this future belongs to (it completes it, "
                       "and waits go through it). A C getter: read once per collective and rank.")
@@ -173,12 +193,20 @@ class SimFuture(torch.futures.Future):
 
     # A future may be completed only by code the engine runs (not by a thread a hook
     # started): otherwise the run's outcome would depend on that thread's timing. Checked
-    # inline in set_result/set_exception (twice per collective and rank).
+    # inline in set_result/set_exception; the simulator's own completions skip it (_resolve).
 
     def set_result(self, result: Any) -> None:
         engine = self._engine
         if engine.running:
             engine.check_thread(f"completing {self.label}")
+        self._resolve(result)
+
+    def _resolve(self, result: Any) -> None:
+        """:meth:`set_result` without the thread check, for the completions the simulator
+        makes on a thread that is already known to be the engine's: a collective's delivery
+        (:meth:`DoneFlag.deliver`, an engine task) and a ``then`` child completed by its
+        callback while its parent completes (which passed the check, or is a delivery).
+        Twice per collective and rank: the check's message and call cost ~1 % of a step."""
         if self._complete:
             raise RuntimeError(
                 "Attempting to mark a completed Future as complete again. "
@@ -219,7 +247,7 @@ class SimFuture(torch.futures.Future):
         # Waiters are queued first (they run after this code finishes or parks), then
         # callbacks run here: as on gloo, ``fut.wait()`` returns once the value is set,
         # even while a callback is still blocked.
-        with self._guard:
+        with _GUARD:
             self._complete = True
             resumers, self._resumers = self._resumers, []
             callbacks, self._callbacks = self._callbacks, []
@@ -231,7 +259,7 @@ class SimFuture(torch.futures.Future):
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once this future completes (at once if it has): how the engine
         learns that a waiter may resume (:class:`~simcluster.engine.contract.Waitable`)."""
-        with self._guard:
+        with _GUARD:
             if not self._complete:
                 self._resumers.append(resume)
                 return
@@ -262,7 +290,7 @@ class SimFuture(torch.futures.Future):
         self._register(callback, getattr(callback, "__qualname__", None) or callable_name(callback), None)
 
     def _register(self, callback: Callable[["SimFuture"], Any], name: str, child: SimFuture | None) -> None:
-        with self._guard:
+        with _GUARD:
             if not self._complete:
                 self._callbacks.append((callback, name, child))
                 return
@@ -289,7 +317,10 @@ class SimFuture(torch.futures.Future):
         except Exception as exc:  # noqa: BLE001 - torch stores it in the derived future, errored
             child.set_error(callback_error(exc))
         else:
-            child.set_result(result)
+            if how == "completion":  # on the completing thread, checked already (see _resolve)
+                child._resolve(result)
+            else:  # registered on a complete future: the caller's thread, not checked yet
+                child.set_result(result)
 
 
 class DoneFlag:
@@ -306,7 +337,7 @@ class DoneFlag:
     runs them on the real backend has its own (``torch.is_grad_enabled()`` is per thread).
     """
 
-    __slots__ = ("_future", "_grad_mode", "_complete", "_resumers", "_guard", "_in_flight")
+    __slots__ = ("_future", "_grad_mode", "_complete", "_resumers", "_in_flight")
 
     def __init__(self, future: SimFuture, in_flight: dict["DoneFlag", None] | None = None,
                  grad_mode: bool = True) -> None:
@@ -314,7 +345,6 @@ class DoneFlag:
         self._grad_mode = grad_mode
         self._complete = False
         self._resumers: list[Callable[[], None]] = []
-        self._guard = threading.Lock()  # as SimFuture's: only the threaded engine sets it from another thread
         self._in_flight = in_flight
         if in_flight is not None:
             in_flight[self] = None
@@ -334,7 +364,7 @@ class DoneFlag:
         return self._complete
 
     def set(self) -> None:
-        with self._guard:
+        with _GUARD:
             self._complete = True
             resumers, self._resumers = self._resumers, []
         if self._in_flight is not None:
@@ -358,11 +388,11 @@ class DoneFlag:
         if exc is not None:
             self._future.set_error(exc)
         else:
-            self._future.set_result(value)
+            self._future._resolve(value)  # noqa: SLF001 - an engine task: on the engine's thread
 
     def on_done(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` once the work's callbacks have run (at once if they have)."""
-        with self._guard:
+        with _GUARD:
             if not self._complete:
                 self._resumers.append(resume)
                 return

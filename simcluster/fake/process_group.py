@@ -98,6 +98,8 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
+    __slots__ = ("_future", "_finished", "_op", "_get_future_error")  # as SimFuture's (see there): one per call
+
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
         self._future = future
@@ -252,21 +254,21 @@ class SimProcessGroup(dist.ProcessGroup):
             finished = DoneFlag(future, self._in_flight, grad_mode)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
-        call = Call(
-            rank=self.global_rank,
-            channel=channel or self.spec.name,
-            ranks=ranks or self.spec.ranks,
-            op=op,
-            signature=("p2p" if channel else op, *signature),
-            compute=compute,
-            deliver=finished.deliver,
-            dtype=(_DTYPE_NAMES.get(tensor.dtype) or _dtype(tensor)) if tensor is not None else "",
-            shape=shape,
-            nbytes=nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),
-            detail=detail,
-            uses_worker=channel is None,
-            payload=payload,
-            after=after,
+        call = Call(  # positional, in field order: keywords to a class call cost a dict (hot path)
+            self.global_rank,  # rank
+            channel or self.spec.name,  # channel
+            ranks or self.spec.ranks,  # ranks
+            op,
+            ("p2p" if channel else op, *signature),  # signature
+            compute,
+            finished.deliver,  # deliver
+            (_DTYPE_NAMES.get(tensor.dtype) or _dtype(tensor)) if tensor is not None else "",  # dtype
+            shape,
+            nbytes if nbytes is not None else (tensor.numel() * tensor.element_size() if tensor is not None else 0),
+            detail,
+            channel is None,  # uses_worker
+            payload,
+            after,
         )
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
