@@ -158,13 +158,7 @@ def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     shapes = opts.params or RACE_SHAPES
     if not worlds or len(shapes) < 2:
         return None
-    world = worlds[0]
-    values = _values(opts) or "float32"
-    layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1,
-                    gradient_as_bucket_view=opts.bucket_view)
-    base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
-    return Example(world, layout, base, (1,) * (steps - 1), RANKS_DISAGREE, "float32", values,
-                   exact=opts.tolerance == "exact")
+    return _bucket_per_parameter(opts, shapes, worlds[0], steps, RANKS_DISAGREE)
 
 
 def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
@@ -181,14 +175,22 @@ def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exam
         sizes = [math.prod(shape) for shape in opts.params]
         if len(set(sizes)) == len(sizes):
             return None
-    shapes = opts.params or TWIN_SHAPES
     worlds = sorted(w for w in world_sizes if w >= 2)
-    world = worlds[0] if worlds else max(world_sizes)
-    values = _values(opts) or "float32"
+    return _bucket_per_parameter(opts, opts.params or TWIN_SHAPES, worlds[0] if worlds else max(world_sizes), steps, ())
+
+
+def _bucket_per_parameter(opts: Options, shapes: tuple[tuple[int, ...], ...], world: int, steps: int,
+                          schedule: tuple[int, ...]) -> Example:
+    """The race and twins examples' common form: each parameter a bucket of its own (a 1-byte
+    cap: from the rebuild at step 1 on; with ``steps == 1`` DDP's ``find_unused_parameters``
+    layout, capped from step 0), so every bucket is in flight before the first completes;
+    small-integer gradients, different per rank, parameter and step (exactly averageable:
+    ``exact`` under ``--tolerance exact``); completed under ``schedule``."""
     layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1,
                     gradient_as_bucket_view=opts.bucket_view)
     base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
-    return Example(world, layout, base, (1,) * (steps - 1), (), "float32", values, exact=opts.tolerance == "exact")
+    return Example(world, layout, base, (1,) * (steps - 1), schedule, "float32", _values(opts) or "float32",
+                   exact=opts.tolerance == "exact")
 
 
 def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:

@@ -211,9 +211,10 @@ def another_params_average(results: Grads, inputs: Grads, tolerance: str | Toler
     next bucket before this one's collective completed. None under a lossy tolerance
     (judged per bucket, where shares blur) or ``none``.
 
-    >>> x = [[torch.tensor([1.0]), torch.tensor([5.0])], [[3.0], [7.0]]]
-    >>> x[1] = [torch.tensor([3.0]), torch.tensor([7.0])]
-    >>> another_params_average([[torch.tensor([6.0])] * 2] * 2, x, "fp32")
+    Two ranks, two one-element parameters whose averages are 2 and 6; both got 6:
+
+    >>> inputs = [[torch.tensor([1.0]), torch.tensor([5.0])], [torch.tensor([3.0]), torch.tensor([7.0])]]
+    >>> another_params_average([[torch.tensor([6.0]), torch.tensor([6.0])]] * 2, inputs, "fp32")
     (0, 1)
     """
     tol = parse_tolerance(tolerance)
