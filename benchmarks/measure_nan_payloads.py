@@ -6,7 +6,8 @@ Every third element of every rank holds a NaN with a rank- and position-dependen
 the rest are random. Each world all-reduces the same inputs on real gloo processes and in
 ``simcluster.fake.collectives.reduce`` (float16, bfloat16, float32) and counts the elements
 whose bits differ on any rank. The sizes and worlds reach the model's three fold layouts
-(gathered, per chunk, strided: 17 ranks × 4,096 elements).
+(gathered, per chunk, strided: 17 ranks × 4,096 elements); ``--skewed`` forces the fourth
+(chunks of at most 16 bytes, reached by sums at 130+ ranks) on float32 SUM at small worlds.
 """
 
 from __future__ import annotations
@@ -55,13 +56,22 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,4099,70000")
     parser.add_argument("--ops", default="SUM", help="comma-separated reduce ops (SUM, PRODUCT, MAX, MIN)")
     parser.add_argument("--stagger", action="store_true", help="each rank's NaNs at other elements (NaN meets numbers)")
+    parser.add_argument("--skewed", action="store_true",
+                        help="fold float32 SUM with the tiny-chunk layout (collectives._fold_skewed) whatever the "
+                             "size would pick, so that a few real processes check the layout 130+ ranks reach")
     args = parser.parse_args()
     for op in args.ops.split(","):
         for world in (int(w) for w in args.worlds.split(",")):
             for n in (int(s) for s in args.sizes.split(",")):
                 real = run_gloo(worker, world, [(n, op, args.stagger)] * world, timeout=600)
                 for k, (dtype, bits_dtype) in enumerate(CASES):
-                    sim = collectives.reduce(inputs(world, dtype, bits_dtype, n, args.stagger), op, "gloo").view(bits_dtype)
+                    raw = inputs(world, dtype, bits_dtype, n, args.stagger)
+                    chunk = collectives.ring_chunks(n, raw[0].element_size(), world)[0][1]
+                    if args.skewed and op == "SUM" and dtype == torch.float32 and chunk * 4 in collectives._WIDE:
+                        sim = collectives._fold_skewed(raw, torch.Tensor.add_, chunk).view(bits_dtype)
+                        dtype = "float32, skewed"
+                    else:
+                        sim = collectives.reduce(raw, op, "gloo").view(bits_dtype)
                     differing = sum(int((real[r][k] != sim).sum()) for r in range(world))
                     print(f"{op} world {world:>2}, {n:>6} elements, {str(dtype):>14}: {differing} differing "
                           f"elements (over all ranks)", flush=True)

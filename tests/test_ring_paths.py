@@ -1,7 +1,8 @@
 """The fast ways of folding gloo's ring give the bits of the plain per-chunk fold.
 
-``collectives._gloo_ring`` picks one of three folds by size (a gathered index, whole-
-segment folds per chunk, whole-buffer steps by flat index). Each is checked here, forced
+``collectives._gloo_ring`` picks one of four folds by size (a gathered index, whole-
+segment folds per chunk, whole-buffer steps by flat index or strided views, and for
+chunks of at most 16 bytes a skewed gather of whole chunks). Each is checked here, forced
 on sizes where it would not be picked, against a straightforward reference written from
 the measured description: for every chunk, ``acc = x[c-1]; acc = op(acc, x[c-2]); …``,
 one element-wise step at a time, with the backend's per-step NaN handling
@@ -106,6 +107,31 @@ def test_reduce_picks_a_path_with_the_reference_bits(dtype: torch.dtype, world: 
         got = C.reduce(raw, "SUM", "gloo")
         want = reference_ring(raw, "SUM")
         assert same_bits(got, want), (dtype, world, n)
+
+
+TINY_CHUNKS = [(64, 57), (64, 100), (64, 256), (100, 150), (200, 800), (300, 1200), (1024, 4096), (130, 1000), (32, 40)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.uint8, torch.int64])
+def test_the_skewed_fold_of_tiny_chunks_matches_the_reference(dtype: torch.dtype) -> None:
+    """Many ranks, chunks of 1–16 bytes: each chunk moved as one wide element, then folded by rows."""
+    tried = 0
+    for seed, (world, n) in enumerate(TINY_CHUNKS):
+        raw = inputs(seed, world, n, dtype)
+        chunks = C.ring_chunks(n, raw[0].element_size(), world)
+        chunk = chunks[0][1] - chunks[0][0]
+        if chunk * raw[0].element_size() not in C._WIDE:
+            continue
+        tried += 1
+        got = C._fold_skewed(raw, torch.Tensor.add_, chunk)
+        assert same_bits(got, reference_ring(raw, "SUM")), (dtype, world, n)
+        assert same_bits(C.reduce(raw, "SUM", "gloo"), reference_ring(raw, "SUM")), (dtype, world, n)
+    assert tried >= 3, "the cases no longer reach the skewed fold"
+
+
+def test_the_skew_index_names_ring_order() -> None:
+    """Operand k of chunk c is rank (c-1-k) mod N: at N=4, chunk 0's fold starts at rank 3."""
+    assert C._skew_index(4).tolist() == [[3, 0, 1, 2], [2, 3, 0, 1], [1, 2, 3, 0], [0, 1, 2, 3]]
 
 
 def test_the_paths_are_really_different_folds() -> None:

@@ -412,12 +412,14 @@ def _round_up(value: int, multiple: int) -> int:
 def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     """Chunk ``c`` is ``((x[c-1] op x[c-2]) op …) op x[c-N]``, in O(N·n) work whatever N is.
 
-    Three ways to the same bits (same operands, same order, same rounding per step):
+    Four ways to the same bits (same operands, same order, same rounding per step):
     small problems gather every operand at once through a cached ``(N, n)`` index and
     fold N-1 whole-buffer steps; chunks of at least :data:`_SEGMENT_FOLD_MIN` elements
     are folded chunk by chunk with whole-segment, in-place steps (N² operations, each
     big); the rest (many ranks, small chunks) fold N-1 whole-buffer steps, step k taking
-    rank ``(c-1-k) mod N``'s value of every element by a flat index (:func:`_fold_by_step`).
+    rank ``(c-1-k) mod N``'s value of every element by a flat index or strided views
+    (:func:`_fold_by_step`), or, for sums whose chunks are at most 16 bytes, from rows
+    skewed once with each chunk moved as one element (:func:`_fold_skewed`).
     """
     n = len(raw)
     first = raw[0]
@@ -495,8 +497,11 @@ def _fold_by_step(raw: list[torch.Tensor], f: _BinOp, chunks: list[tuple[int, in
     """
     n, first = len(raw), raw[0]
     step = _in_place(f)
+    chunk = chunks[0][1] - chunks[0][0]
+    if step is torch.Tensor.add_ and chunk * first.element_size() in _WIDE and first.dtype not in _HALF:
+        return _fold_skewed(raw, step, chunk)
     if step is not None:
-        return _fold_by_strides(raw, step, chunks[0][1] - chunks[0][0])
+        return _fold_by_strides(raw, step, chunk)
     numel, dtype = first.numel(), first.dtype
     as_int = _AS_INT[first.element_size()]
     flat = torch.cat([x.view(as_int) for x in raw])
@@ -559,6 +564,58 @@ def _fold_by_strides(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torc
             step(acc[k + 1:], flat.as_strided(*hi))
         step(acc[:k + 1], flat.as_strided(*lo))
     return acc.view(-1)[:numel]
+
+
+_HALF = (torch.float16, torch.bfloat16)
+"""Their NaN payloads depend on the kernel path that adds them (strided rows or contiguous
+ones, measured on random bit patterns): they keep the strided fold. gloo never folds them
+with a plain ``add_`` anyway (see :func:`_binop`). ``mul_`` keeps the strided fold for the
+same reason: NaN × NaN keeps the accumulator's payload in rows of a few elements and the
+operand's in long rows (docs/collectives.md §8)."""
+_WIDE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
+"""A dtype exactly one chunk wide, by the chunk's bytes: a whole chunk moves as one element."""
+
+
+def _fold_skewed(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torch.Tensor], object],
+                 chunk: int) -> torch.Tensor:
+    """:func:`_fold_by_strides` for chunks of at most 16 bytes (many ranks, small buckets).
+
+    With chunks that small, a strided fold is N² rows of a few elements: the kernels'
+    per-row overhead, not the arithmetic, sets its cost, which then grows as N². Here the
+    stacked ``(N, N·chunk)`` buffer is viewed with one element per chunk (``uint8`` …
+    ``complex128``: a move, not arithmetic, so the bits are kept); step k's operands, chunk
+    c from rank ``(c-1-k) mod N``, are one ``gather`` of N such elements into a reused
+    row, added to the accumulator in place. Same operands in the same order as the
+    strided fold, so the same bits, in O(N·n) work with long inner loops. (Gathering all
+    N rows at once is no faster: a second buffer of the stack's size, freshly mapped on
+    every call, costs more in page faults than the per-row calls.)
+    """
+    n, first = len(raw), raw[0]
+    numel, dtype = first.numel(), first.dtype
+    as_int = _AS_INT[first.element_size()]
+    width = n * chunk
+    stacked = torch.stack([x.view(as_int) for x in raw])
+    if width > numel:
+        stacked = torch.cat([stacked, stacked.new_zeros(n, width - numel)], dim=1)
+    wide_dtype = _WIDE[chunk * first.element_size()]
+    wide = stacked.view(wide_dtype)  # (N, N): element [r, c] is rank r's chunk c
+    index = _skew_index(n)
+    acc_wide = torch.empty(1, n, dtype=wide_dtype)
+    row_wide = torch.empty(1, n, dtype=wide_dtype)
+    acc, row = acc_wide.view(as_int).view(dtype).view(-1), row_wide.view(as_int).view(dtype).view(-1)
+    torch.gather(wide, 0, index[:1], out=acc_wide)
+    for k in range(1, n):
+        torch.gather(wide, 0, index[k:k + 1], out=row_wide)  # step k's operands, chunk by chunk
+        step(acc, row)
+    return acc[:numel]
+
+
+@functools.lru_cache(maxsize=4)
+def _skew_index(n: int) -> torch.Tensor:
+    """``index[k, c] = (c-1-k) mod N``: the rank whose chunk c is operand k of chunk c's fold."""
+    steps = torch.arange(n, dtype=torch.int64).unsqueeze(1)
+    chunks = torch.arange(n, dtype=torch.int64).unsqueeze(0)
+    return (chunks - 1 - steps) % n
 
 
 @functools.lru_cache(maxsize=8)
