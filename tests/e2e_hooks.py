@@ -279,3 +279,33 @@ def fp16_gather_mean(state, bucket):
     fut = torch.futures.Future()
     fut.set_result(total.div_(len(parts)))
     return fut
+
+
+def kills_its_process_on_rank_1(state, bucket):
+    """On every side, simulated or real: rank 1's hook call kills its own process (SIGKILL)."""
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), 9)
+    return _mean(bucket)
+
+
+def kills_its_process_in_rank_0s_callback(state, bucket):
+    """Rank 0's completion callback kills its process: at world 3 every rank's hook call has
+    started by then, so only the running rank, not the last hook call, names rank 0."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+    def done(f):
+        if dist.get_rank() == 0:
+            os.kill(os.getpid(), 9)
+        return f.value()[0].div_(dist.get_world_size())
+
+    return fut.then(done)
+
+
+def kills_its_process_off_the_main_thread(state, bucket):
+    """Kills its process only when called off the process's main thread: under the real
+    reducer's rank threads, never under the DDP model's baton (which starts on the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        os.kill(os.getpid(), 9)
+    return _mean(bucket)

@@ -457,6 +457,32 @@ def test_a_killed_rank_is_reported_with_its_last_hook_call_and_nothing_survives(
     assert len(census) == 2  # both ranks' processes were seen (and the census checks they are gone)
 
 
+def test_a_simulation_killed_by_a_rank_names_that_rank_step_and_bucket() -> None:
+    """The simulated side's process dies (SIGKILL from rank 1's hook): which rank's thread
+    did it under the real reducer is timing, so the scenario is re-run on the DDP model,
+    whose fixed order names rank 1, step 0, bucket 0 — once "rank 0 died", whatever the rank."""
+    side = run_sim(Scenario(3, ((4,),), steps=1), f"{HOOKS}:kills_its_process_on_rank_1", timeout=60)
+    failure = side.failure
+    assert failure is not None and (failure.kind, failure.rank, failure.step) == ("died", 1, 0), failure
+    assert "killed by SIGKILL" in failure.message and "rank 1, DDP step 0, bucket 0" in failure.message
+    assert failure.line().startswith("rank 1 died at step 0:")
+
+
+def test_a_simulation_killed_from_a_callback_names_the_rank_whose_code_ran() -> None:
+    side = run_sim(Scenario(3, ((4,),), steps=1), f"{HOOKS}:kills_its_process_in_rank_0s_callback", timeout=60)
+    failure = side.failure
+    assert failure is not None and (failure.kind, failure.rank) == ("died", 0), failure
+    assert "rank 0's code was running" in failure.message, failure.message
+
+
+def test_a_simulation_death_the_model_cannot_place_says_the_rank_is_unknown() -> None:
+    side = run_sim(Scenario(2, ((4,),), steps=1), f"{HOOKS}:kills_its_process_off_the_main_thread", timeout=60)
+    failure = side.failure
+    assert failure is not None and (failure.kind, failure.rank) == ("died", -1), failure
+    assert failure.line().startswith("a rank died: the simulation's process was killed by SIGKILL"), failure.line()
+    assert "did not die on this scenario" in failure.message
+
+
 def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census) -> None:
     with GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver") as cluster:
         warm = run_real(Scenario(2, ((4,),), steps=1), MEAN, cluster=cluster, timeout=120)
@@ -942,6 +968,7 @@ def test_a_spinning_hook_makes_the_simulated_side_hung_within_the_timeout(tmp_pa
     side = run_sim(Scenario(world_size=2, shapes=((4,),), steps=1), f"{tmp_path}/hostile_e2e.py:spins", timeout=3)
     assert side.failure is not None and side.failure.kind == "hung"
     assert "did not return within 3 s" in side.failure.message
+    assert side.failure.line().startswith("a rank hung: the simulation did not return"), side.failure.line()  # not "rank 0"
     assert time.monotonic() - started < 30
 
 

@@ -249,7 +249,7 @@ class SideFailure:
     without reporting). ``detail``: the traceback or the last events, for the report."""
 
     kind: str
-    rank: int
+    rank: int  # -1: not known (the simulation's process died where no rank was recorded)
     error_type: str
     message: str
     step: int | None = None
@@ -262,7 +262,8 @@ class SideFailure:
     def line(self) -> str:
         at = "" if self.step is None else f" at step {self.step}"
         typed = "" if self.error_type == self.kind else f"{self.error_type}: "  # no "hung: hung:"
-        return f"rank {self.rank} {self.kind}{at}: {typed}{self.message}"
+        who = f"rank {self.rank}" if self.rank >= 0 else "a rank"  # -1: which rank is not known
+        return f"{who} {self.kind}{at}: {typed}{self.message}"
 
 
 @dataclass
@@ -603,8 +604,11 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     side = Side(f"sim ({backend} model)", seconds=outcome.seconds, calls_known=False)
     if outcome.death is not None:
         death = outcome.death
-        kind, what = ("hung", "the simulation") if death.kind == "deadline" else ("died", "the simulation's process")
-        side.failure = SideFailure(kind, 0, kind, f"{what} {death.detail}", None, death.stacks)
+        if death.kind == "deadline":
+            # which rank's code spins or blocks is thread timing under the real reducer: not named
+            side.failure = SideFailure("hung", -1, "hung", f"the simulation {death.detail}", None, death.stacks)
+        else:
+            side.failure = _located_death(scenario, hook, state, backend, timeout, isolate, death.detail)
     else:
         error = outcome.error
         assert error is not None
@@ -612,6 +616,34 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
             raise error  # not the hook's: a bug of ours, or a usage error
         side.failure = _sim_failure(error, {})  # as a real rank reports it: raised SystemExit
     return side
+
+
+def _located_death(scenario: Scenario, hook: str, state: str, backend: str, timeout: float,
+                   isolate: Sequence[str], detail: str) -> SideFailure:
+    """The simulation's process died (a signal, a crash) while the real reducer's rank
+    threads ran: which rank's code ended it is thread timing, not recorded. So the
+    scenario runs again on the DDP model alone (one baton, ranks in a fixed order), in a
+    supervised child that announces every hook call and rank switch: the death there names
+    the rank, DDP step and bucket, the same on every run. If the model's run does not die,
+    the rank stays unknown and the line says so (``rank`` is then -1)."""
+    from simcluster.checking.supervisor import run_supervised
+
+    def located(monitor: Any) -> Side:
+        monitor.begin({"scenario": scenario.describe(), "locating": "the process death"})
+        hook_local, state_local = per_process(hook, state, isolate)
+        side = run_model(scenario, hook_local, state_local, backend=backend, on_hook_call=monitor.at)
+        monitor.end()
+        return side
+
+    again = run_supervised(located, deadline=timeout)
+    death = again.death
+    if death is None or death.kind == "deadline" or (death.position is None and death.running is None):
+        return SideFailure("died", -1, "died", f"the simulation's process {detail} (on a rank the real reducer's "
+                           "threads do not record; the DDP model did not die on this scenario)")
+    rank = death.running if death.running is not None else death.position[0]  # type: ignore[index]
+    step = death.position[1] if death.position is not None and death.position[0] == rank else None
+    return SideFailure("died", rank, "died", f"the simulation's process {detail}; where: {death.where()}; located "
+                       "by re-running the scenario on the DDP model", step, death.stacks)
 
 
 def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, isolate: Sequence[str],
@@ -671,13 +703,16 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
 
 
 def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backend: str = "gloo",
-              inspect: Callable[..., Any] | None = None, schedule: Any = None) -> Side:
+              inspect: Callable[..., Any] | None = None, schedule: Any = None,
+              on_hook_call: Callable[[int, int, int], None] | None = None) -> Side:
     """The scenario under :class:`~simcluster.ddp.model.SimDDP` — the DDP model the property
     search runs (simulated reducer, bucketing and copy-back, inline engine, in-order schedule).
     ``hook`` and ``state`` as SimDDP takes them (a :class:`~simcluster.usercode.rank_local.RankLocal`
     gives each simulated rank its own module, as a process has); ``inspect``: the hook whose
     signature real DDP's registration checks (default ``hook``); ``schedule``: the order
-    collectives complete in (default in order: :class:`~simcluster.engine.scheduler.InOrder`)."""
+    collectives complete in (default in order: :class:`~simcluster.engine.scheduler.InOrder`);
+    ``on_hook_call(rank, step, bucket)``: told before every hook call (a supervisor's
+    :meth:`~simcluster.checking.supervisor.Monitor.at`)."""
     import torch.distributed as dist
 
     from simcluster.ddp.model import DDPConfig, SimDDP
@@ -697,6 +732,8 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
                        gradient_as_bucket_view=scenario.gradient_as_bucket_view, ready_order=scenario.ready_order)
     ddp = SimDDP(cluster, recording(hook, calls, dist.get_rank), list(scenario.shapes), state=state, config=config,
                  dtype=scenario.torch_dtype)
+    if on_hook_call is not None:
+        ddp.on_hook_call = on_hook_call
     for params in ddp.params:
         for i, p in enumerate(params):
             p._simcluster_index = i  # type: ignore[attr-defined] - as GradientModel's, for the call records
