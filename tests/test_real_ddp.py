@@ -11,6 +11,7 @@ children import it by name). No ``from __future__ import annotations`` here: DDP
 ``register_comm_hook`` checks the hooks' annotations as objects and rejects strings.
 """
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -219,6 +220,10 @@ def test_a_rank_that_ends_without_its_collective_is_a_deadlock() -> None:
         run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 2), world_size=2,
                      hook=skip_last_on_rank_1, iterations=2, timeout=10)
     assert "rank 0: in backward() of iteration 1" in str(info.value)
+    # the line of the code under test (torch's hook) that posted the unmatched call: the
+    # free-running engine records it always
+    assert re.search(r"rank 0 posted it at \S*default_hooks\.py:\d+ in _allreduce_fut: dist\.all_reduce\(tensor",
+                     str(info.value)), str(info.value)
     assert sim_threads() == []
 
 

@@ -47,6 +47,7 @@ completes) is abandoned, and the error says so.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -54,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
+from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_line
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.trace import Blocked, Resumed, Trace
@@ -224,6 +226,11 @@ class ThreadedEngine:
                 f"{call.op} for rank {call.rank} posted from {self.where or 'a thread outside the run'}: each "
                 "rank's collectives must be issued by that rank's own code (give each rank its own state)"
             )
+        # the user line that posted it, for a deadlock report's unmatched calls: always recorded
+        # here (the inline engine records it only when a run is re-run to be reported; this
+        # engine's runs, the real reducer's, cannot be re-run in the same order)
+        found = stack_user_frames(sys._getframe(1), limit=1)
+        call.posted_at = found[0] if found else None
         pending = [w for w in call.after if not w.done()] if call.after else None
         with self._lock:
             inst, mismatch = self._matcher.post(call)
