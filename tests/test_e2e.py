@@ -1124,6 +1124,25 @@ def test_real_ddp_and_both_simulated_ddps_follow_a_scenarios_ready_order(census)
     assert "ready order [0, 2, 1]" in result.format()
 
 
+def test_the_cli_takes_a_ready_order_and_both_sides_follow_it(census, capsys) -> None:
+    """``simcluster e2e --ready-order 0,2,1``: ORDERED from the command line. The rebuilt
+    buckets of step 1 are [0] and [2, 1] on both sides (reverse order gives [2, 1] and [0])."""
+    code = main(["e2e", f"{HOOKS}:scales_by_every_ready_grad", "--state", f"{HOOKS}:model_parameters",
+                 "--params", "4x5,5,3", "--bucket-cap-mb", repr(16 / 2**20), "--ready-order", "0,2,1", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ready order [0, 2, 1]" in out
+    assert "step 1 rank 0: sim hooks b0[0],b1[2, 1] " in out and "real hooks b0[0],b1[2, 1] " in out, out
+
+
+@pytest.mark.parametrize("order, says", [("1,1", "not a permutation of range(2)"), ("a", "comma-separated"),
+                                         ("0,2", "not a parameter index in range(2)")])
+def test_a_bad_ready_order_is_one_line_exit_2_before_any_process(census, capsys, order: str, says: str) -> None:
+    assert main(["e2e", MEAN, "--params", "3,2", "--ready-order", order]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_counterexamples_scenario_carries_its_ready_order() -> None:
     from types import SimpleNamespace
 

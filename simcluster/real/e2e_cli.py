@@ -57,6 +57,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="DDP's bucket_cap_mb (default: DDP's)")
     e2e.add_argument("--gradient-as-bucket-view", action="store_true",
                      help="DDP(..., gradient_as_bucket_view=True) on both sides")
+    e2e.add_argument("--ready-order", default=None, metavar="I,J,…",
+                     help="the order the parameters' gradients become ready in backward, as parameter indices "
+                          "(first ready first; default: reverse parameter order, as a plain stack); both sides follow it")
     e2e.add_argument("--seed", type=int, default=0, metavar="S", help="draws the gradients (default 0)")
     e2e.add_argument("--backend", default="gloo", choices=BACKEND_NAMES,
                      help="real backend and the simulator's model of it (nccl: under torchrun on GPUs)")
@@ -78,10 +81,28 @@ def scenario_from_args(args: argparse.Namespace, world_size: int) -> Any:
         raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb!r} must be > 0")
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout!r} must be > 0 seconds")
+    shapes = parse_shapes(args.params)
     return Scenario(world_size=check_int("--world-size", world_size, *WORLD_SIZES),
-                    shapes=parse_shapes(args.params), steps=check_int("--steps", args.steps, *STEPS),
+                    shapes=shapes, steps=check_int("--steps", args.steps, *STEPS),
                     bucket_cap_mb=args.bucket_cap_mb, seed=check_int("--seed", args.seed, *SEEDS),
-                    gradient_as_bucket_view=args.gradient_as_bucket_view)
+                    gradient_as_bucket_view=args.gradient_as_bucket_view,
+                    ready_order=_ready_order(args.ready_order, len(shapes)))
+
+
+def _ready_order(text: str | None, n: int) -> tuple[int, ...] | None:
+    """``--ready-order 2,0,1``: parameter indices, a permutation of the ``--params`` (UsageError if not)."""
+    if text is None:
+        return None
+    from simcluster.ddp.layout import ready_order_of
+
+    try:
+        order = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--ready-order {text!r}: expected comma-separated parameter indices, e.g. 1,0") from None
+    try:
+        return tuple(ready_order_of(order, n))
+    except UsageError as exc:
+        raise UsageError(f"--ready-order {text!r} for {n} parameters: {exc}") from None
 
 
 def exit_code(result: Any) -> int:
