@@ -544,12 +544,10 @@ def _fold_by_strides(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torc
     n, first = len(raw), raw[0]
     numel, dtype = first.numel(), first.dtype
     as_int = _AS_INT[first.element_size()]
-    width = n * chunk
-    stacked = torch.stack([x.view(as_int) for x in raw])
-    if width > numel:
-        stacked = torch.cat([stacked, stacked.new_zeros(n, width - numel)], dim=1)
+    stacked = _stacked_by_chunks(raw, chunk)
     flat_bits = stacked.view(-1)
     flat = flat_bits.view(dtype)
+    width = n * chunk
     stride = (width + chunk, 1)
     acc_bits = torch.empty(n, chunk, dtype=as_int)
     acc = acc_bits.view(dtype)
@@ -593,10 +591,7 @@ def _fold_skewed(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torch.Te
     n, first = len(raw), raw[0]
     numel, dtype = first.numel(), first.dtype
     as_int = _AS_INT[first.element_size()]
-    width = n * chunk
-    stacked = torch.stack([x.view(as_int) for x in raw])
-    if width > numel:
-        stacked = torch.cat([stacked, stacked.new_zeros(n, width - numel)], dim=1)
+    stacked = _stacked_by_chunks(raw, chunk)
     wide_dtype = _WIDE[chunk * first.element_size()]
     wide = stacked.view(wide_dtype)  # (N, N): element [r, c] is rank r's chunk c
     index = _skew_index(n)
@@ -608,6 +603,18 @@ def _fold_skewed(raw: list[torch.Tensor], step: Callable[[torch.Tensor, torch.Te
         torch.gather(wide, 0, index[k:k + 1], out=row_wide)  # step k's operands, chunk by chunk
         step(acc, row)
     return acc[:numel]
+
+
+def _stacked_by_chunks(raw: list[torch.Tensor], chunk: int) -> torch.Tensor:
+    """Every rank's bits stacked, ``(N, N·chunk)``: each rank padded with zeros to N whole
+    ``chunk``-element chunks (gloo's last chunks are clipped), so chunk c of rank r starts at
+    ``r·N·chunk + c·chunk``. The padding is folded like the rest and cut off after."""
+    n, first = len(raw), raw[0]
+    as_int = _AS_INT[first.element_size()]
+    stacked = torch.stack([x.view(as_int) for x in raw])
+    if n * chunk > first.numel():
+        stacked = torch.cat([stacked, stacked.new_zeros(n, n * chunk - first.numel())], dim=1)
+    return stacked
 
 
 @functools.lru_cache(maxsize=4)
