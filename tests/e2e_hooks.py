@@ -309,3 +309,17 @@ def kills_its_process_off_the_main_thread(state, bucket):
     if threading.current_thread() is not threading.main_thread():
         os.kill(os.getpid(), 9)
     return _mean(bucket)
+
+
+def returns_the_collectives_future(state, bucket):
+    """Returns the all_reduce's own future (gpubridge's ``ddp_comm_hook``, hooks from the wild
+    round 9): its value is a C++ tensor list, which real DDP's Python-hook path refuses with
+    ``result.isPyObject() INTERNAL ASSERT FAILED …`` — not the ``Unable to cast [...]`` of a
+    list a Python future holds (measured: benchmarks/measure_hook_future_kinds.py)."""
+    bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+
+def returns_collect_alls_future(state, bucket):
+    """Returns ``torch.futures.collect_all``'s future (a C++ list of futures): refused alike."""
+    return torch.futures.collect_all([dist.all_reduce(bucket.buffer(), async_op=True).get_future()])

@@ -28,6 +28,7 @@ import torch
 from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
+from simcluster.fake.futures import NOT_A_PYOBJECT
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, race_reached, root_error,
                                  run_e2e, run_real, run_model, run_sim, side_differences, _model_differences)
 from simcluster.real import gloo_runner
@@ -344,6 +345,18 @@ def test_a_future_holding_a_future_fails_alike_and_is_worded_as_torch_words_it(c
     assert result.agree and result.hook_failed, result.format()
     assert re.fullmatch(r"Unable to cast <torch\.Future object at 0x[0-9a-f]+> to Tensor", result.real.failure.message)
     assert result.sim.failure.message == "Unable to cast <torch.Future object at 0x…> to Tensor", result.format()
+
+
+@pytest.mark.parametrize("hook", ["returns_the_collectives_future", "returns_collect_alls_future"])
+def test_a_future_holding_a_cpp_value_is_refused_as_real_ddp_refuses_it(census, hook: str) -> None:
+    """gpubridge's hook (hooks from the wild, round 9) returns the all_reduce's own future:
+    real DDP raises ``result.isPyObject() INTERNAL ASSERT FAILED`` (its value is a C++ tensor
+    list); the simulation said ``Unable to cast [tensor(…)] to Tensor`` (every simulated future
+    holds a Python object) and e2e called it a fidelity bug. Likewise collect_all's future."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:{hook}", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure.message == result.sim.failure.message == NOT_A_PYOBJECT, result.format()
 
 
 def test_collectives_sized_for_the_world_on_a_one_rank_group_fail_as_on_real_gloo(census) -> None:
