@@ -224,7 +224,7 @@ def cpp_value_why(future: SimFuture) -> str:
         fix = "fut.then(lambda f: f.value()[0])"
     return (f"the hook returned {what}; DDP's Python-hook path accepts only a future whose value Python set "
             f"(torch.futures.Future().set_result, a then() callback's return) and raises this before any cast — "
-            f"return {fix} (docs/ddp-facts.md; a hook written for PyTorch 1.7-1.9, which accepted it, is checked "
+            f"return {fix} (docs/ddp-facts.md; a hook written for PyTorch 1.7-1.9 is checked "
             "with --api legacy, Python: DDPConfig(api='legacy'))")
 
 
