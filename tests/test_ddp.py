@@ -849,7 +849,22 @@ def _value_error_after_all_gather(state: Any, bucket: dist.GradBucket) -> torch.
     return fut.then(fail)
 
 
-@pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather])
+def _float_indices_after_all_gather(state: Any, bucket: Any) -> torch.futures.Future:
+    """A deep gradient compression hook from the wild (round 9): the top-k indices travel
+    in a float tensor, and indexing with them raises an IndexError about their dtype."""
+    outs = [torch.empty_like(bucket.buffer()) for _ in range(dist.get_world_size())]
+    fut = dist.all_gather(outs, bucket.buffer(), async_op=True).get_future()
+
+    def scatter(f: torch.futures.Future) -> torch.Tensor:
+        out = torch.zeros_like(bucket.buffer())
+        out[torch.zeros(1)] = f.value()[0][:1]  # float indices: IndexError on any backend
+        return out
+
+    return fut.then(scatter)
+
+
+@pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather,
+                                  _float_indices_after_all_gather])
 def test_no_gather_hint_for_an_unrelated_callback_error(hook: Any) -> None:
     with pytest.raises(CopyBackError) as caught:
         SimDDP(SimCluster(2, seed=0, backend="gloo"), hook, [(4,)]).step([[torch.ones(4)], [torch.ones(4)]])
