@@ -80,7 +80,7 @@ from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
 from simcluster.errors import (
-    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error,
+    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error, launcher_environment_note,
 )
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -351,6 +351,8 @@ class SimDDP:
                 future = call_hook(self.hook, state, bucket)
             except Exception as exc:
                 add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
+                if (launcher := launcher_environment_note(exc)) is not None:
+                    add_context_note(exc, launcher)
                 raise
             check_future(future, self.hook, rank, where)
             futures.append(future)
