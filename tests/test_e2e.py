@@ -1035,6 +1035,38 @@ def test_a_mismatch_real_gloo_aborts_on_agrees_with_the_simulated_mismatch(censu
     assert "SIGABRT" in verdict and "mismatch" in verdict
 
 
+def test_a_mismatch_gloo_aborts_one_rank_on_agrees_when_the_peer_raised_first(census) -> None:
+    """A deep gradient compression hook (hooks from the wild, round 9): real gloo kills rank 1
+    by SIGABRT on the mismatched all_gather and completes rank 0's part, whose callback raises
+    an IndexError on what it got — the error real gloo reported first. e2e compared only that
+    one with the simulated mismatch and said FIDELITY BUG."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:gathers_rank_sized_then_indexes_with_floats", "none",
+                     timeout=60, start_method="forkserver")
+    assert result.sim.failure is not None and result.sim.failure.error_type == "CollectiveMismatchError"
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure is not None and "killed by SIGABRT" in result.real.failure.message, result.format()
+
+
+def test_a_peers_abort_is_read_only_for_a_simulated_mismatch() -> None:
+    scenario = Scenario(2, ((3,),), steps=1)
+    mismatch = Side("sim", failure=SideFailure("raised", 0, "CollectiveMismatchError", "mismatched collectives", 0))
+    raised = SideFailure("raised", 0, "RuntimeError", "Got the following error when running the callback: "
+                         "IndexError: tensors used as indices must be long, int, byte or bool tensors", 0)
+
+    def real(death: str) -> Side:
+        return Side("real", failure=raised, raised={0: raised}, calls_known=False,
+                    died={1: SideFailure("died", 1, "died", death, None, "")})
+
+    assert compare(scenario, MEAN, mismatch, real("rank 1 was killed by SIGABRT while in running job")).agree
+    assert compare(scenario, MEAN, mismatch, real("rank 1 was killed by SIGKILL while in running job")).verdict == (
+        "fidelity bug")
+    assert compare(scenario, MEAN, mismatch, Side("real", failure=raised, raised={0: raised},
+                                                  calls_known=False)).verdict == "fidelity bug"
+    other = Side("sim", failure=SideFailure("raised", 0, "IndexError", "x", 0))
+    assert compare(scenario, MEAN, other, real("rank 1 was killed by SIGABRT while in running job")).verdict == (
+        "fidelity bug")
+
+
 def test_only_an_abort_on_a_simulated_mismatch_is_reconciled() -> None:
     """Narrow: a simulated mismatch agrees with a real rank killed by SIGABRT or one whose
     output holds gloo's enforce message; another death (SIGKILL, an exit code) or another
