@@ -246,6 +246,43 @@ def exit_meaning(error: BaseException) -> str | None:
             "and its peers hang or crash")
 
 
+TORCHRUN_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+})
+"""The variables ``torchrun`` sets in every rank's process environment (torch.distributed.run)."""
+
+
+def launcher_environment_note(error: BaseException) -> str | None:
+    """The hint for a hook that read one of :data:`TORCHRUN_VARIABLES` from ``os.environ``
+    and got ``KeyError`` (None for any other error): simcluster's simulated ranks — and e2e's
+    real ones, unless e2e itself runs under torchrun — are not started by torchrun, so the
+    failure is the harness's missing launcher environment, not necessarily the hook's bug
+    (hivemind's ``custom_post_localSGD_hook``, hooks from the wild round 9, logs
+    ``os.environ['LOCAL_RANK']``).
+
+    >>> import os
+    >>> try:
+    ...     os.environ["LOCAL_RANK_NOT_SET_X"]
+    ... except KeyError as e:
+    ...     launcher_environment_note(e) is None   # not a torchrun variable
+    True
+    """
+    if not isinstance(error, KeyError) or not error.args or error.args[0] not in TORCHRUN_VARIABLES:
+        return None
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_code.co_name != "__getitem__" or tb.tb_frame.f_globals.get("__name__") != "os":
+        return None
+    return (f"simcluster: hint: os.environ[{error.args[0]!r}] is set by torchrun in each rank's process; simcluster's "
+            "simulated ranks (and simcluster e2e's real ones, unless e2e itself runs under torchrun) are not started "
+            "by torchrun and see none of its variables (RANK, LOCAL_RANK, WORLD_SIZE, ...), so this KeyError says "
+            "the hook depends on its launcher, not that it fails under torchrun; dist.get_rank() and "
+            "dist.get_world_size() are what every launcher provides")
+
+
 def add_context_note(exc: BaseException, note: str) -> BaseException:
     """Attach ``note`` to ``exc`` (PEP 678) without changing its type; returns ``exc``."""
     notes = getattr(exc, "__notes__", None)

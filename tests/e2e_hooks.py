@@ -309,3 +309,35 @@ def kills_its_process_off_the_main_thread(state, bucket):
     if threading.current_thread() is not threading.main_thread():
         os.kill(os.getpid(), 9)
     return _mean(bucket)
+
+
+def returns_the_collectives_future(state, bucket):
+    """Returns the all_reduce's own future (gpubridge's ``ddp_comm_hook``, hooks from the wild
+    round 9): its value is a C++ tensor list, which real DDP's Python-hook path refuses with
+    ``result.isPyObject() INTERNAL ASSERT FAILED …`` — not the ``Unable to cast [...]`` of a
+    list a Python future holds (measured: benchmarks/measure_hook_future_kinds.py)."""
+    bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+
+def returns_collect_alls_future(state, bucket):
+    """Returns ``torch.futures.collect_all``'s future (a C++ list of futures): refused alike."""
+    return torch.futures.collect_all([dist.all_reduce(bucket.buffer(), async_op=True).get_future()])
+
+
+def gathers_rank_sized_then_indexes_with_floats(state, bucket):
+    """all_gathers 2 elements more on rank 0 than on rank 1 (a deep gradient compression hook
+    from the wild, round 9: top-k by a threshold keeps ties), then indexes with float indices.
+    Real gloo aborts rank 1 (the smaller buffer; SIGABRT, gloo::EnforceNotMet) and completes
+    rank 0's part, whose callback raises IndexError; the simulator reports the mismatch."""
+    buf = bucket.buffer()
+    mine = torch.cat([buf, buf.new_zeros(2)]) if dist.get_rank() == 0 else buf
+    outs = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    fut = dist.all_gather(outs, mine, async_op=True).get_future()
+
+    def decompress(f):
+        out = torch.zeros_like(buf)
+        out[f.value()[0][:1]] = 1.0  # float indices: IndexError
+        return out
+
+    return fut.then(decompress)

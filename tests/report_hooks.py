@@ -257,3 +257,15 @@ def int8_codes_offset(state, bucket):
     codes = (buf.round() + 100).to(torch.int8)
     fut = dist.all_reduce(codes, async_op=True).get_future()
     return fut.then(lambda f: buf.copy_((f.value()[0].to(buf.dtype) - 100 * world) / world))
+
+
+def reads_local_rank(state, bucket):
+    """Logs the rank torchrun puts in ``LOCAL_RANK`` (hivemind's ``custom_post_localSGD_hook``,
+    hooks from the wild round 9), then averages: a KeyError outside torchrun."""
+    print(f"[rank {os.environ['LOCAL_RANK']}] bucket {bucket.index()}")
+    return _mean(bucket)
+
+
+def reads_its_own_rank_key(state, bucket):
+    """A KeyError named like a torchrun variable, from a dict of its own: no launcher hint."""
+    return {"rank": _mean(bucket)}["RANK"]

@@ -570,6 +570,49 @@ def test_a_list_result_names_the_cli_option_for_legacy_hooks() -> None:
     assert "--api legacy" in str(info.value)
 
 
+def _returns_the_all_reduces_future(state: Any, bucket: Any) -> torch.futures.Future:
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+
+def _returns_collect_alls_future(state: Any, bucket: Any) -> torch.futures.Future:
+    return torch.futures.collect_all([dist.all_reduce(bucket.buffer(), async_op=True).get_future()])
+
+
+def _legacy_returns_the_all_reduces_future(state: Any, bucket: Any) -> torch.futures.Future:
+    return dist.all_reduce(bucket.get_tensor(), async_op=True).get_future()
+
+
+def _returns_a_then_list(state: Any, bucket: Any) -> torch.futures.Future:
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value())
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize(("hook", "why"), [
+    (_returns_the_all_reduces_future, "the hook returned the future of all_reduce#0 on WORLD itself"),
+    (_returns_collect_alls_future, "the hook returned torch.futures.collect_all's future"),
+])
+def test_a_future_holding_a_cpp_value_raises_real_ddps_assert(backend: str, hook: Any, why: str) -> None:
+    """Measured (benchmarks/measure_hook_future_kinds.py, docs/ddp-facts.md): a collective's
+    own future and collect_all's hold C++ values, which real DDP refuses with an internal
+    assert — gpubridge's hook (hooks from the wild, round 9) was reported as 'Unable to cast
+    [tensor(…)] to Tensor … the PyTorch 1.7-1.9 contract', what a then() returning a list gets."""
+    ddp = SimDDP(SimCluster(2, seed=0, backend=backend), hook, TRAP_SHAPES)
+    with pytest.raises(CopyBackError) as info:
+        ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    text = str(info.value)
+    assert text.startswith("result.isPyObject() INTERNAL ASSERT FAILED at "), text
+    assert text.splitlines()[0].endswith("expected the hook result is a PyObject"), text
+    assert why in text and "--api legacy" in text, text
+
+
+def test_a_then_list_is_still_cast_and_a_legacy_hook_may_return_the_collectives_future() -> None:
+    ddp = SimDDP(SimCluster(2, seed=0), _returns_a_then_list, TRAP_SHAPES)
+    with pytest.raises(CopyBackError, match=r"(?s)^Unable to cast \[tensor\(\[.*\]\)\] to Tensor"):
+        ddp.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    legacy = SimDDP(SimCluster(2, seed=0), _legacy_returns_the_all_reduces_future, TRAP_SHAPES, config=DDPConfig(api="legacy"))
+    legacy.step(local_grads(2, TRAP_SHAPES, 1)[0])  # 1.7-1.9 read the tensor list
+
+
 def test_set_exception_is_cast_like_a_value() -> None:
     def hook(state: Any, bucket: Any) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
@@ -806,7 +849,22 @@ def _value_error_after_all_gather(state: Any, bucket: dist.GradBucket) -> torch.
     return fut.then(fail)
 
 
-@pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather])
+def _float_indices_after_all_gather(state: Any, bucket: Any) -> torch.futures.Future:
+    """A deep gradient compression hook from the wild (round 9): the top-k indices travel
+    in a float tensor, and indexing with them raises an IndexError about their dtype."""
+    outs = [torch.empty_like(bucket.buffer()) for _ in range(dist.get_world_size())]
+    fut = dist.all_gather(outs, bucket.buffer(), async_op=True).get_future()
+
+    def scatter(f: torch.futures.Future) -> torch.Tensor:
+        out = torch.zeros_like(bucket.buffer())
+        out[torch.zeros(1)] = f.value()[0][:1]  # float indices: IndexError on any backend
+        return out
+
+    return fut.then(scatter)
+
+
+@pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather,
+                                  _float_indices_after_all_gather])
 def test_no_gather_hint_for_an_unrelated_callback_error(hook: Any) -> None:
     with pytest.raises(CopyBackError) as caught:
         SimDDP(SimCluster(2, seed=0, backend="gloo"), hook, [(4,)]).step([[torch.ones(4)], [torch.ones(4)]])

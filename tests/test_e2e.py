@@ -28,6 +28,7 @@ import torch
 from processes import alive, descendants
 from simcluster.cli import main
 from simcluster.fake import collectives
+from simcluster.fake.futures import NOT_A_PYOBJECT
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, race_reached, root_error,
                                  run_e2e, run_real, run_model, run_sim, side_differences, _model_differences)
 from simcluster.real import gloo_runner
@@ -344,6 +345,18 @@ def test_a_future_holding_a_future_fails_alike_and_is_worded_as_torch_words_it(c
     assert result.agree and result.hook_failed, result.format()
     assert re.fullmatch(r"Unable to cast <torch\.Future object at 0x[0-9a-f]+> to Tensor", result.real.failure.message)
     assert result.sim.failure.message == "Unable to cast <torch.Future object at 0x…> to Tensor", result.format()
+
+
+@pytest.mark.parametrize("hook", ["returns_the_collectives_future", "returns_collect_alls_future"])
+def test_a_future_holding_a_cpp_value_is_refused_as_real_ddp_refuses_it(census, hook: str) -> None:
+    """gpubridge's hook (hooks from the wild, round 9) returns the all_reduce's own future:
+    real DDP raises ``result.isPyObject() INTERNAL ASSERT FAILED`` (its value is a C++ tensor
+    list); the simulation said ``Unable to cast [tensor(…)] to Tensor`` (every simulated future
+    holds a Python object) and e2e called it a fidelity bug. Likewise collect_all's future."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:{hook}", "none", timeout=120,
+                     start_method="forkserver")
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure.message == result.sim.failure.message == NOT_A_PYOBJECT, result.format()
 
 
 def test_collectives_sized_for_the_world_on_a_one_rank_group_fail_as_on_real_gloo(census) -> None:
@@ -1020,6 +1033,38 @@ def test_a_mismatch_real_gloo_aborts_on_agrees_with_the_simulated_mismatch(censu
     assert result.agree and result.hook_failed, result.format()
     verdict = next(line for line in result.format().splitlines() if "verdict:" in line)
     assert "SIGABRT" in verdict and "mismatch" in verdict
+
+
+def test_a_mismatch_gloo_aborts_one_rank_on_agrees_when_the_peer_raised_first(census) -> None:
+    """A deep gradient compression hook (hooks from the wild, round 9): real gloo kills rank 1
+    by SIGABRT on the mismatched all_gather and completes rank 0's part, whose callback raises
+    an IndexError on what it got — the error real gloo reported first. e2e compared only that
+    one with the simulated mismatch and said FIDELITY BUG."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:gathers_rank_sized_then_indexes_with_floats", "none",
+                     timeout=60, start_method="forkserver")
+    assert result.sim.failure is not None and result.sim.failure.error_type == "CollectiveMismatchError"
+    assert result.agree and result.hook_failed, result.format()
+    assert result.real.failure is not None and "killed by SIGABRT" in result.real.failure.message, result.format()
+
+
+def test_a_peers_abort_is_read_only_for_a_simulated_mismatch() -> None:
+    scenario = Scenario(2, ((3,),), steps=1)
+    mismatch = Side("sim", failure=SideFailure("raised", 0, "CollectiveMismatchError", "mismatched collectives", 0))
+    raised = SideFailure("raised", 0, "RuntimeError", "Got the following error when running the callback: "
+                         "IndexError: tensors used as indices must be long, int, byte or bool tensors", 0)
+
+    def real(death: str) -> Side:
+        return Side("real", failure=raised, raised={0: raised}, calls_known=False,
+                    died={1: SideFailure("died", 1, "died", death, None, "")})
+
+    assert compare(scenario, MEAN, mismatch, real("rank 1 was killed by SIGABRT while in running job")).agree
+    assert compare(scenario, MEAN, mismatch, real("rank 1 was killed by SIGKILL while in running job")).verdict == (
+        "fidelity bug")
+    assert compare(scenario, MEAN, mismatch, Side("real", failure=raised, raised={0: raised},
+                                                  calls_known=False)).verdict == "fidelity bug"
+    other = Side("sim", failure=SideFailure("raised", 0, "IndexError", "x", 0))
+    assert compare(scenario, MEAN, other, real("rank 1 was killed by SIGABRT while in running job")).verdict == (
+        "fidelity bug")
 
 
 def test_only_an_abort_on_a_simulated_mismatch_is_reconciled() -> None:

@@ -497,6 +497,20 @@ def test_a_future_holding_a_future_is_worded_as_torch_without_an_address(capsys:
     assert "SimFuture" not in json.dumps(data)
 
 
+def test_a_torchrun_variable_missing_from_os_environ_is_told_as_the_launchers(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hivemind's hook (hooks from the wild, round 9) logs os.environ['LOCAL_RANK']: the report said
+    # only "KeyError: 'LOCAL_RANK'", as if the hook were broken; under torchrun it is set
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    code, out, _ = _check(capsys, tmp_path, "reads_local_rank", "--backend", "gloo", "--world-sizes", "1",
+                          "--examples", "3")
+    assert code == 1 and "KeyError: 'LOCAL_RANK'" in out
+    assert "simcluster: hint: os.environ['LOCAL_RANK'] is set by torchrun in each rank's process" in out
+    code, out, _ = _check(capsys, tmp_path, "reads_its_own_rank_key", "--backend", "gloo", "--world-sizes", "1",
+                          "--examples", "3")
+    assert code == 1 and "KeyError: 'RANK'" in out and "torchrun" not in out
+
+
 def test_the_at_lines_skip_torchs_deprecation_wrapper(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # ColossalAI's fp8 hook (hooks from the wild 2026-12-04): the report's last 'at' line was
     # '.../site-packages/typing_extensions.py:3140 in wrapper: return arg(*args, **kwargs)',

@@ -80,7 +80,7 @@ from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
 from simcluster.errors import (
-    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error,
+    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error, launcher_environment_note,
 )
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -177,6 +177,14 @@ def _reducer_wait(iteration: int, bucket_index: int) -> str:
     return f"DDP's reducer (iteration {iteration}, bucket {bucket_index})"
 
 
+_INDEXED_PAST_ITS_SHAPE = ("out of bounds", "out of range", "too many indices", "invalid index of a 0-dim tensor")
+"""What torch says when a tensor (or list) is indexed beyond its shape — what reading rank 0's
+part as the gathered whole leads to (torch's quantization hooks: ``too many indices for tensor
+of dimension 2``, ``invalid index of a 0-dim tensor``). Other IndexErrors (``tensors used
+as indices must be long, int, byte or bool tensors``: a float index tensor, a deep gradient
+compression hook from the wild, round 9) have nothing to do with the gather's shape."""
+
+
 def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | None = None) -> str:
     """The one-line hint for a hook result that failed where a gather read as NCCL's may be
     why (``""`` when not): the hook's future derives from an ``all_gather`` /
@@ -186,8 +194,8 @@ def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | 
     so ``value()[0]`` is rank 0's part, not the gathered whole NCCL's ``[flat]`` is.
 
     ``error``: the future's own error (a ``then`` callback raised): hinted when the innermost
-    error it names is ``IndexError`` — the whole indexed by rank, as torch's quantization
-    hooks index ``fut.wait()[0][rank][0]``. ``None``: DDP could not copy the result (too short).
+    error it names is an ``IndexError`` past a shape (:data:`_INDEXED_PAST_ITS_SHAPE`) — the
+    whole indexed by rank, as torch's quantization hooks index ``fut.wait()[0][rank][0]``. ``None``: DDP could not copy the result (too short).
     """
     label = getattr(future, "label", "")
     if backend.gather_as_flat or not label:
@@ -203,7 +211,8 @@ def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | 
             "— value()[0] is rank 0's part, not the gathered whole")
     if error is None:
         return hint
-    if innermost_error(str(error)) == "IndexError":
+    first = str(error).strip().partition("\n")[0]
+    if innermost_error(first) == "IndexError" and any(words in first for words in _INDEXED_PAST_ITS_SHAPE):
         return (f"{hint} (at every world size, 1 included): indexing it by rank as the whole (value()[0][rank][...], "
                 "as torch's quantization hooks do) raises IndexError (docs/gloo-facts.md §1)")
     return ""
@@ -342,6 +351,8 @@ class SimDDP:
                 future = call_hook(self.hook, state, bucket)
             except Exception as exc:
                 add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
+                if (launcher := launcher_environment_note(exc)) is not None:
+                    add_context_note(exc, launcher)
                 raise
             check_future(future, self.hook, rank, where)
             futures.append(future)

@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from simcluster.fake.backends import BackendModel, backend_model
 from simcluster.errors import SimClusterError, UnsupportedError, UsageError, add_context_note, first_line
-from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, callback_exception
+from simcluster.fake.futures import CALLBACK_ERROR, NOT_A_PYOBJECT, SimFuture, callback_exception, holds_cpp_value
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.reducer import layout_copy
 from simcluster.fake.rank_context import GroupRegistry, RankWorld, nccl_version_stand_in
@@ -226,7 +226,12 @@ def for_reducer(future: SimFuture, bridged: list[str] | None = None) -> torch._C
       text C++ will make is appended to ``bridged``, and :func:`unbridged` turns the
       reducer's error back into the collective's (the prefix is this bridge's, not torch's);
     * for one user code completed with ``set_exception``: the exception object as the value,
-      as real torch stores it (the reducer then says ``Unable to cast …``, docs/ddp-facts.md).
+      as real torch stores it (the reducer then says ``Unable to cast …``, docs/ddp-facts.md);
+    * for a future real torch holds a C++ value in (a collective's own, ``collect_all``'s:
+      :func:`~simcluster.fake.futures.holds_cpp_value`): real DDP's Python-hook path refuses it
+      with :data:`~simcluster.fake.futures.NOT_A_PYOBJECT`, but every simulated future holds a
+      Python object, which the reducer would cast (``Unable to cast [...]``). So that error is
+      raised here and bridged, as a failed collective's is.
     """
     return torch._C.Future.then(future, functools.partial(_value_or_error, bridged))
 
@@ -234,7 +239,7 @@ def for_reducer(future: SimFuture, bridged: list[str] | None = None) -> torch._C
 def _value_or_error(bridged: list[str] | None, future: SimFuture) -> Any:
     # The C++ value: this runs inside the C++ completion, before SimFuture marks itself done.
     try:
-        return torch._C.Future.value(future)
+        value = torch._C.Future.value(future)
     except Exception as err:  # noqa: BLE001 - decided below: re-raised or kept as the value
         original = callback_exception(err)
         if original is not None:
@@ -244,6 +249,11 @@ def _value_or_error(bridged: list[str] | None, future: SimFuture) -> Any:
         if bridged is not None:
             bridged.append(f"{CALLBACK_ERROR}: {type(err).__name__}: {err}")
         raise
+    if holds_cpp_value(future):
+        if bridged is not None:
+            bridged.append(f"{CALLBACK_ERROR}: RuntimeError: {NOT_A_PYOBJECT}")
+        raise RuntimeError(NOT_A_PYOBJECT)
+    return value
 
 
 def unbridged(error: RuntimeError, bridged: Sequence[str]) -> RuntimeError | None:

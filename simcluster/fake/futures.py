@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from simcluster.engine.contract import EngineContract
 
 __all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception", "CALLBACK_ERROR",
-           "in_grad_mode"]
+           "in_grad_mode", "holds_cpp_value", "NOT_A_PYOBJECT"]
 
 _log = logging.getLogger("simcluster")
 _C_FUTURE_INIT = torch._C.Future.__init__
@@ -97,6 +97,29 @@ def in_grad_mode(mode: bool, fn: Callable[..., Any], *args: Any) -> Any:
 
 CALLBACK_ERROR = "Got the following error when running the callback"
 """How torch's C++ ``then`` begins the message of a callback's exception (then ``: <Type>: <msg>``)."""
+
+
+NOT_A_PYOBJECT = ('result.isPyObject() INTERNAL ASSERT FAILED at '
+                  '"/__w/pytorch/pytorch/torch/csrc/distributed/c10d/python_comm_hook.cpp":41, please report a bug '
+                  'to PyTorch. expected the hook result is a PyObject')
+"""What real DDP (torch 2.13.0 CPU build) raises from ``backward()`` for a Python hook whose future holds
+a C++ value (:func:`holds_cpp_value`), word for word (measured:
+``benchmarks/measure_hook_future_kinds.py``, docs/ddp-facts.md "Copy-back (measured)")."""
+
+
+def holds_cpp_value(future: Any) -> bool:
+    """Whether real torch's counterpart of ``future`` holds its value as a C++ value, not a
+    Python object: a collective's own future (``work.get_future()``: a C++ list of its
+    tensors, ``[]`` for a barrier) or ``torch.futures.collect_all``'s (a C++ list of futures).
+    A future Python made — ``torch.futures.Future()`` (the per-cluster ``Future`` subclass) or
+    a ``then`` child (its callback's return value) — holds a Python object.
+
+    It matters once, where DDP's Python-hook path reads the hook's result: it refuses a C++
+    value outright (:data:`NOT_A_PYOBJECT`), before the cast that turns a Python list into
+    ``Unable to cast [...] to Tensor`` (measured on real gloo for all_reduce, all_gather,
+    barrier, a waited all_reduce and collect_all: docs/ddp-facts.md).
+    """
+    return type(future) is SimFuture and not future.label.startswith("then(")
 
 
 def callback_error(exc: BaseException) -> RuntimeError:

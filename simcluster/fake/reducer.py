@@ -39,11 +39,11 @@ import torch
 
 from simcluster.engine.matching import MAX_LISTED
 from simcluster.fake.bucket import packing
-from simcluster.fake.futures import CALLBACK_ERROR, SimFuture, in_grad_mode
+from simcluster.fake.futures import CALLBACK_ERROR, NOT_A_PYOBJECT, SimFuture, holds_cpp_value, in_grad_mode
 from simcluster.errors import CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name, without_addresses
 
-__all__ = ["call_hook", "check_future", "collect", "returned_lines", "raise_stored", "resolved", "copy_bucket",
+__all__ = ["call_hook", "check_future", "collect", "returned_lines", "raise_stored", "resolved", "cpp_value_why", "copy_bucket",
            "layout_copy"]
 
 
@@ -182,6 +182,8 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
             "to cast it"
         ) from exc
     outputs.append(value)
+    if api != "legacy" and holds_cpp_value(future):
+        raise CopyBackError(f"{NOT_A_PYOBJECT}\n  simcluster: {where}: {cpp_value_why(future)}")
     if isinstance(value, torch.Tensor):
         return value
     if api == "legacy" and isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
@@ -210,6 +212,20 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
         f"Unable to cast {without_addresses(str(value))} to Tensor\n  simcluster: {where}: the hook's future "
         f"resolved to a {kind}{hint}"
     )
+
+
+def cpp_value_why(future: SimFuture) -> str:
+    """Why real DDP refused ``future`` (:func:`~simcluster.fake.futures.holds_cpp_value`), in one line."""
+    if future.label.startswith("collect_all"):
+        what = "torch.futures.collect_all's future, whose value is a C++ list of futures"
+        fix = "a then() of it that returns the tensor"
+    else:
+        what = f"the future of {future.label} itself, whose value is a C++ list of the collective's tensors"
+        fix = "fut.then(lambda f: f.value()[0])"
+    return (f"the hook returned {what}; DDP's Python-hook path accepts only a future whose value Python set "
+            f"(torch.futures.Future().set_result, a then() callback's return) and raises this before any cast — "
+            f"return {fix} (docs/ddp-facts.md; a hook written for PyTorch 1.7-1.9 is checked "
+            "with --api legacy, Python: DDPConfig(api='legacy'))")
 
 
 def copy_bucket(

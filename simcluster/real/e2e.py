@@ -289,6 +289,11 @@ class Side:
     """On a real side that failed: every rank that raised an error of its own (not a peer's
     consequence, such as a closed connection), by rank — :func:`compare` reads the simulated
     failure's rank here, since which rank reports first is timing on both sides."""
+    died: dict[int, SideFailure] = field(default_factory=dict)
+    """On a real side that failed: every rank whose process died (a signal, an exit) without
+    reporting, by rank — :func:`aborted_rank` reads them: gloo may abort one rank on a
+    mismatch while a peer's part of the same collective completes silently and that peer
+    raises on what it received (measured, docs/e2e.md)."""
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
@@ -475,6 +480,7 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
     except GlooRunError as err:
         side.failure = real_failure(err, timeout)
         side.raised = raised_ranks(err)
+        side.died = died_ranks(err)
         note_failed_calls(side, err.failures)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
@@ -559,6 +565,19 @@ def raised_ranks(err: Any) -> dict[int, SideFailure]:
 
     return {r: _raised_on(r, err.failures[r]) for r in sorted(primary_ranks(err.failures))
             if not _died(err.failures[r])}
+
+
+def died_ranks(err: Any) -> dict[int, SideFailure]:
+    """Every rank of a :class:`~simcluster.real.gloo_runner.GlooRunError` whose process died
+    without reporting (:attr:`Side.died`), by rank, worded as :func:`real_failure` words a death."""
+    text = str(err)
+    died = {}
+    for rank, own in sorted(err.failures.items()):
+        if _died(own):
+            events = last_events(text, rank)
+            last = f"its last event: {events[-1]}" if events else "no event recorded"
+            died[rank] = SideFailure("died", rank, "died", f"{own.strip().splitlines()[-1]}; {last}", None, text)
+    return died
 
 
 def _died(own: str) -> bool:
@@ -928,11 +947,27 @@ def compare(scenario: Scenario, hook: str, sim: Side, real: Side) -> E2EResult:
     (:attr:`Side.unmodelled`) predicted nothing: the verdict is ``unsupported``."""
     if sim.unmodelled:
         return E2EResult(scenario, hook, sim, real, [], "unsupported", sim.unmodelled)
-    real = same_rank(sim, real)
+    real = aborted_rank(sim, same_rank(sim, real))
     diffs = side_differences(scenario, sim, real) + sim.model_differences
     why = _unconfirmed(scenario, sim, real) if diffs else _agreed_because(sim, real)
     verdict = "agree" if not diffs else "unconfirmed" if why else "fidelity bug"
     return E2EResult(scenario, hook, sim, real, diffs, verdict, why)
+
+
+def aborted_rank(sim: Side, real: Side) -> Side:
+    """``real`` with its failure replaced by a rank gloo aborted (:attr:`Side.died`,
+    :func:`aborted_on_mismatch`) when the simulation met mismatched collectives and the failure
+    real gloo reported first is another rank's; else ``real`` as it is. On a mismatch gloo
+    aborts the rank whose buffer is the smaller and completes the peer's part with what it
+    got; that peer may then raise first on the mixed-up data (a deep gradient compression
+    hook from the wild, round 9: all_gather of (2, 4) on rank 0 and (2, 2) on rank 1 — rank 0
+    raised an IndexError in its callback, rank 1 was killed by SIGABRT, 3 runs in 3), and
+    comparing only that error called the mismatch a FIDELITY BUG."""
+    s, g = sim.failure, real.failure
+    if s is None or g is None or s.error_type != "CollectiveMismatchError" or aborted_on_mismatch(s, g):
+        return real
+    abort = next((d for d in real.died.values() if aborted_on_mismatch(s, d)), None)
+    return real if abort is None else dataclasses.replace(real, failure=abort)
 
 
 def same_rank(sim: Side, real: Side) -> Side:
