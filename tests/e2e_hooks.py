@@ -341,3 +341,9 @@ def gathers_rank_sized_then_indexes_with_floats(state, bucket):
         return out
 
     return fut.then(decompress)
+
+
+def prints_then_raises(state, bucket):
+    """Prints a line naming its rank and bucket, then raises on every rank."""
+    print(f"rank {dist.get_rank()}: bucket {bucket.index()} of {bucket.buffer().numel()} elements")
+    raise ValueError("the hook gave up")

@@ -470,6 +470,21 @@ def test_a_killed_rank_is_reported_with_its_last_hook_call_and_nothing_survives(
     assert len(census) == 2  # both ranks' processes were seen (and the census checks they are gone)
 
 
+def test_what_the_simulated_side_prints_is_captured_and_shown_with_the_failure(census, capfd) -> None:
+    """The simulated side printed straight to the terminal, twice (the real reducer's run and
+    the DDP model's), its rank threads' lines interleaved by timing. It is captured now, and
+    the DDP model's run (fixed order: the same text on every run) is shown with a failure."""
+    result = run_e2e(Scenario(2, ((3,),), steps=1), f"{HOOKS}:prints_then_raises", timeout=120,
+                     start_method="forkserver")
+    printed = capfd.readouterr()
+    assert "bucket 0 of 3 elements" not in printed.out + printed.err
+    assert result.sim.output == "rank 0: bucket 0 of 3 elements\nrank 1: bucket 0 of 3 elements\n"
+    report = result.format()
+    assert result.verdict == "agree" and result.hook_failed, report
+    assert report.endswith("  output: what the hook printed on the DDP model's run (2 lines):\n"
+                           "    rank 0: bucket 0 of 3 elements\n    rank 1: bucket 0 of 3 elements"), report
+
+
 def test_a_simulation_killed_by_a_rank_names_that_rank_step_and_bucket() -> None:
     """The simulated side's process dies (SIGKILL from rank 1's hook): which rank's thread
     did it under the real reducer is timing, so the scenario is re-run on the DDP model,

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from simcluster.errors import HookExited, SimClusterError, first_line, innermost_error
+from simcluster.usercode.output import captured_output
 from simcluster.names import without_addresses
 from simcluster.usercode.stand_in import stand_in
 
@@ -294,6 +295,10 @@ class Side:
     reporting, by rank — :func:`aborted_rank` reads them: gloo may abort one rank on a
     mismatch while a peer's part of the same collective completes silently and that peer
     raises on what it received (measured, docs/e2e.md)."""
+    output: str = ""
+    """On the simulated side: what the hook printed on the DDP model's run (captured, shown
+    with a failure or a disagreement; the real reducer's run prints the same lines in an
+    order that depends on its threads' timing, so they are not kept)."""
     note: str = ""
     """On the simulated side: how its gradients were obtained when not the usual way
     (a hook drawing from torch's global RNG: the DDP model's, see :func:`_simulate`)."""
@@ -650,7 +655,8 @@ def _located_death(scenario: Scenario, hook: str, state: str, backend: str, time
     def located(monitor: Any) -> Side:
         monitor.begin({"scenario": scenario.describe(), "locating": "the process death"})
         hook_local, state_local = per_process(hook, state, isolate)
-        side = run_model(scenario, hook_local, state_local, backend=backend, on_hook_call=monitor.at)
+        with captured_output(monitor.output_fd):  # read back from the file if the process dies
+            side = run_model(scenario, hook_local, state_local, backend=backend, on_hook_call=monitor.at)
         monitor.end()
         return side
 
@@ -661,8 +667,9 @@ def _located_death(scenario: Scenario, hook: str, state: str, backend: str, time
                            "threads do not record; the DDP model did not die on this scenario)")
     rank = death.running if death.running is not None else death.position[0]  # type: ignore[index]
     step = death.position[1] if death.position is not None and death.position[0] == rank else None
+    printed = f"\n--- what the hook printed on the DDP model's run (last lines) ---\n{death.output}" if death.output else ""
     return SideFailure("died", rank, "died", f"the simulation's process {detail}; where: {death.where()}; located "
-                       "by re-running the scenario on the DDP model", step, death.stacks)
+                       "by re-running the scenario on the DDP model", step, death.stacks + printed)
 
 
 def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, isolate: Sequence[str],
@@ -693,18 +700,25 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         rank_hook, spec = own_copies(hook_local, state_local)
         return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
 
-    try:
-        run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
-                           world_size=scenario.world_size, hook=None, setup=own_process,
-                           iterations=scenario.steps, backend=backend, timeout=timeout,
-                           **scenario.ddp_kwargs())
-    except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
-        side.failure = _sim_failure(exc, calls)
-    else:
-        side.grads = run.grads
+    output_fd = getattr(monitor, "output_fd", None)
+    # What the hook prints is captured, as the search captures it: under the real reducer its
+    # rank threads interleave their lines by timing (dropped); on the DDP model, one baton and
+    # a fixed order, the text is the same on every run (kept, shown with a failure).
+    with captured_output(output_fd):
+        try:
+            run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
+                               world_size=scenario.world_size, hook=None, setup=own_process,
+                               iterations=scenario.steps, backend=backend, timeout=timeout,
+                               **scenario.ddp_kwargs())
+        except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
+            side.failure = _sim_failure(exc, calls)
+        else:
+            side.grads = run.grads
     side.calls = calls
     drew = not torch.equal(torch.get_rng_state(), seeded)
-    model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
+    with captured_output(output_fd) as printed:
+        model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
+    side.output = printed.text
     if drew and side.failure is None and model.failure is None:
         # The hook drew from torch's global RNG. Real ranks each own a generator (seed +
         # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
@@ -911,6 +925,11 @@ class E2EResult:
                     tail = side.failure.detail.strip().splitlines()[-12:]
                     lines.append(f"  --- {side.name}: {side.failure.line()} ---")
                     lines += [f"    {t}" for t in tail]
+        if (self.hook_failed or self.verdict != "agree") and self.sim.output.strip():
+            printed = self.sim.output.strip().splitlines()
+            lines.append(f"  output: what the hook printed on the DDP model's run ({len(printed)} lines"
+                         f"{', the last 12' if len(printed) > 12 else ''}):")
+            lines += [f"    {t}" for t in printed[-12:]]
         return "\n".join(lines)
 
 
