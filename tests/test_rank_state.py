@@ -263,6 +263,8 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert f"from {limit} to {limit + 123} during the run" in _run_shared("recursion_limit")
     assert "entries, added ['/simcluster-test-nowhere'] during the run" in _run_shared("sys_path")
     assert f"from {os.getcwd()!r} to {str(HOOKS)!r} during the run" in _run_shared("chdir")
+    streams = _run_shared("stdout")
+    assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 
 
 @X86

@@ -396,9 +396,7 @@ class SettingsAudit:
         if now != self._run:
             for (name, put), was, value in zip(_RUN_SETTINGS, self._run, now):
                 if value != was:
-                    before, after = (f"{len(was[1])} entries", _path_diff(was[1], value[1])) \
-                        if name == "sys.path" else (repr(was), repr(value))
-                    self.changes.append((name, None, before, after))
+                    self.changes.append((name, None, *_describe(name, was, value)))
                     put(was)
 
     def _check_settings(self, rank: int, new: int | None, thread: int, here: int) -> None:
@@ -491,8 +489,17 @@ def _environ_diff(before: dict[Any, Any]) -> str:
         f"{decode(k)} {'set' if k not in before else 'removed' if k not in now else 'modified'}" for k in keys[:5])
 
 
-def _path_diff(before: tuple[str, ...], now: tuple[str, ...]) -> str:
-    added = [p for p in now if p not in before]
-    removed = [p for p in before if p not in now]
-    what = f"added {added[:3]!r}" if added else f"removed {removed[:3]!r}" if removed else "reordered"
-    return f"{len(now)} entries, {what}"
+def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
+    """A run-level setting's two values as the report shows them: the same text in every
+    run (no object addresses)."""
+    if name == "sys.path":
+        added = [p for p in now[1] if p not in before[1]]
+        removed = [p for p in before[1] if p not in now[1]]
+        what = f"added {added[:3]!r}" if added else f"removed {removed[:3]!r}" if removed else "reordered"
+        return f"{len(before[1])} entries", f"{len(now[1])} entries, {what}"
+    if name == "sys.stdout, sys.stderr":
+        def streams(pair: tuple[Any, Any]) -> str:
+            return ", ".join(type(s).__name__ + (f"({s.name!r})" if isinstance(getattr(s, "name", None), str) else "")
+                             for s in pair)
+        return f"({streams(before)})", f"({streams(now)})"
+    return repr(before), repr(now)
