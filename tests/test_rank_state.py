@@ -7,6 +7,7 @@ user's would be.
 from __future__ import annotations
 
 import os
+import platform
 import random
 import re
 import subprocess
@@ -19,12 +20,14 @@ import numpy
 import pytest
 import torch
 import torch.distributed as dist
+import torch.utils.deterministic
 
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook, decode_example, encode_example
 from simcluster.real.differential import compare_with_gloo
 from simcluster.errors import SharedSettingError, UsageError
 from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode.rank_state import SettingsAudit
 from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 from simcluster.usercode.targets import load_target
 
@@ -196,6 +199,137 @@ def test_a_rank_changing_os_environ_is_reported_and_undone() -> None:
     with pytest.raises(SharedSettingError, match="rank 0 changed os.environ: SIMCLUSTER_TEST_LEAK set"):
         SimCluster(2).run(rank_fn)
     assert "SIMCLUSTER_TEST_LEAK" not in os.environ
+
+
+def _settings() -> tuple[object, ...]:
+    """What the hooks of ``shared_settings.py`` change, as seen from the test's thread."""
+    return (5e-324 * 1.0 == 0.0, str(torch.get_default_device()), torch._C._len_torch_function_stack(),
+            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            os.getcwd(), list(sys.path), sys.getrecursionlimit(), torch.is_anomaly_enabled(),
+            torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
+            torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+
+
+def _run_shared(name: str) -> str:
+    """Run hook ``name`` of ``shared_settings.py`` on 3 ranks; the SharedSettingError's text."""
+    before = _settings()
+    with pytest.raises(SharedSettingError) as caught:
+        SimCluster(3, seed=0).run_hook(f"{HOOKS / 'shared_settings.py'}:{name}", [torch.ones(4)] * 3)
+    assert _settings() == before  # put back
+    return str(caught.value)
+
+
+X86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                         reason="the flush-denormal probe reads x86's MXCSR DAZ/FTZ bits")
+FLUSH = "torch.set_flush_denormal (the thread's DAZ/FTZ bits)"
+
+
+@pytest.mark.parametrize("name, report", [
+    pytest.param("flush_denormal", f"rank 1 changed {FLUSH} from False to True while its code ran:", marks=X86),
+    ("default_device", "rank 1 changed torch.get_default_device() from cpu to meta (+1 torch function mode(s)) "
+                       "while its code ran:"),
+    ("device_block_left_open", "rank 1 changed torch.get_default_device() from cpu to meta (+1 torch function "
+                               "mode(s)) while its code ran:"),
+    ("warn_only", "rank 1 changed torch.are_deterministic_algorithms_enabled() from False to 'warn_only' while its "
+                  "code ran:"),
+])
+def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name: str, report: str) -> None:
+    message = _run_shared(name)
+    assert message.startswith(report), message
+    assert "more change" not in message  # one change, reported once
+
+
+@pytest.mark.parametrize("name, setting", [
+    ("chdir", "os.getcwd()"),
+    ("sys_path", "sys.path"),
+    ("recursion_limit", "sys.getrecursionlimit()"),
+    ("anomaly", "torch.is_anomaly_enabled() (and check_nan, while enabled)"),
+    ("stdout", "sys.stdout, sys.stderr"),
+    ("mkldnn", "torch.backends.mkldnn.enabled"),
+    ("nnpack", "torch.backends.nnpack (torch._C._get_nnpack_enabled())"),
+    ("fill_uninitialized_memory", "torch.utils.deterministic.fill_uninitialized_memory"),
+])
+def test_a_rank_changing_a_setting_read_once_per_run_is_reported_for_the_run_and_undone(name: str,
+                                                                                        setting: str) -> None:
+    message = _run_shared(name)
+    assert message.startswith(f"a rank changed {setting} from "), message
+    assert " during the run (read when the run starts and ends, not at every rank switch: which rank is not " \
+           "known): simulated ranks share this process-wide setting" in message, message
+
+
+def test_the_run_settings_report_says_what_changed() -> None:
+    assert "from 1 to 1123" not in _run_shared("recursion_limit")  # the limit, not a count
+    limit = sys.getrecursionlimit()
+    assert f"from {limit} to {limit + 123} during the run" in _run_shared("recursion_limit")
+    assert "entries, added ['/simcluster-test-nowhere'] during the run" in _run_shared("sys_path")
+    assert f"from {os.getcwd()!r} to {str(HOOKS)!r} during the run" in _run_shared("chdir")
+    streams = _run_shared("stdout")
+    assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
+
+
+@X86
+def test_flush_denormal_set_before_a_wait_is_the_waiting_ranks_and_reported_once() -> None:
+    # rank 1 parks in its hook; the thread that runs the others next was started from
+    # rank 1's and inherits its FPU bits: rank 1's change, reported once
+    message = _run_shared("flush_denormal_then_wait")
+    assert message.startswith(f"rank 1 changed {FLUSH} from False to True while its code ran:"), message
+    assert "more change" not in message
+
+
+@X86
+def test_a_thread_started_while_a_rank_waits_does_not_pass_its_flush_bits_on() -> None:
+    seen: dict[int, bool] = {}
+
+    def rank_fn(rank: int) -> None:
+        seen[rank] = 5e-324 * 1.0 == 0.0  # do this rank's floats flush denormals?
+        if rank == 1:
+            torch.set_flush_denormal(True)
+        dist.barrier()  # rank 1 parks; rank 2 runs on a thread started from rank 1's
+
+    with pytest.raises(SharedSettingError, match=f"rank 1 changed {re.escape(FLUSH)} from False to True"):
+        SimCluster(3, seed=0).run(rank_fn)
+    assert seen == {0: False, 1: False, 2: False}
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
+@pytest.mark.parametrize("name", ["tidy", "tidy_across_a_wait"])
+def test_a_hook_restoring_what_it_changes_within_its_turn_passes(name: str) -> None:
+    before = _settings()
+    run = SimCluster(3, seed=0).run_hook(f"{HOOKS / 'shared_settings.py'}:{name}", [torch.ones(4)] * 3)
+    assert [out.tolist() for out in run.outputs] == [[1.0] * 4] * 3
+    assert _settings() == before
+
+
+def test_thread_settings_are_blamed_on_the_rank_that_last_ran_on_that_thread() -> None:
+    # The engine's thread hand-overs, played by hand: ``check(old, new)`` is called on the
+    # thread about to run ``new``'s code. Rank 1's code runs on thread T and leaves a
+    # ``torch.device`` block open; T then goes idle while the caller's thread runs rank 2;
+    # T later runs rank 0's code: rank 1 changed it (not rank 2, the rank that stopped).
+    audit = SettingsAudit()
+    audit.start()  # rank 0 enters on this thread
+    with ThreadPoolExecutor(1) as t:
+        t.submit(audit.check, 0, 1).result()
+        t.submit(lambda: torch.device("meta").__enter__()).result()  # rank 1's code on T
+        audit.check(1, 2)  # rank 2 on the caller's thread
+        t.submit(audit.check, 2, 0).result()  # rank 0 on T: sees rank 1's mode
+        assert t.submit(torch._C._len_torch_function_stack).result() == 0  # undone on T
+    assert audit.changes == [("torch.get_default_device()", 1, "cpu", "meta (+1 torch function mode(s))")]
+
+
+def test_a_rank_resuming_on_its_own_thread_keeps_its_thread_settings() -> None:
+    # Rank 1 enters ``with torch.device(...)`` on T and waits (T parks); rank 2 runs on the
+    # caller's thread; rank 1 resumes on T, where nobody else ran: its block is its own.
+    audit = SettingsAudit()
+    audit.start()
+    with ThreadPoolExecutor(1) as t:
+        t.submit(audit.check, 0, 1).result()
+        mode = t.submit(lambda: torch.device("meta").__enter__()).result()
+        audit.check(1, 2)
+        t.submit(audit.check, 2, 1).result()  # rank 1 resumes on T
+        assert t.submit(torch._C._len_torch_function_stack).result() == 1  # left alone
+        t.submit(mode.__exit__, None, None, None).result()
+        t.submit(audit.check, 1, 2).result()
+    assert audit.changes == []
 
 
 # -- replays reproduce -------------------------------------------------------------------------

@@ -205,8 +205,9 @@ class RankContexts:
             CURRENT.generators = self.generators
         else:
             self.rng_states[old] = _GENERATOR.get_state()
-            self.audit.check(old)
+            self.audit.check(old, new)
         if new is None:
+            self.audit.finish()
             _GENERATOR.set_state(self._outside_rng)
             c10d._world = self._outside_world
             CURRENT.generators = CURRENT.modules = None

@@ -23,11 +23,15 @@ generators made by user code (``random.Random()``, ``numpy.random.default_rng()`
 from OS entropy on a real process and here alike.
 
 :class:`SettingsAudit` watches the process-wide settings a rank cannot own in one process
-(``torch.set_default_dtype``, ``torch.set_num_threads``, deterministic-algorithm and
-matmul-precision flags, ``torch.backends.cudnn`` flags, ``warnings`` filters,
-``os.environ``): a change made while a rank's code ran is undone before any other rank
-runs and reported after the run as a :class:`SharedSettingError` naming the setting, the
-rank and both values.
+(``torch.set_default_dtype``, ``torch.set_num_threads``, deterministic-algorithm flags
+with ``warn_only``, matmul precision, ``torch.backends.cudnn`` flags, ``warnings`` filters,
+``os.environ``) and the thread-wide ones ranks share when they run on one OS thread
+(``torch.set_flush_denormal``, ``torch.set_default_device``): a change made while a rank's
+code ran is undone before any other rank runs and reported after the run as a
+:class:`SharedSettingError` naming the setting, the rank and both values. Settings that
+cost more to read or that hooks rarely touch (``os.getcwd()``, ``sys.path``, the recursion
+limit, anomaly mode, ``sys.stdout``/``sys.stderr``, mkldnn/nnpack/fill flags) are compared
+when the run starts and ends: reported for the run, not a rank (``docs/isolation.md``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import random
 import sys
 import warnings
 from collections.abc import Callable
+from threading import get_ident as _get_ident
 from typing import Any
 
 import torch
@@ -176,6 +181,9 @@ def restore_generators(saved: list[tuple[dict[str, Any], dict[str, Any]]]) -> No
 
 
 # --------------------------------------------------------------------------- settings
+_C = torch._C
+
+
 def _cudnn() -> tuple[bool, bool]:
     # what torch.backends.cudnn.deterministic / .benchmark read, without their property
     # machinery (7x cheaper: this runs at every rank switch)
@@ -191,56 +199,233 @@ def _filters() -> tuple[int, Any]:
     return len(filters), filters[0] if filters else None
 
 
+def _deterministic() -> bool | str:
+    """``torch.are_deterministic_algorithms_enabled()``, or ``"warn_only"`` when enabled with
+    ``warn_only=True``. The flag is read only while enabled: disabled, it has no effect (and
+    enabling sets it anew: ``use_deterministic_algorithms(True)`` means ``warn_only=False``)."""
+    return _C._get_deterministic_algorithms() and (
+        "warn_only" if _C._get_deterministic_algorithms_warn_only() else True)
+
+
+def _set_deterministic(value: bool | str) -> None:
+    torch.use_deterministic_algorithms(bool(value), warn_only=value == "warn_only")
+
+
 _SETTINGS: tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...] = (
     ("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
     ("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
-    ("torch.are_deterministic_algorithms_enabled()", torch.are_deterministic_algorithms_enabled,
-     torch.use_deterministic_algorithms),
+    ("torch.are_deterministic_algorithms_enabled()", _deterministic, _set_deterministic),
     ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
     ("torch.backends.cudnn (deterministic, benchmark)", _cudnn, _set_cudnn),
 )
+"""The process-wide settings read at every rank switch: (name in reports, getter, setter
+that undoes a change). :func:`_all_settings` reads the same values in one tuple, in this
+order, then the calling thread's own (flush-denormal, torch function mode depth). A read
+costs ~300-450 instructions (callgrind: ``benchmarks/measure_shared_settings.py``), paid
+16 times per world-8 step: what else is watched is read once per run
+(:data:`_RUN_SETTINGS`)."""
 
 
-_C = torch._C
+def _set_anomaly(value: bool | tuple[bool, bool]) -> None:
+    if value:
+        torch.set_anomaly_enabled(True, value[1])  # type: ignore[index]
+    else:
+        torch.set_anomaly_enabled(False)
+
+
+def _set_streams(value: tuple[Any, Any]) -> None:
+    sys.stdout, sys.stderr = value
+
+
+def _set_path(value: tuple[list[str], tuple[str, ...]]) -> None:
+    listed, entries = value
+    listed[:] = entries  # the same list object as before the run (a rank may have replaced it)
+    sys.path = listed
+
+
+_RUN_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
+    ("os.getcwd()", os.chdir),
+    ("sys.path", _set_path),
+    ("sys.getrecursionlimit()", sys.setrecursionlimit),
+    ("torch.is_anomaly_enabled() (and check_nan, while enabled)", _set_anomaly),
+    ("sys.stdout, sys.stderr", _set_streams),
+    ("torch.backends.mkldnn.enabled", torch._C._set_mkldnn_enabled),
+    ("torch.backends.nnpack (torch._C._get_nnpack_enabled())", torch._C._set_nnpack_enabled),
+    ("torch.utils.deterministic.fill_uninitialized_memory", torch._C._set_deterministic_fill_uninitialized_memory),
+)
+"""The settings read when a run starts and when it ends, not at every rank switch: (name,
+setter that undoes a change), in :func:`_run_settings`' order. ``os.getcwd()`` is a system
+call (245 ns, ~1,300 instructions); the others are process-wide flags a hook has rarely a
+reason to touch, each read at every switch would add ~0.2 % to a world-8 step. A change is
+reported for the run ("a rank changed … during the run"), not for a rank, and undone
+when the run ends: the run is void either way."""
+
+
+def _run_settings() -> tuple[Any, ...]:
+    """The values of :data:`_RUN_SETTINGS`, in order (C getters called directly)."""
+    return (os.getcwd(), (sys.path, tuple(sys.path)), sys.getrecursionlimit(),
+            _C.is_anomaly_enabled() and (True, _C.is_anomaly_check_nan_enabled()), (sys.stdout, sys.stderr),
+            _C._get_mkldnn_enabled(), _C._get_nnpack_enabled(), _C._get_deterministic_fill_uninitialized_memory())
+
+
 _get_default_dtype, _get_num_threads = torch.get_default_dtype, torch.get_num_threads  # C functions already
+_TINY = 5e-324  # the smallest float64 subnormal
+_DEVICE = torch._GLOBAL_DEVICE_CONTEXT  # a threading.local: torch.set_default_device's context
+_modes = _C._len_torch_function_stack
+_PROCESS = len(_SETTINGS)
+"""Where :func:`_all_settings`' per-thread values start: ``5e-324 > 0.0`` (False: the
+thread flushes subnormals), the torch function mode depth."""
+_FLUSH_NAME = "torch.set_flush_denormal (the thread's DAZ/FTZ bits)"
+_DEVICE_NAME = "torch.get_default_device()"
+_NEW_THREAD = -1
+"""A thread's last rank when no rank's code ran on it yet in this run."""
 
 
 def _all_settings() -> tuple[Any, ...]:
-    """Every ``_SETTINGS`` getter's value in one tuple, read through torch's C functions
-    directly (the fast path of :meth:`SettingsAudit.check`, run at every rank switch)."""
-    return (_get_default_dtype(), _get_num_threads(), _C._get_deterministic_algorithms(),
-            _C._get_float32_matmul_precision(), (_C._get_cudnn_deterministic(), _C._get_cudnn_benchmark()))
+    """Every ``_SETTINGS`` getter's value, then the calling thread's own settings, in one
+    flat tuple read through torch's C functions directly (the fast path of
+    :meth:`SettingsAudit.check`, run at every rank switch: one comparison when nothing
+    changed).
+
+    The thread's own: torch has no getter for ``set_flush_denormal``; it sets the calling
+    thread's x86 MXCSR FTZ and DAZ bits, which Python's floats obey too: with DAZ, a
+    subnormal operand counts as zero, so ``5e-324 > 0.0`` is False exactly when they are
+    set (one comparison, no arithmetic; valgrind ignores the bits: under
+    ``count_instructions.py`` the probe reads True). ``torch.set_default_device`` pushes a
+    torch function mode, as ``with torch.device(...)`` does: the mode depth (one C call)
+    catches both; a default device replaced by another while one was already set keeps
+    the depth and is missed."""
+    return (_get_default_dtype(), _get_num_threads(),
+            _C._get_deterministic_algorithms() and (
+                "warn_only" if _C._get_deterministic_algorithms_warn_only() else True),
+            _C._get_float32_matmul_precision(), (_C._get_cudnn_deterministic(), _C._get_cudnn_benchmark()),
+            _TINY > 0.0, _modes())
+
+
+def _device_context() -> Any:
+    """The calling thread's ``torch.set_default_device`` context (None: none set)."""
+    return _DEVICE.__dict__.get("device_context")  # through getattr, a missing attribute costs 340 ns
+
+
+def _set_thread_settings(before: tuple[bool, int, Any]) -> None:
+    """Undo a change of the calling thread's own settings: flush-denormal, the default
+    device, a ``with torch.device(...)`` (or other torch function mode) entered and not left."""
+    keeps_subnormals, depth, context = before
+    torch.set_flush_denormal(not keeps_subnormals)
+    if _device_context() is not context:
+        torch.set_default_device(None if context is None else context.device)
+    while _modes() > depth:
+        _C._pop_torch_function_stack()
 
 
 class SettingsAudit:
     """Snapshots the shared settings when a run starts; checks them whenever a rank's code
-    stops running; undoes a change at once and remembers the first one for the report."""
+    stops running; undoes a change at once and remembers the first one for the report.
+
+    Three kinds, by what reading them costs and where they live:
+
+    - process-wide settings read at every rank switch (:data:`_SETTINGS`,
+      ``warnings.filters``, ``os.environ``), blamed on the rank that stops running;
+    - the OS thread's own (flush-denormal, default device: the end of
+      :func:`_all_settings`), which ranks share when their code runs on the same thread —
+      the engine runs every rank on the caller's thread until one waits on a pending
+      future. Read at every switch, on the thread about to run the next rank's code, and
+      blamed on the rank whose code last ran *on that thread*; not reported when that rank
+      is the one resuming there (a change it made before it waited was seen by nobody
+      else: its thread was parked);
+    - :data:`_RUN_SETTINGS` (``os.getcwd()``, ``sys.path``, the recursion limit, anomaly
+      mode, …): read when the run starts and when it ends; a change is reported for the
+      run, not for a rank.
+    """
 
     def __init__(self) -> None:
         self._all: tuple[Any, ...] = ()
+        self._run: tuple[Any, ...] = ()
         self._filters: list[Any] = []
         self._environ: dict[Any, Any] = {}
-        self.changes: list[tuple[str, int, str, str]] = []  # (setting, rank, before, after)
+        self._thread = 0
+        """The OS thread the last switch happened on (the last rank entered runs there)."""
+        self._home: tuple[bool, int, Any] = (True, 0, None)
+        """The run's first thread's own settings: keeps subnormals, mode depth, default device."""
+        self._thread_base: dict[int, tuple[bool, int, Any]] = {}
+        """A pooled thread whose own settings differed from :attr:`_home` when it first ran
+        rank code (the caller had set a default device: a new thread has none): its own."""
+        self._thread_last: dict[int, int] = {}
+        """Per OS thread left for another: the rank whose code last ran on it."""
+        self.changes: list[tuple[str, int | None, str, str]] = []  # (setting, rank or None: the run, before, after)
 
     def start(self) -> None:
         """Snapshot every watched setting (once per run, when the first rank enters)."""
         self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
+        self._run = _run_settings()
         self._filters = list(warnings.filters)
         self._filter_key = _filters()
         self._modules = len(sys.modules)
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
+        self._thread = _get_ident()
+        self._home = (*self._all[_PROCESS:], _device_context() if self._all[-1] else None)  # no mode: no device
+        if self._thread_last:  # new dicts only after a run whose ranks ran on several threads
+            self._thread_base, self._thread_last = {}, {}
         if self.changes:  # a new list only after a run that saw a change (the report keeps the old one)
             self.changes = []
 
-    def check(self, rank: int) -> None:
-        """Called when rank ``rank``'s code stops running (cheap when nothing changed)."""
+    def check(self, rank: int, new: int | None) -> None:
+        """Called when rank ``rank``'s code stops running and ``new``'s (None: nobody's, the
+        run ends) is about to, on the thread that will run it (cheap when nothing changed)."""
+        thread = _get_ident()
+        here = rank if thread == self._thread else self._moved(thread, rank)
         if _all_settings() != self._all:
-            self._check_settings(rank)
+            self._check_settings(rank, new, thread, here)
         if _filters() != self._filter_key:
             self._check_filters(rank)
         if os.environ._data != self._environ:  # type: ignore[attr-defined]
             self._check_environ(rank)
         self._modules = len(sys.modules)
+
+    def _moved(self, thread: int, rank: int) -> int:
+        """This switch happens on another thread than the last one (rank ``rank``'s code
+        waited, or finished and the thread woke a waiting rank's): remember that ``rank``'s
+        code ran last on the thread left, and say whose code ran last on this one."""
+        self._thread_last[self._thread] = rank
+        self._thread = thread
+        return self._thread_last.get(thread, _NEW_THREAD)
+
+    def finish(self) -> None:
+        """The run ended: compare the settings read once per run (:data:`_RUN_SETTINGS`)."""
+        now = _run_settings()
+        if now != self._run:
+            for (name, put), was, value in zip(_RUN_SETTINGS, self._run, now):
+                if value != was:
+                    self.changes.append((name, None, *_describe(name, was, value)))
+                    put(was)
+
+    def _check_settings(self, rank: int, new: int | None, thread: int, here: int) -> None:
+        """Something in :func:`_all_settings` differs from the run's start. Process-wide:
+        blamed on ``rank``, whose code stops running. The thread's own: blamed on ``here``,
+        the rank whose code last ran on this thread."""
+        now, before = _all_settings(), self._all
+        for (name, get, put), was, value in zip(_SETTINGS, before, now):
+            if value != was:
+                self.changes.append((name, rank, repr(was), repr(get())))
+                put(was)
+        mine = now[_PROCESS:]
+        if here == _NEW_THREAD:  # a pooled thread's first rank code: started when ``rank``'s code waited.
+            # Function modes (the default device) are per thread, a new one has none: its
+            # own baseline. The flush-denormal bits it inherited (pthread) from ``rank``'s thread.
+            base = self._thread_base[thread] = (before[_PROCESS], mine[1], _device_context())
+            here = rank
+        else:
+            base = self._thread_base.get(thread, self._home)
+        if mine != base[:2] and here != new:  # else: a rank resumes on its own thread, where nobody else ran
+            found = []
+            if mine[0] != base[0]:
+                found.append((_FLUSH_NAME, here, repr(not base[0]), repr(not mine[0])))
+            if mine[1] != base[1]:
+                found.append((_DEVICE_NAME, here, str(getattr(base[2], "device", "cpu")),
+                              f"{torch.get_default_device()} ({mine[1] - base[1]:+d} torch function mode(s))"))
+            # once per rank: a thread started while the rank waited inherits its flush bits
+            self.changes += [change for change in found if change not in self.changes]
+            _set_thread_settings(base)
 
     def _check_environ(self, rank: int) -> None:
         """``os.environ`` changed while rank ``rank``'s code ran. Variables only added while
@@ -272,13 +457,6 @@ class SettingsAudit:
         warnings.filters[:] = self._filters
         warnings._filters_mutated()  # type: ignore[attr-defined]
 
-    def _check_settings(self, rank: int) -> None:
-        for (name, get, put), before in zip(_SETTINGS, self._all):
-            now = get()
-            if now != before:
-                self.changes.append((name, rank, repr(before), repr(now)))
-                put(before)
-
     def raise_if_changed(self, replay: Callable[[], str]) -> None:
         """Raise :class:`SharedSettingError` for the first change seen in the run, if any."""
         if not self.changes:
@@ -286,8 +464,13 @@ class SettingsAudit:
         name, rank, before, after = self.changes[0]
         what = f"changed {after}" if name == "os.environ" else f"changed {name} from {before} to {after}"
         more = f" ({len(self.changes) - 1} more change(s) after it)" if len(self.changes) > 1 else ""
+        who = (f"rank {rank} {what} while its code ran{more}" if rank is not None else
+               f"a rank {what} during the run{more} (read when the run starts and ends, not at every rank "
+               "switch: which rank is not known)")
+        shared = ("this setting of the OS thread they run on" if name in (_FLUSH_NAME, _DEVICE_NAME)
+                  else "this process-wide setting")
         raise SharedSettingError(
-            f"rank {rank} {what} while its code ran{more}: simulated ranks share this process-wide setting, so "
+            f"{who}: simulated ranks share {shared}, so "
             "the other ranks would see it (on a real cluster each process has its own); simcluster undid it and "
             f"cannot check this hook faithfully — set it before training starts, not in the hook. Replay: {replay()}")
 
@@ -304,3 +487,19 @@ def _environ_diff(before: dict[Any, Any]) -> str:
     decode = os.environ.decodekey  # type: ignore[attr-defined]
     return "os.environ: " + ", ".join(
         f"{decode(k)} {'set' if k not in before else 'removed' if k not in now else 'modified'}" for k in keys[:5])
+
+
+def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
+    """A run-level setting's two values as the report shows them: the same text in every
+    run (no object addresses)."""
+    if name == "sys.path":
+        added = [p for p in now[1] if p not in before[1]]
+        removed = [p for p in before[1] if p not in now[1]]
+        what = f"added {added[:3]!r}" if added else f"removed {removed[:3]!r}" if removed else "reordered"
+        return f"{len(before[1])} entries", f"{len(now[1])} entries, {what}"
+    if name == "sys.stdout, sys.stderr":
+        def streams(pair: tuple[Any, Any]) -> str:
+            return ", ".join(type(s).__name__ + (f"({s.name!r})" if isinstance(getattr(s, "name", None), str) else "")
+                             for s in pair)
+        return f"({streams(before)})", f"({streams(now)})"
+    return repr(before), repr(now)
