@@ -267,6 +267,24 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 
 
+def test_what_a_rank_module_copys_import_changes_is_the_baseline_not_a_shared_setting() -> None:
+    """A hook file's ``sys.path.insert`` and ``sys.setrecursionlimit`` at its top run when each
+    rank imports its copy, inside the run: what every process's import does. It was reported
+    as a SharedSettingError (exit 2: the hook could not be checked); a change made when the
+    hook is called still is."""
+    path, limit = list(sys.path), sys.getrecursionlimit()
+    try:
+        run = SimCluster(3, seed=0).run_hook(f"{HOOKS / 'import_time_settings.py'}:hook", [torch.ones(4)] * 3)
+        assert [out.tolist() for out in run.outputs] == [[1.0] * 4] * 3
+        with pytest.raises(SharedSettingError, match=r"a rank changed sys\.path from \d+ entries to \d+ entries, "
+                                                     r"added \['/simcluster-test-nowhere-either'\] during the run"):
+            SimCluster(3, seed=0).run_hook(
+                f"{HOOKS / 'import_time_settings.py'}:hook_that_also_changes_the_path_when_called", [torch.ones(4)] * 3)
+    finally:
+        sys.path[:] = path
+        sys.setrecursionlimit(limit)
+
+
 @X86
 def test_flush_denormal_set_before_a_wait_is_the_waiting_ranks_and_reported_once() -> None:
     # rank 1 parks in its hook; the thread that runs the others next was started from

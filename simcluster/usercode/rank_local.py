@@ -47,7 +47,7 @@ from typing import Any
 
 from simcluster.errors import TargetLoadError, UsageError
 from simcluster.fake.state import StateSpec
-from simcluster.usercode.rank_state import CURRENT
+from simcluster.usercode.rank_state import CURRENT, imports_set_the_baseline
 from simcluster.usercode.stand_in import StandIn
 from simcluster.usercode.targets import (exec_file, file_path, import_module, is_file_spec, load_target, module_name_for,
                                          split_spec)
@@ -217,7 +217,8 @@ def _load_into(modules: dict[str, Any], name: str, path: Path | None, isolate: t
     ``modules``, with a private ``sys.modules`` view while it runs; restore everything after."""
     with _LOADING:
         if name not in modules:
-            _load_copies(modules, name, path, isolate, spec, what)
+            with imports_set_the_baseline():  # what its import changes, every process's import does
+                _load_copies(modules, name, path, isolate, spec, what)
         module = modules[name]
     if not isinstance(module, ModuleType):  # pragma: no cover - import_module always gives a module
         raise TargetLoadError(f"{what} {spec!r}: {name} did not load as a module")

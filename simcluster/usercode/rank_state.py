@@ -36,12 +36,13 @@ when the run starts and ends: reported for the run, not a rank (``docs/isolation
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import random
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from threading import get_ident as _get_ident
 from typing import Any
 
@@ -62,7 +63,7 @@ except ImportError:  # pragma: no cover - no numpy: nothing to swap
 class _Current:
     """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
 
-    __slots__ = ("generators", "rank", "modules", "announce")
+    __slots__ = ("generators", "rank", "modules", "announce", "audit")
 
     def __init__(self) -> None:
         self.generators: RankGenerators | None = None
@@ -71,6 +72,9 @@ class _Current:
         self.announce: Callable[[int], None] | None = None
         """Told each rank that starts running (a supervised child's ``Monitor.running``: a
         process that dies is placed at the rank whose code ran); None: nobody listens."""
+        self.audit: SettingsAudit | None = None
+        """The settings audit of the run in progress (None between runs): module copies
+        loaded inside a run tell it what their import changed (:func:`imports_set_the_baseline`)."""
 
 
 CURRENT = _Current()
@@ -364,6 +368,7 @@ class SettingsAudit:
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         self._thread = _get_ident()
         self._home = (*self._all[_PROCESS:], _device_context() if self._all[-1] else None)  # no mode: no device
+        CURRENT.audit = self
         if self._thread_last:  # new dicts only after a run whose ranks ran on several threads
             self._thread_base, self._thread_last = {}, {}
         if self.changes:  # a new list only after a run that saw a change (the report keeps the old one)
@@ -382,6 +387,15 @@ class SettingsAudit:
             self._check_environ(rank)
         self._modules = len(sys.modules)
 
+    def accept_import_changes(self, before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
+        """The run-level settings that changed from ``before`` to ``after`` while module copies
+        were imported take their new values as the run's baseline (:func:`imports_set_the_baseline`)
+        — unless the setting had already moved off the baseline before the import (a rank's
+        call changed it): that change is still to be reported, the import's with it."""
+        if after != before:
+            self._run = tuple(new if new != old and base == old else base
+                              for base, old, new in zip(self._run, before, after))
+
     def _moved(self, thread: int, rank: int) -> int:
         """This switch happens on another thread than the last one (rank ``rank``'s code
         waited, or finished and the thread woke a waiting rank's): remember that ``rank``'s
@@ -392,6 +406,8 @@ class SettingsAudit:
 
     def finish(self) -> None:
         """The run ended: compare the settings read once per run (:data:`_RUN_SETTINGS`)."""
+        if CURRENT.audit is self:
+            CURRENT.audit = None
         now = _run_settings()
         if now != self._run:
             for (name, put), was, value in zip(_RUN_SETTINGS, self._run, now):
@@ -487,6 +503,24 @@ def _environ_diff(before: dict[Any, Any]) -> str:
     decode = os.environ.decodekey  # type: ignore[attr-defined]
     return "os.environ: " + ", ".join(
         f"{decode(k)} {'set' if k not in before else 'removed' if k not in now else 'modified'}" for k in keys[:5])
+
+
+@contextlib.contextmanager
+def imports_set_the_baseline() -> Iterator[None]:
+    """Around the import of a rank's module copies inside a run: a run-level setting
+    (:data:`_RUN_SETTINGS`) the import changes — a hook module's ``sys.path.insert(0, here)``
+    or ``sys.setrecursionlimit(…)`` at its top — is what that import does in every process,
+    so the running audit takes the new value as its baseline instead of reporting it at the
+    run's end (it did: a false ``SharedSettingError`` for a common way to write a hook file).
+    A change the hook makes when it is *called* is still reported. No run in progress:
+    nothing to do."""
+    audit = CURRENT.audit
+    before = _run_settings() if audit is not None else ()
+    try:
+        yield
+    finally:
+        if audit is not None:
+            audit.accept_import_changes(before, _run_settings())
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
