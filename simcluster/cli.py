@@ -495,10 +495,15 @@ def _row_broke(row: dict[str, Any], traceback_text: str) -> str:
 
 def _unmodelled(traceback_text: str) -> str | None:
     """``what (rank r, at file:line in fn: code)`` when the root error in
-    ``traceback_text`` is simcluster's ``UnsupportedError``; else ``None``."""
+    ``traceback_text`` is simcluster's ``UnsupportedError`` or one of its kinds (a
+    ``SharedSettingError``: a rank changed a setting every simulated rank shares); else ``None``."""
     import re
 
-    found = re.search(r"^simcluster\.errors\.UnsupportedError: (.*)$", traceback_text, re.MULTILINE)
+    from simcluster import errors
+
+    kinds = "|".join(sorted(cls.__name__ for cls in vars(errors).values()
+                            if isinstance(cls, type) and issubclass(cls, errors.UnsupportedError)))
+    found = re.search(rf"^simcluster\.errors\.(?:{kinds}): (.*)$", traceback_text, re.MULTILINE)
     if found is None:
         return None
     where = re.search(r"^simcluster: raised in the supervised child \((.*)\)$", traceback_text, re.MULTILINE)

@@ -159,6 +159,36 @@ def test_a_hook_using_what_the_simulator_does_not_model_is_named_not_an_internal
     assert "monitored_barrier" in line and f"{path}:7" in line
 
 
+SHARED_SETTING_HOOK = """
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+def hook(state, bucket):
+    if dist.get_rank() == 1:
+        torch.set_default_dtype(torch.float64)
+    return allreduce_hook(state, bucket)
+"""
+
+
+def test_a_hook_changing_a_shared_setting_is_one_line_exit_3_not_an_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SharedSettingError is an UnsupportedError (the simulator cannot give each rank its
+    own copy of the setting): said as such, one line naming the setting and the rank. It
+    was "internal error" and the whole traceback: only UnsupportedError's own name matched."""
+    path = tmp_path / "shared_setting.py"
+    path.write_text(SHARED_SETTING_HOOK)
+    before = torch.get_default_dtype()
+    code = main(["check", f"{path}:hook", "--examples", "3", "--no-database", "--quiet", "--backend", "gloo"])
+    out, err = capsys.readouterr()
+    assert torch.get_default_dtype() == before
+    assert code == 3, out + err
+    assert "Traceback" not in err and "internal error" not in err + out
+    line = next(ln for ln in err.splitlines() if ln.startswith("simcluster: cannot check"))
+    assert "rank 1 changed torch.get_default_dtype() from torch.float32 to torch.float64" in line, line
+
+
 WARNING_HOOK = """
 import warnings
 
