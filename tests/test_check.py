@@ -391,3 +391,17 @@ def test_the_order_example_finds_replicas_a_rank_dependent_sum_drives_apart() ->
     assert order_example(fp32, (1, 2), 3) is None  # two ranks: a + b == b + a
     assert order_example(fp32, (2, 4, 8), 3).world_size == 4  # type: ignore[union-attr]
     assert order_example(options(f"{torch_hooks}:allreduce_hook", "exact"), (3,), 3) is None
+
+
+def test_error_feedback_waits_for_a_top1_percent_hook_to_drain() -> None:
+    """A correct top-1% hook sends one entry per bucket per step: 4 zero steps cannot drain a
+    13-entry residual, so the check drains as long as the model has entries before it says
+    'error feedback lost' (round 10: a false alarm on the reference hook at ratio 0.01). A
+    hook that keeps a residual it never sends is still caught."""
+    kept = check_hook(reference.topk_hook, state="tests/user_hooks.py:top1_percent_state", tolerance="none",
+                      **{**QUICK, "examples": 30})
+    assert "error_feedback" in kept.properties
+    assert not kept.failures, kept.format()
+    lost = check_hook("tests/user_hooks.py:top1_forgets_hook", state="tests/user_hooks.py:top1_forgets_state",
+                      tolerance="none", **{**QUICK, "examples": 30})
+    assert any(f.property == "error_feedback" for f in lost.failures), lost.format()

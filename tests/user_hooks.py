@@ -26,6 +26,7 @@ No ``from __future__ import annotations`` here: DDP's registration check compare
 """
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,3 +170,33 @@ def needs_bucket_views(state, bucket):
             raise RuntimeError("DDP parameter gradient no longer matches its bucket view")
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def top1_percent_state(process_group: dist.ProcessGroup) -> Any:
+    """The reference top-k hook keeping 1% of each bucket (at least one entry): correct error
+    feedback that drains one entry per bucket per step, so a 13-entry residual needs 13 zero
+    steps (round 10 of hooks from the wild: a top-1% hook from a research repo)."""
+    from simcluster.hooks.reference import TopKState
+
+    return TopKState(process_group, ratio=0.01)
+
+
+def top1_forgets_state(process_group: dist.ProcessGroup) -> Any:
+    """The same, for :func:`top1_forgets_hook`."""
+    from simcluster.hooks.reference import TopKState
+
+    return TopKState(process_group, ratio=0.01)
+
+
+def top1_forgets_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Top-1% that keeps a residual but never adds it back: what it does not send is lost."""
+    buf = bucket.buffer()
+    k = max(1, int(buf.numel() * 0.01)) if buf.numel() else 0
+    state.residuals["forgotten"] = buf.clone()  # kept, never used: the error feedback is lost
+    sparse = torch.zeros_like(buf)
+    if k:
+        idx = buf.abs().topk(k).indices
+        sparse[idx] = buf[idx]
+    sparse.div_(state.process_group.size())
+    fut = dist.all_reduce(sparse, group=state.process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

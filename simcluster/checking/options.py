@@ -23,10 +23,15 @@ from simcluster.limits import BACKEND_NAMES, EXAMPLES, SEEDS, STEPS, WORLD_SIZES
 from simcluster.usercode.rank_local import rank_local_state
 from simcluster.usercode.targets import parse_shapes
 
-__all__ = ["Options", "DRAIN_STEPS", "make_options", "choose_properties"]
+__all__ = ["Options", "DRAIN_STEPS", "EF_DRAIN_CAP", "make_options", "choose_properties"]
 
 DRAIN_STEPS = 4
 """Zero-gradient steps appended when *error_feedback* is checked, so a kept residual drains."""
+
+EF_DRAIN_CAP = 256
+"""At most this many zero steps when the short drain left a lag and the check drains again,
+as many steps as the model has entries: a hook sending one entry per bucket per step (top-1%)
+needs that many (round 10 of hooks from the wild, docs/hooks.md)."""
 
 
 @dataclasses.dataclass

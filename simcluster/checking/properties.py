@@ -57,6 +57,7 @@ __all__ = [
     "liveness",
     "schedule_independence",
     "error_feedback",
+    "NOT_DRAINED",
     "bits_equal",
 ]
 
@@ -734,6 +735,9 @@ def schedule_independence(run_a: Sequence[Grads], run_b: Sequence[Grads], label_
 
 
 # --------------------------------------------------------------------------- error feedback
+NOT_DRAINED = "after"
+"""How :func:`error_feedback`'s message begins when the lag did not drain (not when it grew)."""
+
 def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[Grads], *, drain_from: int,
                    lag: float | None = None, drained: float = 0.5, floor: float | None = None,
                    ranks: Sequence[int] | None = None) -> str | None:
@@ -775,7 +779,7 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
     end = float(total.abs().max()) if total is not None and total.numel() else 0.0
     rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
     if drain_from < len(outputs) and end > drained * peak + rounding:
-        return (f"after {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
+        return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
                 f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
                 "sent (error feedback lost)")
     return None
