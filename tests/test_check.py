@@ -405,3 +405,14 @@ def test_error_feedback_waits_for_a_top1_percent_hook_to_drain() -> None:
     lost = check_hook("tests/user_hooks.py:top1_forgets_hook", state="tests/user_hooks.py:top1_forgets_state",
                       tolerance="none", **{**QUICK, "examples": 30})
     assert any(f.property == "error_feedback" for f in lost.failures), lost.format()
+
+
+def test_replicas_agree_compares_parameters_a_hook_updated() -> None:
+    """A hook that steps an optimizer on its local gradients leaves the averaged gradients
+    equal and the replicas' parameters apart: *replicas_agree* compares the parameters too
+    once a hook changed them in place (round 10). The same step on the averaged gradients passes."""
+    apart = check_hook("tests/user_hooks.py:local_sgd_step_hook", **QUICK)
+    assert any(f.property == "replicas_agree" and "parameters themselves differ" in f.message
+               for f in apart.failures), apart.format()
+    together = check_hook("tests/user_hooks.py:averaged_sgd_step_hook", **QUICK)
+    assert not together.failures, together.format()

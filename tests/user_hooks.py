@@ -200,3 +200,34 @@ def top1_forgets_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Futu
     sparse.div_(state.process_group.size())
     fut = dist.all_reduce(sparse, group=state.process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
+
+
+def _mean_allreduce(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    group = process_group if process_group is not None else dist.group.WORLD
+    buf = bucket.buffer().div_(group.size())
+    return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def local_sgd_step_hook(process_group: dist.ProcessGroup | None,
+                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """An optimizer step inside the hook, on the rank's *local* gradients, before the
+    all-reduce: the gradients are averaged, the parameters are not (round 10: a vendored
+    ``_hook_then_optimizer`` stepped before communicating; real gloo: replicas' parameters
+    differ after one step, gradients equal)."""
+    with torch.no_grad():
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            p.add_(g, alpha=-0.1)
+    return _mean_allreduce(process_group, bucket)
+
+
+def averaged_sgd_step_hook(process_group: dist.ProcessGroup | None,
+                           bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same step in the all-reduce's callback, on the averaged gradients: every replica
+    takes the same step."""
+    def step(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                p.add_(g, alpha=-0.1)
+        return fut.value()
+
+    return _mean_allreduce(process_group, bucket).then(step)

@@ -225,6 +225,10 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
             if msg := _step_problem(opts, prop, res, grads[t], groups, example.nonfinite):
                 extra = {"outcome": averages_outcome(opts, res.grads, grads[t], groups)} if prop == "averages" else {}
                 fail(prop, f"step {t}{',' if prop == 'keeps_nonfinite' else ':'} {msg}", **extra)
+            if prop == "replicas_agree" and res.params is not None and (msg := P.replicas_agree(res.params, groups)):
+                fail(prop, f"step {t}: the parameters themselves differ: {msg}\n(the hook updated parameters in "
+                     "place — an optimizer step inside the hook — and the replicas now hold different models; "
+                     "step on the reduced gradients, in the callback, or leave the step to the training loop)")
 
 
 def averages_outcome(opts: Options, results: Any, inputs: Any, groups: list[list[int]]) -> str:

@@ -126,6 +126,10 @@ class StepResult:
     ``outputs[r][k]``: what rank ``r``'s future for bucket ``k`` resolved to (likewise kept
     apart from the buffers, with the same storage layout).
     ``warnings``: results DDP accepted but read differently from what the view shows.
+    ``params[r][i]``: rank ``r``'s parameter ``i`` after the step (a copy), recorded only
+    when some rank's parameters changed in place during the step — a hook that steps an
+    optimizer (``p._version`` moved); ``None`` otherwise, and then every replica still holds
+    the parameters DDP broadcast.
     """
 
     iteration: int
@@ -136,6 +140,7 @@ class StepResult:
     schedule: list[int]
     replay: str
     warnings: list[str] = field(default_factory=list)
+    params: list[list[torch.Tensor]] | None = None
 
 
 def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
@@ -276,6 +281,9 @@ class SimDDP:
         parameter index, kept with the buffers — real DDP gives ``p.grad`` the same view object
         every iteration after the rebuild (measured)."""
         self._initial = _sync_module_states(self.params, process_group_factory)
+        self._versions: list[list[int]] = [[p._version for p in ps] for ps in self.params]
+        """Each rank's parameters' in-place version counters after its last step (or its
+        set-up): a hook that updates a parameter moves one (:attr:`StepResult.params`)."""
         for it in range(3):  # validates caps and ready_order now, not mid-run
             self.layout(it)
 
@@ -324,7 +332,16 @@ class SimDDP:
         return StepResult(
             iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
             trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
+            params=self._moved_params(),
         )
+
+    def _moved_params(self) -> list[list[torch.Tensor]] | None:
+        """A copy of every rank's parameters if any changed in place since the last step, else ``None``."""
+        versions = [[p._version for p in ps] for ps in self.params]
+        if versions == self._versions:
+            return None
+        self._versions = versions
+        return [[p.detach().clone() for p in ps] for ps in self.params]
 
     def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
                           futures: list[Any], *, bucket_api: str, world: int) -> None:
@@ -382,6 +399,7 @@ class SimDDP:
             with torch.no_grad():
                 for p, source in zip(self.params[rank], self._initial[group.spec.ranks[0]]):
                     p.copy_(source)
+            self._versions[rank] = [p._version for p in self.params[rank]]  # the broadcast is DDP's, not the hook's
         self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
