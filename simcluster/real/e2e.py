@@ -547,12 +547,7 @@ def real_failure(err: Any, timeout: float) -> SideFailure:
     if err.failures:
         rank = first_failed_rank(err)
         own = err.failures[rank]
-        events = last_events(text, rank)
-        last = f"its last event: {events[-1]}" if events else "no event recorded"
-        if _died(own):
-            what = own.strip().splitlines()[-1]
-            return SideFailure("died", rank, "died", f"{what}; {last}", None, text)
-        return _raised_on(rank, own)
+        return _died_on(rank, own, text) if _died(own) else _raised_on(rank, own)
     hung = err.unfinished or [0]
     parts = []
     for rank in hung:
@@ -574,15 +569,17 @@ def raised_ranks(err: Any) -> dict[int, SideFailure]:
 
 def died_ranks(err: Any) -> dict[int, SideFailure]:
     """Every rank of a :class:`~simcluster.real.gloo_runner.GlooRunError` whose process died
-    without reporting (:attr:`Side.died`), by rank, worded as :func:`real_failure` words a death."""
+    without reporting (:attr:`Side.died`), by rank (:func:`_died_on`)."""
     text = str(err)
-    died = {}
-    for rank, own in sorted(err.failures.items()):
-        if _died(own):
-            events = last_events(text, rank)
-            last = f"its last event: {events[-1]}" if events else "no event recorded"
-            died[rank] = SideFailure("died", rank, "died", f"{own.strip().splitlines()[-1]}; {last}", None, text)
-    return died
+    return {rank: _died_on(rank, own, text) for rank, own in sorted(err.failures.items()) if _died(own)}
+
+
+def _died_on(rank: int, own: str, text: str) -> SideFailure:
+    """Rank ``rank``'s death, from its failure text ``own`` (gloo_runner's last line: killed by a
+    signal, or exited) and the last event it announced in the runner's whole ``text``."""
+    events = last_events(text, rank)
+    last = f"its last event: {events[-1]}" if events else "no event recorded"
+    return SideFailure("died", rank, "died", f"{own.strip().splitlines()[-1]}; {last}", None, text)
 
 
 def _died(own: str) -> bool:
