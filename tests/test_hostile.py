@@ -258,6 +258,41 @@ def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process():
         os.killpg(proc.pid, 0)  # no process of the run's group is left
 
 
+SIGINT_WHILE_IMPORTING = """
+import os, signal, sys
+
+MODULE = sys.argv.pop(1)
+
+
+class SigintWhileImporting:  # Ctrl-C pressed just as MODULE starts importing
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, SigintWhileImporting())
+from simcluster.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_torch_imports_is_not_swallowed(tmp_path):
+    """torch's C start-up imports numpy and goes on without it when that import raises —
+    KeyboardInterrupt included. Pressed then (~0.5 s after start), Ctrl-C was lost: the check
+    of a spinning hook ran to its deadline and exited 1. The command line now holds Ctrl-C
+    during those imports and raises it right after them."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(SIGINT_WHILE_IMPORTING)
+    result = subprocess.run([sys.executable, str(driver), "numpy._core._multiarray_umath", "check", "--quiet",
+                             "--no-database", target("spins"), "--backend", "gloo", "--deadline", "30"],
+                            cwd=HERE.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.startswith("simcluster: interrupted"), result.stderr
+    assert "liveness" not in result.stdout  # no example of the spinning hook ever ran
+
+
 @pytest.mark.parametrize("option, value", [("--world-sizes", "100000"), ("--seed", "99999999999999999999999"),
                                             ("--steps", "0"), ("--examples", "1000000"), ("--deadline", "-1")])
 def test_out_of_range_options_exit_2_with_the_range(option, value):
