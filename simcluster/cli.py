@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from simcluster.checking import ctrl_c
 from simcluster.errors import SimClusterError, UsageError, first_line
 from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
@@ -185,27 +186,35 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
 
     ``check`` replaces :func:`simcluster.checking.check.check_hook` (tests inject a fake).
     """
-    try:
+    with ctrl_c.remembering():  # a Ctrl-C whose KeyboardInterrupt was swallowed is raised again
         try:
-            args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        except SystemExit as exc:  # --help: argparse's own exit, the only one honoured
-            return exc.code if isinstance(exc.code, int) else 0
-        _import_holding_ctrl_c(args.command)
-        if args.command == "explain":
-            return _explain_command(args)
-        if args.command == "e2e":
-            from simcluster.real.e2e_cli import e2e_command
+            try:
+                args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+            except SystemExit as exc:  # --help: argparse's own exit, the only one honoured
+                return exc.code if isinstance(exc.code, int) else 0
+            _import_holding_ctrl_c(args.command)
+            code = _run_command(args, check)
+            ctrl_c.raise_if_lost()  # pressed, swallowed, and no wait loop came after: still 130
+            return code
+        except SimClusterError as exc:  # usage and load errors: one line, no traceback
+            print(f"simcluster: error: {first_line(exc) or type(exc).__name__}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as exc:
+            print("simcluster: interrupted", file=sys.stderr)
+            for note in getattr(exc, "__notes__", ()):
+                print(note, file=sys.stderr)
+            return EXIT_INTERRUPTED
 
-            return e2e_command(args)
-        return _check_command(args, check)
-    except SimClusterError as exc:  # usage and load errors: one line, no traceback
-        print(f"simcluster: error: {first_line(exc) or type(exc).__name__}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt as exc:
-        print("simcluster: interrupted", file=sys.stderr)
-        for note in getattr(exc, "__notes__", ()):
-            print(note, file=sys.stderr)
-        return EXIT_INTERRUPTED
+
+def _run_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
+    """The subcommand's exit code."""
+    if args.command == "explain":
+        return _explain_command(args)
+    if args.command == "e2e":
+        from simcluster.real.e2e_cli import e2e_command
+
+        return e2e_command(args)
+    return _check_command(args, check)
 
 
 def _import_holding_ctrl_c(command: str) -> None:

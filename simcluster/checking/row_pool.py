@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from simcluster.checking import ctrl_c
 from simcluster.checking.supervisor import (die_with_parent, end_process, fork_child, how_it_ended, kill_and_reap,
                                             one_torch_thread, write_all)
 from simcluster.errors import UsageError
@@ -63,6 +64,9 @@ INTERRUPT_GRACE = 3.0
 """Seconds the parent waits, after Ctrl-C, for the running workers to say where their
 checked code was (a worker's supervisor itself allows 1 s for its child's stack dump)."""
 _WHERE_SIGNAL = signal.SIGUSR2  # parent -> worker: "raise KeyboardInterrupt where you are"
+_POLL = 0.1
+"""Seconds between two looks for a Ctrl-C whose ``KeyboardInterrupt`` was swallowed
+(:mod:`simcluster.checking.ctrl_c`) while the parent waits for its workers."""
 
 
 @dataclass
@@ -101,6 +105,7 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int, started: Callabl
     upcoming = iter(enumerate(tasks))
     try:
         while True:
+            ctrl_c.raise_if_lost()
             while len(running) < jobs and (task := next(upcoming, None)) is not None:
                 # SIGINT waits until the worker is recorded (so killed below), and never reaches it;
                 # the worker starts with the where-are-you signal blocked until its handler is in
@@ -114,10 +119,11 @@ def run_tasks(tasks: Sequence[Callable[[], Any]], *, jobs: int, started: Callabl
                     started(worker.index)
             if not running:
                 return
-            worker = _next_ended(running, None)
+            worker = _next_ended(running, _POLL)  # polled: a Ctrl-C swallowed elsewhere is raised above
             if worker is not None:
                 yield worker.index, _finish(worker)
     except KeyboardInterrupt as stop:
+        ctrl_c.seen()  # from here a new press only ends the wait for the answers
         _ask_where(running, stop, names)
         raise
     finally:  # KeyboardInterrupt, a raised UsageError, the caller stopping early: no worker survives
@@ -139,7 +145,8 @@ def _ask_where(running: dict[int, _Worker], stop: KeyboardInterrupt, names: Sequ
     limit = time.monotonic() + INTERRUPT_GRACE
     try:
         while running and (left := limit - time.monotonic()) > 0:
-            worker = _next_ended(running, left)
+            ctrl_c.raise_if_lost()
+            worker = _next_ended(running, min(left, _POLL))
             if worker is not None:
                 answered[worker.index] = _notes_of(worker)
     except KeyboardInterrupt:  # pressed again: stop waiting, report what arrived
@@ -193,16 +200,13 @@ def _start(index: int, task: Callable[[], Any], mask: Any) -> _Worker:
     return _Worker(index, pid, read_end, [])
 
 
-def _interrupted(signum: int, frame: Any) -> None:  # pragma: no cover - runs in the worker
-    raise KeyboardInterrupt
-
-
 def _worker(task: Callable[[], Any], out: int, parent: int, mask: Any) -> None:  # pragma: no cover - in the worker
     """Run ``task``, send its outcome, exit; never return into the caller's code."""
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(_WHERE_SIGNAL, _interrupted)
+        ctrl_c.seen()  # the parent's state is not the worker's
+        signal.signal(_WHERE_SIGNAL, ctrl_c.press)  # remembered: the worker's supervisor polls for it
         die_with_parent(parent)
         one_torch_thread()
         try:

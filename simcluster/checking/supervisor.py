@@ -58,6 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simcluster.checking import ctrl_c
 from simcluster.errors import HookExited
 from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, user_frames
 from simcluster.usercode.rank_state import CURRENT
@@ -327,6 +328,7 @@ def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: floa
     chunks: list[bytes] = []
     try:
         while True:
+            ctrl_c.raise_if_lost()  # a Ctrl-C whose KeyboardInterrupt was swallowed (a gc callback's)
             readable, _, _ = select.select([pipe], [], [], _POLL)
             if readable:
                 chunk = os.read(pipe, 1 << 20)

@@ -1,0 +1,80 @@
+"""Ctrl-C is never lost: a ``SIGINT`` handler that also *remembers* the press.
+
+Python runs a signal's handler in the main thread at the next bytecode boundary — wherever
+that is. When it is inside a garbage collector callback or a ``__del__``, the handler's
+``KeyboardInterrupt`` is "ignored": printed as ``Exception ignored in: …`` and dropped, and the
+program goes on as if no key had been pressed. Hypothesis installs such a callback
+(``gc_cumulative_time``: it times every collection) in any process that ran a Hypothesis
+test — the command line's own process does, once, in
+:func:`~simcluster.checking.check.prepare_to_fork`. A collection there takes ~0.1 s with torch
+loaded (~180,000 objects), longer on a loaded machine: a Ctrl-C arriving during one was lost,
+and ``check --jobs 2`` of two spinning hooks then waited for its workers until the examples'
+deadline (60 s), exit 1, not 130 (docs/supervision.md, "Ctrl-C during a garbage collection").
+
+So the command line installs :func:`press` for the length of a command (:func:`remembering`):
+it records the press, then raises as Python's own handler does. Every loop of simcluster that
+waits on other processes polls :func:`raise_if_lost` and raises the ``KeyboardInterrupt`` of a
+press whose first one was swallowed. Outside the command line (the pytest plugin,
+``check_hook`` in a program) nothing is installed and :func:`raise_if_lost` never raises.
+
+    >>> raise_if_lost()  # no press recorded: nothing happens
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["remembering", "raise_if_lost", "seen", "press"]
+
+_pressed = False
+
+
+def press(signum: int = signal.SIGINT, frame: Any = None) -> None:
+    """A signal handler: remember that an interrupt arrived, then raise ``KeyboardInterrupt``
+    (also the handler of ``check --jobs``' where-are-you signal in a worker)."""
+    global _pressed
+    _pressed = True
+    raise KeyboardInterrupt
+
+
+def raise_if_lost() -> None:
+    """Raise ``KeyboardInterrupt`` if an interrupt arrived and no simcluster code has seen it
+    yet (:func:`seen`): its handler's exception was swallowed where it ran."""
+    if _pressed:
+        raise KeyboardInterrupt
+
+
+def seen() -> None:
+    """The interrupt reached simcluster's code (a ``except KeyboardInterrupt`` that goes on
+    working — to ask the workers where they were, say): forget it, so that only a new
+    press counts from here on. Also called in a freshly forked worker."""
+    global _pressed
+    _pressed = False
+
+
+@contextmanager
+def remembering() -> Iterator[None]:
+    """For the length of a command: Ctrl-C raises as usual and is remembered. A ``SIGINT``
+    that is ignored (a job started in the background by a non-interactive shell, ``nohup``)
+    stays ignored, as Python leaves it; a handler someone else installed stays too, and so
+    does everything off the main thread (only it may set handlers). The previous handler
+    and state come back afterwards (tests call :func:`~simcluster.cli.main` in their own
+    process)."""
+    previous = signal.getsignal(signal.SIGINT)
+    ours = False
+    if previous is signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, press)
+            ours = True
+        except ValueError:  # not the main thread
+            pass
+    seen()
+    try:
+        yield
+    finally:
+        seen()
+        if ours:
+            signal.signal(signal.SIGINT, previous)
