@@ -14,9 +14,11 @@ supervised child, :mod:`simcluster.checking.supervisor`, one after the other). S
    a :class:`~simcluster.errors.UsageError` or ``KeyboardInterrupt`` to raise in the
    parent as an in-process run would, or the traceback text of a bug of ours
    (:class:`Broken`, exit 3).
-3. The parent waits on every pipe at once (``select``) and reaps every worker
-   (``waitpid``). A worker that ends without a whole message — killed, ``os._exit``, a
-   crash — is :class:`Broken` too, saying how it ended: **never** a passing row.
+3. The parent waits on every pipe at once (``select``, waking every :data:`_POLL` seconds
+   to raise a Ctrl-C whose ``KeyboardInterrupt`` was swallowed elsewhere:
+   :mod:`simcluster.checking.ctrl_c`) and reaps every worker (``waitpid``). A worker that
+   ends without a whole message — killed, ``os._exit``, a crash — is :class:`Broken` too,
+   saying how it ended: **never** a passing row.
 
 Results arrive in whatever order the rows finish; :func:`run_tasks` yields each with its
 task's index, and the caller puts them back in row order, so what it prints does not
