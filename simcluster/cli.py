@@ -218,33 +218,14 @@ def _run_command(args: argparse.Namespace, check: CheckFunction | None) -> int:
 
 
 def _import_holding_ctrl_c(command: str) -> None:
-    """Import torch and simcluster's checking machinery with Ctrl-C held back until they are
-    loaded; a Ctrl-C pressed meanwhile then raises here, right after, and ends the run (130).
-
-    Two ways an interrupt *during* these imports went wrong (measured: ``SIGINT`` sent to
-    ``simcluster check`` 0.3–0.7 s after it started, the window of torch's import):
-
-    * **Ignored.** torch's C start-up imports numpy and, when that import raises, warns and
-      goes on without it — ``KeyboardInterrupt`` included. The check then ran on as if no key
-      had been pressed (a spinning hook: until its example's deadline, and every row after).
-    * **The wrong exit status.** A ``KeyboardInterrupt`` raised inside ``exec`` of a string
-      (``dataclasses`` builds its methods so, at import) makes CPython 3.11 end the process by
-      ``SIGINT`` after a clean return from :func:`main`: status -2, not 130.
-
-    Holding the signal (``pthread_sigmask``, inherited by any thread the imports start)
-    leaves it pending, not lost. User code is imported later, without holding anything: an
-    import that spins must stay interruptible.
-    """
-    import signal
-
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        import torch  # noqa: F401 - loaded here for its side effect: see above
+    """Import torch (and, for ``check``, Hypothesis and the supervisor) with Ctrl-C held back
+    until they are loaded (:func:`simcluster.checking.ctrl_c.held_back`: why). User code is
+    imported later, without holding anything: an import that spins must stay interruptible."""
+    with ctrl_c.held_back():
+        import torch  # noqa: F401 - loaded here for its side effect
 
         if command == "check":
             import simcluster.checking.check  # noqa: F401 - Hypothesis and the supervisor with it
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 # -- explain ----------------------------------------------------------------------------------
