@@ -347,3 +347,38 @@ def prints_then_raises(state, bucket):
     """Prints a line naming its rank and bucket, then raises on every rank."""
     print(f"rank {dist.get_rank()}: bucket {bucket.index()} of {bucket.buffer().numel()} elements")
     raise ValueError("the hook gave up")
+
+
+def _functional_sgd():
+    import warnings
+
+    from torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks import _OptimizerHookState
+    from torch.distributed.optim import _FunctionalSGD
+
+    with warnings.catch_warnings():  # torch 2.13: TorchScript support for functional optimizers is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _OptimizerHookState(_FunctionalSGD([], lr=0.5, _allow_empty_param_list=True))
+
+
+def _hook_then_sgd():
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.algorithms.ddp_comm_hooks.optimizer_overlap_hooks import _hook_then_optimizer
+
+    return _hook_then_optimizer(allreduce_hook, _functional_sgd())
+
+
+allreduce_then_sgd = _hook_then_sgd()
+"""torch's own optimizer overlap (``_hook_then_optimizer``, what DDP's ``_register_fused_optim``
+registers): the mean all-reduce, then an SGD step (lr 0.5) on ``bucket.parameters()`` with
+``bucket.gradients()`` in the future's callback. State: the process group (``group``)."""
+
+
+def sgd_on_param_data(state, bucket):
+    """The mean, then ``p.data -= 0.25 * grad`` on the bucket's parameters in the callback:
+    ``.data`` does not move ``p._version``."""
+    def step(fut):
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            p.data.add_(g, alpha=-0.25)
+        return fut.value()
+
+    return _mean(bucket).then(step)

@@ -637,7 +637,8 @@ def test_a_mismatch_met_by_one_simulated_ddp_and_not_the_other_is_timing_not_a_f
     assert _model_differences(scenario, finished, mismatch) == []
     assert _model_differences(scenario, mismatch, finished) == []
     mismatch.model_differences = _model_differences(scenario, finished, mismatch)
-    result = compare(scenario, MEAN, mismatch, Side("real gloo", grads=finished.grads, calls=finished.calls))
+    result = compare(scenario, MEAN, mismatch, Side("real gloo", grads=finished.grads, params=finished.params,
+                                                     calls=finished.calls))
     assert result.verdict == "unconfirmed" and "mismatch" in result.why
     boom = Side("model", failure=SideFailure("raised", 0, "IndexError", "boom", 2))
     assert _model_differences(scenario, boom, finished)  # any other one-sided failure still counts
@@ -927,6 +928,86 @@ def test_the_ddp_model_agrees_with_the_real_reducer_on_simulated_groups() -> Non
     assert sim.failure is None and sim.model_differences == []
 
 
+SGD_IN_HOOK = f"{HOOKS}:allreduce_then_sgd"  # torch's _hook_then_optimizer: mean all-reduce, then SGD in the callback
+
+
+def _only_parameter_values_differ(differences: list[str]) -> bool:
+    """Every difference is a parameter value: gradients, hook calls and outcomes agree, so
+    before parameters were compared this run was an agreement (a silent pass)."""
+    return bool(differences) and all(re.search(r"step \d+ rank \d+ param \d+ value: ", d) for d in differences)
+
+
+def test_a_simulation_whose_parameters_differ_from_real_ddps_is_a_fidelity_bug_exit_4(census, capsys,
+                                                                                       monkeypatch) -> None:
+    """A broken simulation (test double): the simulated side's model starts with one bit of
+    parameter 0 flipped (rank 0's, which DDP's constructor broadcasts). Its gradients do not
+    depend on the parameters (``p_i.grad == x_i``), so gradients and hook calls agree, and e2e
+    said "agree" until parameters were compared too."""
+    import simcluster.real.e2e as e2e
+
+    class Flipped(e2e.GradientModel):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            with torch.no_grad():
+                self.p0.view(-1)[:1].view(torch.int32).bitwise_xor_(1)  # 0.0 -> the smallest subnormal
+
+    monkeypatch.setattr(e2e, "GradientModel", Flipped)  # the simulated side only: real ranks run in their own processes
+    code = main(["e2e", MEAN, "--world-size", "2", "--params", "3,2", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert code == 4, out
+    assert "FIDELITY BUG of the simulator" in out
+    expected = ("- step 0 rank 0 param 0 value: element 0 of 3 (float32): sim 1.401298464324817e-45 (0x00000001) "
+                "vs real 0.0 (0x00000000)")
+    assert expected in out, out
+    assert "grad: " not in out  # the gradients agree: only the parameters tell
+    step_lines = [line for line in out.splitlines() if line.strip().startswith("step ")]
+    assert len(step_lines) == 4 and all(" ≠ real " in line for line in step_lines), out
+
+
+def test_a_ddp_model_handing_the_hook_stale_parameters_is_a_fidelity_bug(census, monkeypatch) -> None:
+    """A broken DDP model (test double): SimDDP's buckets hand the hook copies of the
+    parameters, so the SGD step the hook takes (torch's ``_hook_then_optimizer``) moves the
+    copies and the model's parameters stay at zero, while the real reducer's move. The
+    gradients agree; e2e said "agree" until parameters were compared too."""
+    from simcluster.ddp import model
+
+    real_make_bucket = model.make_bucket
+
+    def stale(index, parameters, grads, **kwargs):
+        copies = [torch.nn.Parameter(p.detach().clone()) for p in parameters]
+        for copy, p in zip(copies, parameters):
+            copy._simcluster_index = p._simcluster_index  # the hook-call record names them as before
+        return real_make_bucket(index, copies, grads, **kwargs)
+
+    monkeypatch.setattr(model, "make_bucket", stale)
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=2), SGD_IN_HOOK, "group", timeout=120,
+                     start_method="forkserver")
+    assert result.verdict == "fidelity bug", result.format()
+    assert _only_parameter_values_differ(result.sim.model_differences), result.format()
+    assert result.differences == result.sim.model_differences, result.format()  # sim (real reducer) = real gloo
+    assert any(d.startswith("the DDP model (SimDDP, what the property search runs) vs the real reducer on simulated "
+                            "groups: step 0 rank 0 param 0 value: element 0 of 20 (float32): sim 0.0 (0x00000000)")
+               for d in result.differences), result.format()
+
+
+@pytest.mark.parametrize("hook, state, view", [(SGD_IN_HOOK, "group", True),
+                                               (f"{HOOKS}:sgd_on_param_data", "none", False)])
+def test_a_hook_stepping_sgd_on_its_buckets_parameters_agrees_with_real_ddp(census, hook: str, state: str,
+                                                                           view: bool) -> None:
+    """A hook that updates the parameters itself — torch's ``_hook_then_optimizer`` (SGD on
+    ``bucket.parameters()`` with ``bucket.gradients()`` in the mean's callback), and a hook
+    writing ``p.data`` (which leaves ``p._version`` alone) — trains the same parameters,
+    bitwise, on every side: no false alarm now that parameters are compared."""
+    result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=3, bucket_cap_mb=40 / 2**20, gradient_as_bucket_view=view),
+                     hook, state, timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+    assert "parameters, hook calls and outcomes agree bitwise" in result.format()
+    last = result.real.params[-1]
+    assert all(p.abs().sum() > 0 for p in last[0]), "the hook moved every parameter on real DDP"
+    assert all(torch.equal(a, b) for a, b in zip(last[0], last[1]))  # the replicas stay in step
+    assert all(torch.equal(a, b) for a, b in zip(result.sim.params[-1][1], last[1]))
+
+
 def test_a_ddp_model_whose_copy_back_flips_a_bit_is_a_fidelity_bug(monkeypatch) -> None:
     from simcluster.ddp import model
 
@@ -943,7 +1024,7 @@ def test_a_ddp_model_whose_copy_back_flips_a_bit_is_a_fidelity_bug(monkeypatch) 
     assert sim.failure is None
     assert sim.model_differences and all("the DDP model (SimDDP" in d for d in sim.model_differences)
     assert any("step 0 rank 0 param 0 grad" in d for d in sim.model_differences)
-    result = compare(scenario, MEAN, sim, Side("real gloo", grads=sim.grads, calls=sim.calls))
+    result = compare(scenario, MEAN, sim, Side("real gloo", grads=sim.grads, params=sim.params, calls=sim.calls))
     assert result.verdict == "fidelity bug" and result.differences == sim.model_differences
 
 

@@ -88,7 +88,8 @@ class RealDDPRun:
     parameter got no gradient).
     ``trace``: the collectives posted (event order depends on thread timing).
     ``initial[r][i]``: parameter ``i`` on rank ``r`` once DDP's constructor broadcast
-    rank 0's; ``params[k][r][i]``: after iteration ``k`` and its optimizer step (clones).
+    rank 0's; ``params[k][r][i]``: after iteration ``k`` and its optimizer step (copies keeping
+    their layout, as ``grads``).
     """
 
     hook_calls: list[list[HookCall]]
@@ -429,7 +430,7 @@ class _Training:
         if step is not None:
             self.engine.set_status(f"optimizer step of iteration {k}")
             step()
-        self.after[k][rank] = [p.detach().clone() for p in params]
+        self.after[k][rank] = [layout_copy(p) for p in params]  # as the gradients: offset and strides kept
         ddp.zero_grad(set_to_none=True)
 
 

@@ -8,8 +8,9 @@ gradients, gradient-ready order) is run twice with the *same* real C++ reducer:
 * **real** — one real process per rank on a real gloo group
   (:mod:`simcluster.real.gloo_runner`, or ``torchrun`` through :mod:`simcluster.real.e2e_torchrun`).
 
-Only the process group differs, so any difference — a gradient bit, the sequence of
-hook calls, an exception or hang on one side only — is a **fidelity bug of the
+Only the process group differs, so any difference — a gradient bit, a parameter's bit after
+a step (a hook may step an optimizer on ``bucket.parameters()``), the sequence of hook calls,
+an exception or hang on one side only — is a **fidelity bug of the
 simulator**, not a verdict on the hook (:func:`compare`).
 
 The model is built so the gradients are exactly the scenario's: ``forward(x)`` is
@@ -269,8 +270,8 @@ class SideFailure:
 
 @dataclass
 class Side:
-    """One side's outcome: ``grads[step][rank][param]`` and ``calls[rank]`` when it
-    finished, ``failure`` when it did not (``calls`` then holds what was recorded: on
+    """One side's outcome: ``grads[step][rank][param]``, ``params[step][rank][param]`` and
+    ``calls[rank]`` when it finished, ``failure`` when it did not (``calls`` then holds what was recorded: on
     the real side, what each rank that raised listed in its exception's note —
     :func:`noted_calls`). ``calls_known``: every rank's record is complete up to where it
     stopped; ``False`` after :func:`note_failed_calls`: only the ranks listed in ``calls``
@@ -278,6 +279,15 @@ class Side:
 
     name: str
     grads: list[list[list[torch.Tensor | None]]] = field(default_factory=list)
+    params: list[list[list[torch.Tensor]]] = field(default_factory=list)
+    """Every rank's parameter values after each step (after the hook's work, including an
+    optimizer step the hook itself takes: ``_hook_then_optimizer``), copies keeping their
+    layout (:func:`~simcluster.fake.reducer.layout_copy`), read from the model DDP trains —
+    the real DDP module's parameters on a real rank, the simulated model's the hook was handed
+    on the simulated side. Compared bitwise like the gradients (:func:`_param_differences`):
+    the gradients of :class:`GradientModel` do not depend on the parameters, so a hook that
+    updates parameters wrongly (or a simulator that hands the hook parameters that are not
+    the model's) changes nothing else."""
     calls: dict[int, list[HookCall]] = field(default_factory=dict)
     failure: SideFailure | None = None
     seconds: float = 0.0
@@ -319,7 +329,8 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     """One real rank: real DDP over ``group`` (default: WORLD), the hook registered, every step.
 
     Shared by the gloo children (:func:`run_real`) and torchrun ranks. Returns
-    ``{"grads": [step][param], "calls": [...]}`` (tensors on the CPU). An exception
+    ``{"grads": [step][param], "params": [step][param], "calls": [...]}`` (tensors on the CPU;
+    ``params``: the DDP module's parameters after each step, :attr:`Side.params`). An exception
     propagates with a note naming the rank, type and step (the runner reports it).
     ``emit(rank, text)`` announces each event (default: a line on stdout).
     """
@@ -353,6 +364,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
 
     calls: dict[int, list[HookCall]] = {}
     grads: list[list[torch.Tensor | None]] = []
+    params: list[list[torch.Tensor]] = []
     step: int | None = None  # None: constructing DDP or registering the hook, before step 0
     try:
         emit(rank, "constructing DistributedDataParallel")
@@ -363,6 +375,9 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
             emit(rank, f"step {step}: forward and backward")
             ddp(inputs[step]).sum().backward()
             grads.append([None if p.grad is None else layout_copy(p.grad) for p in model.parameters()])
+            # what DDP trains: its module's parameters, once backward() has waited on every
+            # hook future (an optimizer step the hook takes in a callback is done by then)
+            params.append([layout_copy(p) for p in ddp.module.parameters()])
             ddp.zero_grad(set_to_none=True)
         emit(rank, "finished every step")
     except BaseException as exc:
@@ -373,7 +388,7 @@ def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: lis
         exc.add_note(f"{EVENT_PREFIX}: rank {rank} hook calls {json.dumps(last)}")
         emit(rank, f"{'before step 0' if at is None else f'step {at}'}: raised {type(exc).__name__}: {first_line(exc)}")
         raise
-    return {"grads": grads, "calls": calls.get(rank, [])}
+    return {"grads": grads, "params": params, "calls": calls.get(rank, [])}
 
 
 def _world() -> Any:
@@ -489,6 +504,7 @@ def run_real(scenario: Scenario, hook: str, state: str = "none", *, timeout: flo
         note_failed_calls(side, err.failures)
     else:
         side.grads = [[per_rank[r]["grads"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
+        side.params = [[per_rank[r]["params"][k] for r in range(scenario.world_size)] for k in range(scenario.steps)]
         side.calls = {r: [tuple(c) for c in per_rank[r]["calls"]] for r in range(scenario.world_size)}
     side.seconds = time.monotonic() - started
     return side
@@ -710,7 +726,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
         else:
-            side.grads = run.grads
+            side.grads, side.params = run.grads, run.params
     side.calls = calls
     drew = not torch.equal(torch.get_rng_state(), seeded)
     with captured_output(output_fd) as printed:
@@ -721,8 +737,8 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
         # the process's one, so their draws cannot match. The simulator's gradients are the
         # model's; hook calls and failures are still the real reducer's, compared as ever.
-        side.grads = model.grads
-        side.note = ("the hook draws from torch's global RNG: gradients from the DDP model, whose simulated ranks "
+        side.grads, side.params = model.grads, model.params
+        side.note = ("the hook draws from torch's global RNG: gradients and parameters from the DDP model, whose simulated ranks "
                      "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
                      "share one (docs/e2e.md)")
     side.model_differences = _model_differences(scenario, model, side)
@@ -748,6 +764,7 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
     from simcluster.ddp.model import DDPConfig, SimDDP
     from simcluster.engine.scheduler import InOrder
     from simcluster.fake.cluster import SimCluster
+    from simcluster.fake.reducer import layout_copy
 
     calls: dict[int, list[HookCall]] = {}
     side = Side("sim DDP model")
@@ -776,6 +793,9 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         # a step's grads as SimDDP keeps them: with gradient_as_bucket_view, copies that keep
         # their bucket views' storage layout, as the other two sides record p.grad
         side.grads.append([list(rank) for rank in result.grads])
+        # every step, not only when SimDDP saw a version counter move (StepResult.params):
+        # a hook updating ``p.data`` in place leaves ``p._version`` where it was
+        side.params.append([[layout_copy(p) for p in rank] for rank in ddp.params])
     side.calls = calls
     return side
 
@@ -908,7 +928,7 @@ class E2EResult:
             return "\n".join(lines)
         if self.verdict == "agree":
             both = "both sides failed alike (the hook's failure, confirmed)" if self.hook_failed else \
-                "gradients, hook calls and outcomes agree bitwise"
+                "gradients, parameters, hook calls and outcomes agree bitwise"
             both += f": {self.why}" if self.why else ""
             lines.append(f"  verdict: agree — {both}")
         else:
@@ -938,7 +958,7 @@ def _digest(t: torch.Tensor | None) -> str:
 
 
 def _step_lines(result: E2EResult) -> list[str]:
-    """Per step and rank, each side's hook calls and gradient digests, marked ``=`` (the same),
+    """Per step and rank, each side's hook calls, gradient and parameter digests, marked ``=`` (the same),
     ``≠`` (different) or ``?`` (a side's record of that rank is unknown: it hung or died)."""
     lines = []
     for k in range(result.scenario.steps):
@@ -949,7 +969,9 @@ def _step_lines(result: E2EResult) -> list[str]:
                 buckets = ",".join(f"b{c[1]}{list(c[3])}" for c in calls) or "-" if side.knows_calls(r) else "?"
                 grads = side.grads[k][r] if k < len(side.grads) else None
                 digest = "/".join(_digest(g) for g in grads) if grads is not None else "no grads"
-                cells.append(f"hooks {buckets} grads {digest}")
+                params = _params_at(side, k, r)  # not recorded (a side that failed): left out
+                values = "" if params is None else " params " + "/".join(_digest(p) for p in params)
+                cells.append(f"hooks {buckets} grads {digest}{values}")
             known = result.sim.knows_calls(r) and result.real.knows_calls(r)
             same = "?" if not known else "=" if cells[0] == cells[1] else "≠"
             lines.append(f"  step {k} rank {r}: sim {cells[0]} {same} real {cells[1]}")
@@ -1032,7 +1054,8 @@ def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
 
 
 def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors: bool = True) -> list[str]:
-    """Bitwise: every step's and rank's gradients, each rank's hook calls, and the failures
+    """Bitwise: every step's and rank's gradients and parameter values, each rank's hook calls,
+    and the failures
     (same kind and innermost error; with ``exact_errors`` also the same exception type and,
     for exceptions, the same first line of the message, byte for byte).
 
@@ -1042,6 +1065,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
     if sim.failure is None and real.failure is None:
         diffs += _call_differences(sim, real, scenario.world_size)
         diffs += _grad_differences(sim, real, scenario)
+        diffs += _param_differences(sim, real, scenario)
     elif sim.failure is None or real.failure is None:
         failed, other = (sim, real) if sim.failure is not None else (real, sim)
         assert failed.failure is not None
@@ -1149,6 +1173,40 @@ def _grad_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
                 if detail is not None:
                     out.append(f"step {k} rank {r} param {i} grad: {detail.replace(' vs gloo ', ' vs real ')}")
     return out
+
+
+def _param_differences(sim: Side, real: Side, scenario: Scenario) -> list[str]:
+    """Every step's and rank's parameter values (:attr:`Side.params`), bitwise, as
+    :func:`_grad_differences` compares the gradients: ``step K rank R param I value: element
+    … sim … (bits) vs real … (bits)``. A side that finished without a record of a step's
+    parameters differs (no silent pass on a record that was never made)."""
+    from simcluster.real.differential import compare_outcomes
+
+    out = []
+    for k in range(scenario.steps):
+        for r in range(scenario.world_size):
+            a, b = _params_at(sim, k, r), _params_at(real, k, r)
+            if a is None or b is None:
+                if a is not None or b is not None:
+                    out.append(f"step {k} rank {r} params: sim {'not recorded' if a is None else 'recorded'} "
+                               f"vs real {'not recorded' if b is None else 'recorded'}")
+                else:
+                    out.append(f"step {k} rank {r} params: recorded on neither side")
+                continue
+            for i, (x, y) in enumerate(zip(a, b)):
+                detail = compare_outcomes(x, y)
+                if detail is not None:
+                    out.append(f"step {k} rank {r} param {i} value: {detail.replace(' vs gloo ', ' vs real ')}")
+            if len(a) != len(b):
+                out.append(f"step {k} rank {r} params: sim {len(a)} parameters vs real {len(b)}")
+    return out
+
+
+def _params_at(side: Side, step: int, rank: int) -> list[torch.Tensor] | None:
+    """``side``'s parameter values of ``rank`` after ``step``, or ``None`` if not recorded."""
+    if step >= len(side.params) or rank >= len(side.params[step]):
+        return None
+    return side.params[step][rank]
 
 
 def run_e2e(scenario: Scenario, hook: str, state: str = "none", *, backend: str = "gloo",

@@ -81,7 +81,7 @@ class E2ESummary:
                 lines.append(f"  {name}: note: {note}")
             for result in results:
                 if result.agree and not result.hook_failed:
-                    how = " (gradients from the DDP model: the hook draws from torch's global RNG)" \
+                    how = " (gradients and parameters from the DDP model: the hook draws from torch's global RNG)" \
                         if result.sim.note else ""
                     lines.append(f"  {name}: agree — {result.scenario.describe()}{how}")
                 else:

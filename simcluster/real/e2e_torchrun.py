@@ -174,6 +174,7 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     real.failure = _real_failure(outcomes, me.world_size, real.raised)
     if real.failure is None:
         real.grads = [[outcomes[r]["ok"]["grads"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
+        real.params = [[outcomes[r]["ok"]["params"][k] for r in range(me.world_size)] for k in range(scenario.steps)]
     real.calls = {r: [tuple(c) for c in o["ok"]["calls"]] for r, o in outcomes.items() if "ok" in o}
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
