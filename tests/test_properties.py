@@ -341,3 +341,22 @@ def test_a_sum_that_overflowed_is_still_recognised_as_the_sum() -> None:
     assert "beyond float16's range, inf" in (P.averages(inf_sum, fp16, "fp16", dtypes=["float16"]) or "")
     # -inf where the sum is +big is no sum
     assert "sum over ranks" not in (P.averages([[torch.tensor([-float("inf"), 3.0])]] * 2, inputs, "fp32") or "")
+
+
+def test_averages_says_when_a_subgroup_got_the_worlds_mean_or_was_divided_by_its_size() -> None:
+    """Round 11 (docs/hooks.md): a trainer's `rank_ordered_average` all-gathers on
+    `group=None` — with DDP on subgroups its *averages* report showed `got -0.5` beside a
+    group mean of 0.0 and said nothing of why: -0.5 is the mean over the whole world."""
+    x = [[torch.tensor([0.0, 4.0])], [torch.tensor([-1.0, 2.0])], [torch.tensor([3.0, 1.0])], [torch.tensor([5.0, 1.0])]]
+    world = sum(r[0].double() for r in x) / 4
+    on_world = P.averages([[world.float()]] * 4, x, "fp32", groups=[[0, 1], [2, 3]])
+    assert on_world is not None and "every rank's result is the mean over the whole world's 4 ranks, not over its " \
+        "DDP group's 2" in on_world
+    # each group's sum divided by the world's size
+    quarter = [[((x[0][0] + x[1][0]) / 4)]] * 2 + [[((x[2][0] + x[3][0]) / 4)]] * 2
+    divided = P.averages(quarter, x, "fp32", groups=[[0, 1], [2, 3]])
+    assert divided is not None and "its DDP group's sum divided by the world's size 4, not by the group's 2" in divided
+    # not said when DDP ran on the whole world, nor for a result that is neither
+    assert "whole world" not in (P.averages([[world.float() * 2]] * 4, x, "fp32") or "x")
+    assert "whole world" not in (P.averages([[x[0][0] * 0]] * 4, x, "fp32", groups=[[0, 1], [2, 3]]) or "x")
+    assert "world's size" not in (P.averages([[x[0][0] * 0]] * 4, x, "fp32", groups=[[0, 1], [2, 3]]) or "x")

@@ -189,7 +189,43 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
     if spot is not None:
         got, mean, xs, result_dtype = spot
         message += _overflow_hint(got, mean, xs, result_dtype, carried)
-    return message + wraps + _other_param_hint(tol, results, inputs, groups) + _looser_hint(tol, results, inputs, groups)
+    return (message + wraps + _world_hint(tol, results, inputs, groups, buckets)
+            + _other_param_hint(tol, results, inputs, groups) + _looser_hint(tol, results, inputs, groups))
+
+
+def _world_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None,
+                buckets: Sequence[Sequence[int]] | None) -> str:
+    """When DDP ran on subgroups (more than one group) and every rank's result is, within
+    ``tol``, what the *whole world* would give — the mean over every rank, or its group's
+    sum divided by the world's size — say so in one line: the hook communicated on, or
+    divided by, the default group (``group=None``, ``dist.group.WORLD``,
+    ``dist.get_world_size()``) instead of the process group DDP gave it. Judged as
+    :func:`averages` judges a group's mean, so the line is a fact about the numbers, not a
+    reading of the code. ``""`` when DDP ran on the whole world, or neither matches.
+
+    Two subgroups of one rank each; both ranks got the world's mean -0.5:
+
+    >>> x = [[torch.tensor([0.0])], [torch.tensor([-1.0])]]
+    >>> _world_hint(parse_tolerance("fp32"), [[torch.tensor([-0.5])]] * 2, x, [[0], [1]], None).splitlines()[1][:60]
+    "(every rank's result is the mean over the whole world's 2 ra"
+    """
+    ranks = _groups_of(len(inputs), groups)
+    world = len(inputs)
+    if len(ranks) < 2:
+        return ""
+    if _violation(results, inputs, tol, [list(range(world))], buckets) is None:
+        return (f"\n(every rank's result is the mean over the whole world's {world} ranks, not over its DDP group's "
+                f"{len(ranks[0])}: the hook reduced on the default group — group=None, dist.group.WORLD — not on "
+                "the process group DDP was given (its state, or DDP's process_group))")
+    scaled: list[Sequence[torch.Tensor]] = list(inputs)
+    for g in ranks:
+        for r in g:
+            scaled[r] = [x.detach().to(torch.float64) * len(g) / world for x in inputs[r]]
+    if _violation(results, scaled, tol, groups, buckets) is None:
+        return (f"\n(every rank's result is its DDP group's sum divided by the world's size {world}, not by the "
+                f"group's {len(ranks[0])}: the hook divided by dist.get_world_size() or dist.group.WORLD.size(), "
+                "not by the size of the process group DDP was given)")
+    return ""
 
 
 def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
