@@ -413,10 +413,10 @@ def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     """Chunk ``c`` is ``((x[c-1] op x[c-2]) op …) op x[c-N]``, in O(N·n) work whatever N is.
 
     Four ways to the same bits (same operands, same order, same rounding per step):
-    small problems gather every operand at once through a cached ``(N, n)`` index and
-    fold N-1 whole-buffer steps; chunks of at least :data:`_SEGMENT_FOLD_MIN` elements
-    are folded chunk by chunk with whole-segment, in-place steps (N² operations, each
-    big); the rest (many ranks, small chunks) fold N-1 whole-buffer steps, step k taking
+    chunks of at least :data:`_SEGMENT_FOLD_MIN` elements are folded chunk by chunk with
+    whole-segment, in-place steps (N² operations, each big); other small problems gather
+    every operand at once through a cached ``(N, n)`` index and fold N-1 whole-buffer
+    steps; the rest (many ranks, small chunks) fold N-1 whole-buffer steps, step k taking
     rank ``(c-1-k) mod N``'s value of every element by a flat index or strided views
     (:func:`_fold_by_step`), or, for sums whose chunks are at most 16 bytes, from rows
     skewed once with each chunk moved as one element (:func:`_fold_skewed`).
@@ -425,18 +425,24 @@ def _gloo_ring(raw: list[torch.Tensor], f: _BinOp) -> torch.Tensor:
     first = raw[0]
     if n == 1 or first.numel() == 0:
         return first.clone()
-    if first.numel() * n <= _GATHER_LIMIT:
+    numel = first.numel()
+    if numel * n <= _GATHER_LIMIT and numel < _SEGMENT_FOLD_MIN * n:  # no chunk can be big: gather
         return _fold_gathered(raw, f)
-    chunks = ring_chunks(first.numel(), first.element_size(), n)
-    if chunks[0][1] - chunks[0][0] >= _SEGMENT_FOLD_MIN:
+    chunks = ring_chunks(numel, first.element_size(), n)
+    if chunks[0][1] - chunks[0][0] >= _SEGMENT_FOLD_MIN:  # before the gather: docs/speed.md, stop 27
         return _fold_per_chunk(raw, f, chunks)
+    if numel * n <= _GATHER_LIMIT:
+        return _fold_gathered(raw, f)
     return _fold_by_step(raw, f, chunks)
 
 
 _GATHER_LIMIT = 1 << 16
 """Up to this many elements (over all ranks) every operand is gathered through one index."""
 _SEGMENT_FOLD_MIN = 2048
-"""Chunks of at least this many elements are folded chunk by chunk (N² segment steps)."""
+"""Chunks of at least this many elements are folded chunk by chunk (N² segment steps), even
+when the whole problem is small enough to gather: ``torch.gather`` moves each element in a
+scalar loop (~20 instructions an element), so at 2–5 ranks with such chunks the few segment
+steps are 2–3× cheaper (world 2 × 4,096 float32: 14 µs against 44; docs/speed.md)."""
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """Moves go through an integer view: torch's gather/take/copy need not keep bfloat16 NaN bits."""
 
