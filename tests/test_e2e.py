@@ -549,6 +549,55 @@ def test_ctrl_c_during_a_real_run_exits_130_and_reaps_every_rank(tmp_path: Path)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
 
 
+CTRL_C_SWALLOWED_WHILE_RANKS_RUN = """
+import gc, os, signal, sys
+
+from simcluster.real import gloo_runner
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts it, whatever ran this
+collect = gloo_runner._World.collect
+
+
+def ctrl_c_now(phase, info):  # a SIGINT arriving while the collector runs: its KeyboardInterrupt is dropped
+    if phase == "start":
+        gc.callbacks.remove(ctrl_c_now)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def pressed_once_the_ranks_run(self, want, *args, **kwargs):
+    if want == "result":  # the ranks run the scenario; rank 1 hangs at step 1
+        gc.callbacks.append(ctrl_c_now)
+        gc.collect()
+    return collect(self, want, *args, **kwargs)
+
+
+if __name__ == "__main__":  # the fork server re-runs this file to start each rank
+    gloo_runner._World.collect = pressed_once_the_ranks_run
+    from simcluster.cli import main
+    sys.exit(main())
+"""
+
+
+def test_ctrl_c_swallowed_while_real_ranks_run_still_exits_130(tmp_path: Path) -> None:
+    """A Ctrl-C whose KeyboardInterrupt lands in a gc callback (or a ``__del__``) is printed
+    as "Exception ignored" and dropped; the real ranks' watchdog waited on them until the
+    run's timeout (60 s: the hung rank reported, exit 1). It now looks for such a press
+    every quarter second: exit 130, every rank reaped."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(CTRL_C_SWALLOWED_WHILE_RANKS_RUN)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(driver), "e2e", f"{HOOKS}:hangs_at_step_1_on_rank_1",
+                             "--params", "4", "--timeout", "60"], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=120)
+    took = time.monotonic() - started
+    assert "Exception ignored" in result.stderr  # the handler ran in the callback: the press was swallowed
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert "simcluster: interrupted" in result.stderr
+    assert took < 45, took  # the bound that fails without polling is the run's 60 s timeout, not speed
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("simcluster")]
+
+
 def test_a_real_only_failure_is_a_fidelity_bug_with_both_sides_shown(census) -> None:
     scenario = Scenario(2, ((4,),), steps=3)
     hook = f"{HOOKS}:killed_at_step_1_on_rank_1"

@@ -12,11 +12,11 @@ and ``check --jobs 2`` of two spinning hooks then waited for its workers until t
 deadline (60 s), exit 1, not 130 (docs/supervision.md, "Ctrl-C during a garbage collection").
 
 So the command line installs :func:`press` for the length of a command (:func:`remembering`):
-it records the press, then raises as Python's own handler does. The loops in which ``check``
-and ``explain`` wait on other processes (the supervisor's, :func:`~simcluster.checking.row_pool.run_tasks`')
-poll :func:`raise_if_lost`, which raises the ``KeyboardInterrupt`` of a press whose first one
-was swallowed; so does :func:`~simcluster.cli.main` once the command returned. (``e2e``'s
-real-process watchdogs do not poll it.) Outside the command line (the pytest plugin,
+it records the press, then raises as Python's own handler does. The loops in which ``check``,
+``explain`` and ``e2e`` wait on other processes (the supervisor's, :func:`~simcluster.checking.row_pool.run_tasks`',
+the real gloo ranks' in :mod:`simcluster.real.gloo_runner`) poll :func:`raise_if_lost` at
+least every quarter second, which raises the ``KeyboardInterrupt`` of a press whose first
+one was swallowed; so does :func:`~simcluster.cli.main` once the command returned. Outside the command line (the pytest plugin,
 ``check_hook`` in a program) nothing is installed and :func:`raise_if_lost` never raises.
 
     >>> raise_if_lost()  # no press recorded: nothing happens

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from simcluster.checking import ctrl_c
 from simcluster.errors import GlooRunError, UsageError
 from simcluster.names import target_spec
 
@@ -71,6 +72,9 @@ Target = Callable[[int, int, Any], Any] | str
 
 #: seconds the parent waits for the other ranks once one rank has failed
 _GRACE_AFTER_FAILURE = 2.0
+_CTRL_C_POLL = 0.25
+"""Seconds :meth:`_World.collect` waits on its ranks before it looks whether a Ctrl-C was
+pressed and its ``KeyboardInterrupt`` swallowed (:mod:`simcluster.checking.ctrl_c`)."""
 CONSEQUENCE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 """Substrings of a rank's error text that mark it as a consequence of another rank's failure:
 the peer's process ended (a rank that raises leaves at once), so gloo's TCP pair reading from
@@ -216,9 +220,12 @@ class _World:
         while len(got) + len(failures) < self.world_size:
             waiting = {self.conns[r]: r for r in range(self.world_size) if r not in got and r not in failures}
             remaining = deadline - time.monotonic()
-            ready = mpc.wait(list(waiting), timeout=remaining) if remaining > 0 else []
-            if not ready:
+            if remaining <= 0:
                 break
+            ready = mpc.wait(list(waiting), timeout=min(remaining, _CTRL_C_POLL))
+            ctrl_c.raise_if_lost()  # a press swallowed (a __del__'s, a gc callback's): end now, not at the deadline
+            if not ready:
+                continue
             for conn in sorted(ready, key=lambda c: waiting[c]):
                 rank = waiting[conn]
                 try:
