@@ -51,7 +51,7 @@ def _measured(args: argparse.Namespace) -> None:
     else:
         from simcluster import SimCluster
 
-        cluster = SimCluster(args.world, seed=0)
+        cluster = SimCluster(args.world, seed=0, backend=args.backend)
 
         def step() -> None:
             cluster.run_hook(allreduce_hook, grads)
@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="torch's own share of a step instead")
     parser.add_argument("--threaded", action="store_true",
                         help="torch's threaded test process group instead (all threads counted)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="the simulated backend model (simcluster only)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -126,7 +128,8 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("count_instructions: needs valgrind (callgrind) on PATH")
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
-               "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps)]
+               "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps),
+               "--backend", args.backend]
     for flag in ("floor", "threaded"):
         if getattr(args, flag):
             command.append(f"--{flag}")
@@ -136,7 +139,7 @@ def main() -> None:
     if done.returncode != 0 or found is None:
         sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
     what = ("torch's share (hook floor)" if args.floor else
-            "torch's threaded PG (all threads)" if args.threaded else "simcluster")
+            "torch's threaded PG (all threads)" if args.threaded else f"simcluster ({args.backend} model)")
     print(f"{what}: world {args.world}, {args.n}-element buckets: "
           f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per step")
 
