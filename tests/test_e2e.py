@@ -511,6 +511,23 @@ def test_a_simulation_death_the_model_cannot_place_says_the_rank_is_unknown() ->
     assert "did not die on this scenario" in failure.message
 
 
+def test_a_hung_simulation_says_where_the_hooks_code_was() -> None:
+    """The simulated side of a hook that spins said only "did not return within 3 s"; it now
+    names the function (stable run to run) and, when both sides hung alike, the report shows
+    the user line the code was on at the deadline."""
+    scenario = Scenario(2, ((4,),), steps=1)
+    hook = f"{Path(__file__).parent / 'hostile' / 'hooks.py'}:spins"
+    sim = run_sim(scenario, hook, timeout=3)
+    failure = sim.failure
+    assert failure is not None and failure.kind == "hung", failure
+    assert failure.line().startswith("a rank hung: the simulation did not return within 3 s, stuck in spins ("), \
+        failure.line()
+    text = compare(scenario, hook, sim, run_sim(scenario, hook, timeout=3)).format()  # a second hung side stands in
+    assert "verdict: agree — both sides failed alike" in text, text
+    where = text.split("where the hook's code was at the deadline ---\n", 1)[-1]
+    assert re.match(r"    \S*hooks\.py:3[23] in spins\n +(while True:|pass)", where), text
+
+
 def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census) -> None:
     with GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver") as cluster:
         warm = run_real(Scenario(2, ((4,),), steps=1), MEAN, cluster=cluster, timeout=120)

@@ -632,7 +632,7 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     ``sys.exit`` or ends its process makes this side ``hung`` (after ``timeout`` seconds),
     ``raised SystemExit`` or ``died`` — as a real rank reports it — and never ends or hangs
     the caller. ``isolate``: modules every simulated rank copies with the hook's (:func:`per_process`)."""
-    from simcluster.checking.supervisor import run_supervised
+    from simcluster.checking.supervisor import format_stack, run_supervised, stuck_in
 
     outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, isolate, monitor),
                              deadline=timeout)
@@ -642,8 +642,12 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     if outcome.death is not None:
         death = outcome.death
         if death.kind == "deadline":
-            # which rank's code spins or blocks is thread timing under the real reducer: not named
-            side.failure = SideFailure("hung", -1, "hung", f"the simulation {death.detail}", None, death.stacks)
+            # which rank's code spins or blocks is thread timing under the real reducer: not named;
+            # where the code was is (the function, stable run to run; the stack sampled at the deadline)
+            function = stuck_in(death.stacks)
+            inside = f", stuck in {function}" if function else ""
+            side.failure = SideFailure("hung", -1, "hung", f"the simulation {death.detail}{inside}", None,
+                                       format_stack(death.stacks) or death.stacks)
         else:
             side.failure = _located_death(scenario, hook, state, backend, timeout, isolate, death.detail)
     else:
@@ -931,6 +935,10 @@ class E2EResult:
                 "gradients, parameters, hook calls and outcomes agree bitwise"
             both += f": {self.why}" if self.why else ""
             lines.append(f"  verdict: agree — {both}")
+            if self.hook_failed and self.sim.failure is not None and self.sim.failure.kind == "hung" \
+                    and self.sim.failure.detail:  # where the hook's code was when it was stopped
+                lines.append(f"  --- {self.sim.name}: where the hook's code was at the deadline ---")
+                lines += [f"    {t}" for t in self.sim.failure.detail.strip().splitlines()[-12:]]
         else:
             head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
             lines.append(f"  verdict: {head}:")
