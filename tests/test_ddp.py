@@ -613,6 +613,28 @@ def test_a_then_list_is_still_cast_and_a_legacy_hook_may_return_the_collectives_
     legacy.step(local_grads(2, TRAP_SHAPES, 1)[0])  # 1.7-1.9 read the tensor list
 
 
+def _returns_none(state: Any, bucket: Any) -> None:
+    dist.all_reduce(bucket.get_tensor() if hasattr(bucket, "get_tensor") else bucket.buffer())
+
+
+def test_a_hook_returning_none_is_worded_in_the_contract_of_its_api() -> None:
+    """``None`` crashing real DDP with SIGSEGV was measured on torch 2.13; a hook checked
+    against the 1.7-1.9 contract (``--api legacy``) is told that contract's rule, and that
+    the crash is 2.13's (round 11 of the hooks from the wild: the legacy row cited the 2.13
+    crash as its own)."""
+    current = SimDDP(SimCluster(2, seed=0), _returns_none, TRAP_SHAPES)
+    with pytest.raises(CopyBackError, match=r"^hook .* returned None on rank 0, DDP iteration 0, bucket \d+ .*: "
+                                            r"real DDP \(torch 2\.13, gloo\) crashes the process with SIGSEGV"):
+        current.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    legacy = SimDDP(SimCluster(2, seed=0), _returns_none, TRAP_SHAPES, config=DDPConfig(api="legacy"))
+    with pytest.raises(CopyBackError) as info:
+        legacy.step(local_grads(2, TRAP_SHAPES, 1)[0])
+    text = str(info.value)
+    assert "under the PyTorch 1.7-1.9 contract (api='legacy') a DDP communication hook must return a " \
+           "torch.futures.Future" in text, text
+    assert "was not measured; on torch 2.13" in text and not text.split(": ", 1)[1].startswith("real DDP"), text
+
+
 def test_set_exception_is_cast_like_a_value() -> None:
     def hook(state: Any, bucket: Any) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()

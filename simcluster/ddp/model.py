@@ -371,7 +371,7 @@ class SimDDP:
                 if (launcher := launcher_environment_note(exc)) is not None:
                     add_context_note(exc, launcher)
                 raise
-            check_future(future, self.hook, rank, where)
+            check_future(future, self.hook, rank, where, self.config.api)
             futures.append(future)
         for call, future in zip(calls, futures):
             collect(future, [None] * world, rank, _reducer_wait(it, call.index))

@@ -63,14 +63,23 @@ def call_hook(hook: Callable[[Any, Any], Any], state: Any, bucket: Any) -> Any:
     return in_grad_mode(False, hook, state, bucket)
 
 
-def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str) -> None:
+def check_future(future: Any, hook: Callable[..., Any], rank: int, where: str, api: str = "current") -> None:
     """Real DDP requires the hook to return a ``torch.futures.Future``: anything else is
     the reducer's pybind cast error from ``backward()`` (and the *next* iteration then
-    fails inside the reducer); ``None`` crashes the process (measured,
-    ``docs/ddp-facts.md``, "What the hook itself returns"). ``where`` names the bucket."""
+    fails inside the reducer); ``None`` crashes the process (measured on torch 2.13,
+    ``docs/ddp-facts.md``, "What the hook itself returns"). ``where`` names the bucket;
+    ``api="legacy"`` (a hook written for torch 1.7–1.9) words ``None`` in that contract,
+    whose reducer was not measured: the crash is torch 2.13's."""
     # torch.futures.Future subclasses torch._C.Future; a plain future's .then() returns
     # the C++ class itself, which DDP accepts too.
     if future is None:
+        if api == "legacy":
+            raise CopyBackError(
+                f"hook {callable_name(hook)} returned None on rank {rank}, {where}: under the PyTorch 1.7-1.9 "
+                "contract (api='legacy') a DDP communication hook must return a torch.futures.Future too "
+                "(what a 1.7-1.9 reducer does with None was not measured; on torch 2.13, gloo, real DDP crashes "
+                "the process with SIGSEGV in backward())"
+            )
         raise CopyBackError(
             f"hook {callable_name(hook)} returned None on rank {rank}, {where}: real DDP (torch 2.13, gloo) crashes "
             "the process with SIGSEGV in backward() (measured); a DDP communication hook must return a "
