@@ -896,6 +896,9 @@ def test_torchrun_standalone_agrees_and_rank_0_prints_the_comparison(world: int,
     assert "real gloo (torchrun)" in done.stdout and "verdict: agree" in done.stdout
     steps = [line for line in done.stdout.splitlines() if line.strip().startswith("step ")]
     assert len(steps) == 2 * world and all(" = real " in line for line in steps)
+    # each rank's event lines whole: one write per line (print's two writes interleaved 1-4 lines a run)
+    events = [line for line in done.stdout.splitlines() if "simcluster-e2e rank" in line]
+    assert len(events) >= 4 * world and all(line.count("simcluster-e2e rank") == 1 for line in events), events
 
 
 @pytest.mark.slow

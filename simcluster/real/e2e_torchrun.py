@@ -54,7 +54,10 @@ class _Rank:
         self.done = False
 
     def emit(self, rank: int, text: str) -> None:
-        print(f"simcluster-e2e rank {rank}: {text}", flush=True)
+        # one write of the whole line: print() writes the text and its newline apart, and in an
+        # unbuffered stdout two ranks' lines then interleave ("…bucket 0 (params [1, 0])simcluster-e2e rank 0: …")
+        sys.stdout.write(f"simcluster-e2e rank {rank}: {text}\n")
+        sys.stdout.flush()
         self.last = text
         try:
             self.store.set(f"{_KEY}/last/{rank}", text)
