@@ -456,6 +456,23 @@ def test_a_hook_that_communicates_nothing_is_told_so(capsys: pytest.CaptureFixtu
     assert "(the hook communicated nothing at step 0: each rank's result is computed from its own gradients alone)" in out
 
 
+def test_replicas_apart_because_every_collective_ran_on_a_one_rank_group_say_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An MoE hook (hooks from the wild, round 12) all-reduces on ``dist.new_group`` groups of
+    one rank: the report said nothing communicated reached the result, 'e.g. a collective on a
+    copy whose output is never used …, or a future completed with the local buffer' — neither
+    is what happened. Now it names the one-rank group the collective ran on."""
+    code, out, data = _check(capsys, tmp_path, "reduces_on_its_own_group", "--state",
+                             f"{HOOKS}:own_rank_group", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    step = data["failures"][0]["details"]["step"]
+    assert (f"(every collective of step {step} ran on a group of one rank — e.g. all_reduce#0 on group") in message
+    assert "ranks [0] alone: a reduction over one rank is that rank's own data" in message
+    assert "e.g. a collective on a copy" not in message
+
+
 def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """adds_its_rank's result is the mean plus the rank: the other ranks' gradients reach it."""
