@@ -482,6 +482,26 @@ def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
     assert "reached its result" not in out and "communicated nothing" not in out
 
 
+# --------------------------------------------------------------------------- 0-dim parameters
+def test_a_scalar_parameter_given_by_params_reaches_the_hook_as_a_0_dim_gradient(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Real DDP buckets a 0-dim parameter (``nn.Parameter(torch.tensor(2.0))``) and hands the hook
+    a 0-dim view in ``bucket.gradients()`` (measured, torch 2.13 gloo, docs/hooks.md round 12).
+    simcluster never drew one and ``--params`` could not give one, so a hook reading
+    ``g.shape[0]`` passed; ``--params 2x3,scalar`` now finds the IndexError, and the replay
+    line gives the shapes back as they were written."""
+    code, out, data = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--world-sizes", "1",
+                             "--params", "2x3,scalar")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "liveness" and "IndexError: tuple index out of range" in failure["message"]
+    assert "params [(2, 3), ()]" in out
+    assert "--params 2x3,scalar " in out
+    code, out, _ = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--world-sizes", "1",
+                          "--params", "2x3,3")
+    assert code == 0, out
+
+
 # --------------------------------------------------------------------------- the hook's own futures, by name
 def test_a_future_the_hook_made_is_named_by_its_rank_s_count_and_line(capsys: pytest.CaptureFixture[str],
                                                                       tmp_path: Path) -> None:
