@@ -502,6 +502,28 @@ def test_a_scalar_parameter_given_by_params_reaches_the_hook_as_a_0_dim_gradient
     assert code == 0, out
 
 
+def test_the_scalar_example_finds_a_hook_that_cannot_take_a_0_dim_gradient_without_params(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The draw makes no 0-dim parameter, so without --params the same hook passed at the
+    defaults; the scalar example (a 2 x 3 matrix and a 0-dim parameter, the smallest world of 2
+    or more) runs after every search and finds it on every seed."""
+    for seed in ("0", "1"):
+        code, out, data = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--seed", seed)
+        assert code == 1, out
+        failure = data["failures"][0]
+        assert "IndexError: tuple index out of range" in failure["message"]
+        assert "params [(2, 3), ()], default cap" in out and "world size 2" in out
+    from types import SimpleNamespace
+
+    from simcluster.checking.explicit import SCALAR_SHAPES, scalar_example
+
+    assert SCALAR_SHAPES == ((2, 3), ())
+    opts = SimpleNamespace(params=None, tolerance="fp32", bucket_view=False, props=())
+    example = scalar_example(opts, (1, 3, 8), 3)  # type: ignore[arg-type]
+    assert example is not None and example.world_size == 3 and example.layout.shapes == SCALAR_SHAPES
+    assert scalar_example(SimpleNamespace(**{**vars(opts), "params": ((4,),)}), (2,), 3) is None  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- the hook's own futures, by name
 def test_a_future_the_hook_made_is_named_by_its_rank_s_count_and_line(capsys: pytest.CaptureFixture[str],
                                                                       tmp_path: Path) -> None:
