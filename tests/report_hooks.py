@@ -193,6 +193,30 @@ def reduces_a_copy_returns_its_own(state, bucket):
     return fut.then(lambda f: buf)
 
 
+def reduces_on_its_own_group(state, bucket):
+    """All-reduces the bucket on ``state``, a group holding this rank alone (the factory
+    below): a reduction over one rank returns the rank's own gradient. Hooks from the wild,
+    round 12: an MoE hook reduces experts' gradients on ``param_group``s built by
+    ``dist.new_group`` — one rank each when every node holds its own experts."""
+    buf = bucket.buffer()
+    return dist.all_reduce(buf, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def own_rank_group(process_group):
+    """Every rank builds a one-rank group for every rank (new_group is collective) and keeps its own."""
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    return groups[dist.get_rank()]
+
+
+def rows_of_each_gradient(state, bucket):
+    """Reads each gradient's number of rows, ``g.shape[0]`` (GreedyLore's counting hook, hooks
+    from the wild round 12): a 0-dim parameter's gradient has none — IndexError on real DDP."""
+    rows = sum(g.shape[0] for g in bucket.gradients())
+    buf = bucket.buffer()
+    return dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future().then(
+        lambda f: f.value()[0] + 0 * rows)
+
+
 def noop(state, bucket):
     """Communicates nothing: returns a future of the local bucket (torch's debugging noop_hook)."""
     fut = torch.futures.Future()

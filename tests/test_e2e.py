@@ -1377,3 +1377,23 @@ def test_a_ready_order_that_is_not_a_permutation_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError, match=r"not a permutation of range\(2\).*repeated \[0\]"):
         Scenario(2, ((3,), (2,)), ready_order=(0, 0))
+
+
+def test_a_real_rank_raising_an_exception_without_a_message_is_read_with_an_empty_message() -> None:
+    """A Megatron fork's reduce-scatter hook (hooks from the wild, round 12) fails its own bare
+    ``assert`` on both sides; e2e said FIDELITY BUG, 'the failure messages differ: sim '' vs real
+    gloo 'simcluster-e2e: rank 1 hook calls [[0, 0, true, [0]]]'' — the real traceback ends with
+    'AssertionError' alone, and the last line, the note run_rank adds, was read as its message."""
+    from simcluster.real.e2e import _raised_on
+
+    own = ('Traceback (most recent call last):\n  File "/tmp/rs_hook.py", line 17, in shard_buffer\n'
+           "    assert buffer.numel() % data_parallel_world_size == 0\nAssertionError\n"
+           "simcluster-e2e: rank 1 raised AssertionError at step 0\n"
+           "simcluster-e2e: rank 1 hook calls [[0, 0, true, [0]]]\n")
+    failure = _raised_on(1, own)
+    assert (failure.error_type, failure.message, failure.step) == ("AssertionError", "", 0)
+    with_message = own.replace("AssertionError\nsim", "AssertionError: shard mismatch\nsim")
+    assert _raised_on(1, with_message).message == "shard mismatch"
+    qualified = own.replace("AssertionError\nsim", "mypkg.errors.ShardError: 3 % 2\nsim").replace(
+        "raised AssertionError", "raised ShardError")
+    assert (_raised_on(1, qualified).error_type, _raised_on(1, qualified).message) == ("ShardError", "3 % 2")

@@ -456,6 +456,23 @@ def test_a_hook_that_communicates_nothing_is_told_so(capsys: pytest.CaptureFixtu
     assert "(the hook communicated nothing at step 0: each rank's result is computed from its own gradients alone)" in out
 
 
+def test_replicas_apart_because_every_collective_ran_on_a_one_rank_group_say_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An MoE hook (hooks from the wild, round 12) all-reduces on ``dist.new_group`` groups of
+    one rank: the report said nothing communicated reached the result, 'e.g. a collective on a
+    copy whose output is never used …, or a future completed with the local buffer' — neither
+    is what happened. Now it names the one-rank group the collective ran on."""
+    code, out, data = _check(capsys, tmp_path, "reduces_on_its_own_group", "--state",
+                             f"{HOOKS}:own_rank_group", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    step = data["failures"][0]["details"]["step"]
+    assert (f"(every collective of step {step} ran on a group of one rank — e.g. all_reduce#0 on group") in message
+    assert "ranks [0] alone: a reduction over one rank is that rank's own data" in message
+    assert "e.g. a collective on a copy" not in message
+
+
 def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """adds_its_rank's result is the mean plus the rank: the other ranks' gradients reach it."""
@@ -463,6 +480,48 @@ def test_replicas_apart_after_communication_reached_the_result_get_no_such_line(
                              "--properties", "replicas_agree")
     assert code == 1 and data["failures"][0]["property"] == "replicas_agree"
     assert "reached its result" not in out and "communicated nothing" not in out
+
+
+# --------------------------------------------------------------------------- 0-dim parameters
+def test_a_scalar_parameter_given_by_params_reaches_the_hook_as_a_0_dim_gradient(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Real DDP buckets a 0-dim parameter (``nn.Parameter(torch.tensor(2.0))``) and hands the hook
+    a 0-dim view in ``bucket.gradients()`` (measured, torch 2.13 gloo, docs/hooks.md round 12).
+    simcluster never drew one and ``--params`` could not give one, so a hook reading
+    ``g.shape[0]`` passed; ``--params 2x3,scalar`` now finds the IndexError, and the replay
+    line gives the shapes back as they were written."""
+    code, out, data = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--world-sizes", "1",
+                             "--params", "2x3,scalar")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "liveness" and "IndexError: tuple index out of range" in failure["message"]
+    assert "params [(2, 3), ()]" in out
+    assert "--params 2x3,scalar " in out
+    code, out, _ = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--world-sizes", "1",
+                          "--params", "2x3,3")
+    assert code == 0, out
+
+
+def test_the_scalar_example_finds_a_hook_that_cannot_take_a_0_dim_gradient_without_params(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The draw makes no 0-dim parameter, so without --params the same hook passed at the
+    defaults; the scalar example (a 2 x 3 matrix and a 0-dim parameter, the smallest world of 2
+    or more) runs after every search and finds it on every seed."""
+    for seed in ("0", "1"):
+        code, out, data = _check(capsys, tmp_path, "rows_of_each_gradient", "--backend", "gloo", "--seed", seed)
+        assert code == 1, out
+        failure = data["failures"][0]
+        assert "IndexError: tuple index out of range" in failure["message"]
+        assert "params [(2, 3), ()], default cap" in out and "world size 2" in out
+    from types import SimpleNamespace
+
+    from simcluster.checking.explicit import SCALAR_SHAPES, scalar_example
+
+    assert SCALAR_SHAPES == ((2, 3), ())
+    opts = SimpleNamespace(params=None, tolerance="fp32", bucket_view=False, props=())
+    example = scalar_example(opts, (1, 3, 8), 3)  # type: ignore[arg-type]
+    assert example is not None and example.world_size == 3 and example.layout.shapes == SCALAR_SHAPES
+    assert scalar_example(SimpleNamespace(**{**vars(opts), "params": ((4,),)}), (2,), 3) is None  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- the hook's own futures, by name

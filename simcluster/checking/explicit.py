@@ -49,6 +49,14 @@ so for every seed:
   sizes spent the draw failing there, and its drift at world 3 went unreported on 2 seeds
   in 3 (hooks from the wild, round 8: a Trivance all-reduce).
 
+* :func:`scalar_example` — a model with a 0-dim parameter (``nn.Parameter(torch.tensor(1.0))``,
+  a learnable temperature) beside a matrix. Real DDP buckets it like any other and
+  ``bucket.gradients()`` hands the hook a 0-dim view (measured:
+  ``benchmarks/measure_scalar_param.py``), which ``g.shape[0]`` cannot index. The draw makes
+  no 0-dim shape (drawing one changed what the default run finds: docs/hooks.md, round 12),
+  so a hook reading the rows of every gradient passed (hooks from the wild, round 12:
+  GreedyLore's counting hook).
+
 All are plain :class:`~simcluster.checking.strategies.Example` values: a failure found
 on one is reported, shrunk by nothing, with its replay token like any other — unless the
 drawn search already reported that bug (same property, exception type and user line).
@@ -66,7 +74,8 @@ from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, St
 from simcluster.checking.tolerances import parse_tolerance
 
 __all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "ORDER_VALUES",
-           "explicit_examples", "edge_example", "race_example", "twins_example", "nonfinite_examples", "order_example"]
+           "SCALAR_SHAPES", "explicit_examples", "edge_example", "race_example", "twins_example",
+           "nonfinite_examples", "order_example", "scalar_example"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
 """The race example's schedule: the second-oldest option at every real choice (in order
@@ -113,11 +122,16 @@ additions. Representable in float16 and bfloat16 too (``2**-24`` is float16's sm
 subnormal), so they are inputs of every tolerance's domain."""
 
 
+SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((2, 3), ())
+"""The scalar example's parameters: a 2 x 3 matrix and a 0-dim parameter, in one bucket at
+step 0 and (DDP's default cap) after the rebuild."""
+
+
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
     return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
                           twins_example(opts, world_sizes, steps), *nonfinite_examples(opts, world_sizes, steps),
-                          order_example(opts, world_sizes, steps))
+                          order_example(opts, world_sizes, steps), scalar_example(opts, world_sizes, steps))
             if ex is not None]
 
 
@@ -240,3 +254,17 @@ def order_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exam
     layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
     ranks = tuple(RankSpec("const", value=ORDER_VALUES[r] if r < len(ORDER_VALUES) else 0.0) for r in range(world))
     return Example(world, layout, StepSpec(ranks), (0,) * (steps - 1), (), "float32", values)
+
+
+def scalar_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """:data:`SCALAR_SHAPES` at the smallest world of 2 or more (else the smallest), DDP's
+    default cap, small-integer gradients different per rank (exactly averageable), every
+    step. None when ``--params`` fixes the shapes (the user's model is what it says)."""
+    if opts.params is not None:
+        return None
+    worlds = sorted(w for w in world_sizes if w >= 2) or sorted(world_sizes)
+    world = worlds[0]
+    layout = Layout(SCALAR_SHAPES, None, tuple(range(len(SCALAR_SHAPES))), gradient_as_bucket_view=opts.bucket_view)
+    base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
+    return Example(world, layout, base, (1,) * (steps - 1), (), "float32", _values(opts) or "float32",
+                   exact=opts.tolerance == "exact")

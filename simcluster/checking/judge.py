@@ -315,9 +315,18 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
             if error is not None or len(run) <= t or not all(
                     P.bits_equal(a, b) for a, b in zip(run[t].grads[r], base[t].grads[r])):
                 return ""
-    if not base[t].trace.collectives():
+    collectives = base[t].trace.collectives()
+    if not collectives:
         return (f"\n(the hook communicated nothing at step {t}: each rank's result is computed from its own gradients "
                 "alone)")
+    if example.world_size > 1 and all(len(c.ranks) == 1 for c in collectives):
+        # every collective completed (the run raised nothing), each posted by a single rank:
+        # each ran on a group of that rank alone (dist.new_group([r]), or groups built by a
+        # rank-dependent list) — the communication reached nothing because there was nobody to reach
+        c = collectives[0]
+        return (f"\n(every collective of step {t} ran on a group of one rank — e.g. {c.op}#{c.seq} on {c.group}, "
+                f"ranks {list(c.ranks)} alone: a reduction over one rank is that rank's own data. The group the hook "
+                "passed (group=…) holds this rank only: check the ranks given to dist.new_group)")
     p_grad = ("" if example.layout.gradient_as_bucket_view else
               " (p.grad is one: with DDP's default gradient_as_bucket_view=False it is a tensor of its own, not a "
               "view of the bucket's buffer)")

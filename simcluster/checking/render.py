@@ -35,6 +35,7 @@ from simcluster.checking.report import PropertyFailure
 from simcluster.checking.strategies import DTYPES, Example
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack
 from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode.targets import format_shapes
 
 if TYPE_CHECKING:  # options imports render
     from simcluster.checking.options import Options
@@ -229,7 +230,7 @@ def replay_command(opts: Options, backend: str, world: int, token: str, steps: i
         parts.append(f"--state {opts.state_name}")
     parts += [f"--tolerance {opts.tolerance}"]
     if opts.params is not None:
-        parts.append("--params " + ",".join("x".join(map(str, shape)) for shape in opts.params))
+        parts.append("--params " + format_shapes(opts.params))
     if opts.subgroups and opts.state.kind != "group":
         parts.append("--subgroups")
     if opts.bucket_view:

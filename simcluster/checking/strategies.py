@@ -138,13 +138,13 @@ class Layout:
 
 def fixed_shapes(params: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     """``params`` as a tuple of shapes, validated (UsageError): a non-empty sequence of
-    non-empty shapes of positive ints, e.g. ``[(4, 5), (5,)]``."""
+    shapes of positive ints, e.g. ``[(4, 5), (5,)]``; ``()`` is a 0-dim (scalar) parameter."""
     if isinstance(params, (str, bytes)) or not isinstance(params, Sequence) or not params:
         raise UsageError(f"params={params!r}: give a non-empty list of shapes, e.g. [(4, 5), (5,)]")
     out = []
     for shape in params:
         shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
-        if (isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape
+        if (isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence)
                 or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in shape)):
             raise UsageError(f"params={params!r}: {shape!r} is not a shape of positive ints, e.g. (4, 5)")
         out.append(tuple(shape))

@@ -608,8 +608,15 @@ def _raised_on(rank: int, own: str) -> SideFailure:
     """Rank ``rank``'s exception, from its traceback text ``own`` (with :func:`run_rank`'s note)."""
     note = RAISED_NOTE.search(own)
     error_type = note.group(2) if note else _error_type(own)
-    lines = [ln for ln in own.strip().splitlines() if ln.startswith(f"{error_type}:")]
-    message = lines[-1][len(error_type) + 1:].strip() if lines else own.strip().splitlines()[-1]
+    # the notes run_rank adds come after the exception's own line: never its message (an
+    # exception without one, a bare ``assert``, ends its traceback with "AssertionError" alone)
+    body = [ln for ln in own.strip().splitlines() if not ln.startswith(EVENT_PREFIX)]
+    own_line = re.compile(rf"^(?:[\w.]+\.)?{re.escape(error_type)}(?::(.*))?$")
+    matches = [m for ln in body if (m := own_line.match(ln))]
+    if matches:
+        message = (matches[-1].group(1) or "").strip()
+    else:
+        message = body[-1] if body else ""
     return SideFailure("raised", rank, error_type, message, noted_step(note), own)
 
 

@@ -55,6 +55,7 @@ from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
 from simcluster.ddp.layout import rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
+from simcluster.usercode.targets import format_shapes
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
 
 __all__ = ["explain", "explain_story", "small_gradients", "format_failure"]
@@ -314,7 +315,7 @@ def registration_lines(problem: str | None) -> list[str]:
 def explain_story(story: Story, *, label: str, network: Network | None = None) -> tuple[str, bool]:
     """Render a recorded :class:`Story`; returns ``(text, ran)`` (``ran`` False if a step failed)."""
     network = network or PRESETS[DEFAULT_NETWORK]
-    shapes = ",".join("x".join(map(str, s)) for s in story.shapes)
+    shapes = format_shapes(story.shapes)
     cap = "DDP's default" if story.bucket_cap_mb is None else f"{story.bucket_cap_mb * 2**20:g} B"
     out = [f"simcluster explain: {label} on {story.world_size} simulated rank(s), {story.backend} backend model, "
            f"seed {story.seed}; params {shapes} (float32), bucket cap {cap}, {len(story.steps)} step(s)", "",

@@ -36,7 +36,7 @@ import importlib.util
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,6 +48,7 @@ __all__ = [
     "load_target",
     "load_state",
     "parse_world_sizes",
+    "format_shapes",
     "parse_shapes",
     "legacy_aliases",
     "split_spec",
@@ -248,17 +249,35 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
 _MAX_NUMEL = 2**26  # 64 Mi elements per parameter: beyond that a simulated step takes minutes
 
 
+def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
+    """Parameter shapes as ``--params`` takes them, the inverse of :func:`parse_shapes`.
+
+    >>> format_shapes([(4, 5), (5,), ()])
+    '4x5,5,scalar'
+    """
+    return ",".join("x".join(map(str, shape)) if len(shape) else "scalar" for shape in shapes)
+
+
 def parse_shapes(text: str, *, what: str = "--params") -> tuple[tuple[int, ...], ...]:
     """``"4x5,5,1000"`` → ``((4, 5), (5,), (1000,))``: parameter shapes in ``model.parameters()`` order.
 
-    Each shape is sides joined by ``x`` (``4x5``, ``2x3x4``), each side a positive integer;
-    shapes are separated by commas. Anything else is a one-line :class:`UsageError`.
+    Each shape is sides joined by ``x`` (``4x5``, ``2x3x4``), each side a positive integer,
+    or ``scalar`` — a 0-dim parameter, shape ``()`` (``nn.Parameter(torch.tensor(1.0))``, a
+    learnable temperature, say: real DDP buckets it, and ``bucket.gradients()`` hands the hook
+    a 0-dim view, which ``g.shape[0]`` cannot index); shapes are separated by commas.
+    Anything else is a one-line :class:`UsageError`.
+
+    >>> parse_shapes("2x3,scalar")
+    ((2, 3), ())
     """
     shapes: list[tuple[int, ...]] = []
     for part in str(text).split(","):
+        if part.strip().lower() == "scalar":
+            shapes.append(())
+            continue
         sides = part.strip().lower().split("x")
         if not all(s.strip().isdigit() for s in sides):
-            raise UsageError(f"{what} {text!r}: {part.strip()!r} is not a shape like 4x5 or 1000")
+            raise UsageError(f"{what} {text!r}: {part.strip()!r} is not a shape like 4x5, 1000 or scalar")
         shape = tuple(int(s) for s in sides)
         if min(shape) < 1:
             raise UsageError(f"{what} {text!r}: {part.strip()!r} has a side of 0; every side must be >= 1")
