@@ -349,7 +349,7 @@ def sim_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
             pytest.fail("@pytest.mark.simcluster takes at most one positional argument (world_size)", pytrace=False)
         if marker.args:
             kwargs["world_size"] = marker.args[0]
-        allowed = {"world_size", "seed", "backend", "schedule", "rng", "stuck_timeout", "posting_lines"}
+        allowed = {"world_size", "seed", "backend", "schedule", "rng", "stuck_timeout", "posting_lines", "launcher"}
         unknown = sorted(set(marker.kwargs) - allowed)
         if unknown:
             pytest.fail(f"@pytest.mark.simcluster: unknown option(s) {unknown}; known: {sorted(allowed)}", pytrace=False)
