@@ -202,3 +202,11 @@ def test_a_bad_launcher_on_the_command_line_exits_2_with_one_line(
     assert main([command, "tests/report_hooks.py:keeps_its_local_rank", "--launcher", "slurm"]) == 2
     out, err = capsys.readouterr()
     assert err.strip().count("\n") == 0 and "--launcher: invalid choice: 'slurm'" in err, err
+
+
+def test_the_plugins_fixture_and_check_take_the_launcher(_at_root: None) -> None:
+    from simcluster.plugin import check_hook as plugin_check
+
+    report = plugin_check("tests/report_hooks.py:keeps_its_local_rank", backends=["gloo"], world_sizes=[2],
+                          examples=3, launcher="torchrun")
+    assert report.passed, report.failures
