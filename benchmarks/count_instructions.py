@@ -1,6 +1,6 @@
 """CPU instructions per simulated step: a speed measure that machine noise does not move.
 
-    python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64]
+    python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64] [--launcher torchrun]
 
 Wall-clock timings on a shared VM swing by 2x from one minute to the next (CPU steal,
 neighbours), so a 5 % change to the hot path cannot be seen in them. Instruction counts
@@ -51,7 +51,7 @@ def _measured(args: argparse.Namespace) -> None:
     else:
         from simcluster import SimCluster
 
-        cluster = SimCluster(args.world, seed=0, backend=args.backend)
+        cluster = SimCluster(args.world, seed=0, backend=args.backend, launcher=args.launcher)
 
         def step() -> None:
             cluster.run_hook(allreduce_hook, grads)
@@ -120,6 +120,8 @@ def main() -> None:
                         help="torch's threaded test process group instead (all threads counted)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                         help="the simulated backend model (simcluster only)")
+    parser.add_argument("--launcher", choices=("none", "torchrun"), default="none",
+                        help="SimCluster's launcher model (simcluster only)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -129,7 +131,7 @@ def main() -> None:
         sys.exit("count_instructions: needs valgrind (callgrind) on PATH")
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
                "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps),
-               "--backend", args.backend]
+               "--backend", args.backend, "--launcher", args.launcher]
     for flag in ("floor", "threaded"):
         if getattr(args, flag):
             command.append(f"--{flag}")
@@ -139,7 +141,7 @@ def main() -> None:
     if done.returncode != 0 or found is None:
         sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
     what = ("torch's share (hook floor)" if args.floor else
-            "torch's threaded PG (all threads)" if args.threaded else f"simcluster ({args.backend} model)")
+            "torch's threaded PG (all threads)" if args.threaded else f"simcluster ({args.backend} model{', launcher torchrun' if args.launcher != 'none' else ''})")
     print(f"{what}: world {args.world}, {args.n}-element buckets: "
           f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per step")
 

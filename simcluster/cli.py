@@ -6,13 +6,13 @@
                      [--world-sizes 1,2,3,4,8] [--steps K] [--examples N] [--seed S]
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--gradient-as-bucket-view] [--deadline SECONDS]
-                     [--rng per_rank|same] [--isolate MOD[,MOD]] [--jobs N] [--quiet]
+                     [--rng per_rank|same] [--launcher none|torchrun] [--isolate MOD[,MOD]] [--jobs N] [--quiet]
                      [--e2e [--e2e-examples N]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                    [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
                    [--isolate MOD[,MOD]]
     simcluster explain TARGET [--world-size N] [--backend gloo|nccl] [--seed S] [--state SPEC]
-                       [--isolate MOD[,MOD]] [--deadline SECONDS]
+                       [--isolate MOD[,MOD]] [--launcher none|torchrun] [--deadline SECONDS]
                        [--params SHAPES | --numel N] [--bucket-cap-mb X] [--steps K] [--api A]
                        [--network NET] [--timeline PATH.svg|.html] [--chrome-trace PATH.json]
                        [--range [--tolerance T] [--world-sizes LIST]]
@@ -128,6 +128,7 @@ def _add_check_parser(sub: Any) -> None:
     check.add_argument("--rng", default="per_rank", choices=("per_rank", "same"),
                        help="each rank's torch/random/numpy seed: seed+rank (per_rank, default) or seed (same)")
     add_isolate_option(check)
+    add_launcher_option(check)
     check.add_argument("--properties", default=None, metavar="LIST", help="comma-separated subset of properties")
     check.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     check.add_argument("--replay", default=None, metavar="TOKEN",
@@ -154,6 +155,16 @@ def add_isolate_option(parser: argparse.ArgumentParser) -> None:
                         help="more modules every simulated rank imports for itself (the TARGET's own always is)")
 
 
+def add_launcher_option(parser: argparse.ArgumentParser) -> None:
+    """``--launcher none|torchrun``, as ``check`` and ``explain`` take it (one definition; the
+    values are :data:`~simcluster.fake.launcher.LAUNCHERS`, SimCluster's ``launcher=``)."""
+    from simcluster.fake.launcher import LAUNCHERS
+
+    parser.add_argument("--launcher", default="none", choices=LAUNCHERS,
+                        help="torchrun: each simulated rank's os.environ holds torchrun's variables (RANK, "
+                             "LOCAL_RANK, WORLD_SIZE, ...) with its own values; none (default): the caller's")
+
+
 def _add_explain_parser(sub: Any) -> None:
     """``simcluster explain``'s options (docs/cli.md)."""
     explain = sub.add_parser("explain", help="run a hook once on small gradients and show what it does")
@@ -163,6 +174,7 @@ def _add_explain_parser(sub: Any) -> None:
     explain.add_argument("--seed", type=int, default=0, metavar="S")
     explain.add_argument("--state", default="none", metavar="SPEC")
     add_isolate_option(explain)
+    add_launcher_option(explain)
     explain.add_argument("--numel", type=int, default=None, metavar="N", help="one parameter of N elements (one bucket)")
     explain.add_argument("--params", default=None, metavar="SHAPES",
                          help="parameter shapes, e.g. 4x5,5,1000 (default 2x2,3,3 with a 12-byte cap: three buckets)")
@@ -310,6 +322,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "properties": props,
         "replay": args.replay,
         "rng": args.rng,
+        "launcher": args.launcher,
         "isolate": parse_isolate(args.isolate) or None,
     }
 

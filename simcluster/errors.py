@@ -279,8 +279,9 @@ def launcher_environment_note(error: BaseException) -> str | None:
     return (f"simcluster: hint: os.environ[{error.args[0]!r}] is set by torchrun in each rank's process; simcluster's "
             "simulated ranks (and simcluster e2e's real ones, unless e2e itself runs under torchrun) are not started "
             "by torchrun and see none of its variables (RANK, LOCAL_RANK, WORLD_SIZE, ...), so this KeyError says "
-            "the hook depends on its launcher, not that it fails under torchrun; dist.get_rank() and "
-            "dist.get_world_size() are what every launcher provides")
+            "the hook depends on its launcher, not that it fails under torchrun; --launcher torchrun "
+            "(Python: launcher='torchrun') gives every simulated rank torchrun's variables with its own "
+            "values; dist.get_rank() and dist.get_world_size() are what every launcher provides")
 
 
 def add_context_note(exc: BaseException, note: str) -> BaseException:

@@ -13,7 +13,7 @@ Installed with simcluster; nothing to enable. What it gives a test suite:
 * **``check_hook`` / ``assert_hook``** — the ``simcluster check`` command as functions,
   with the same options (``state``, ``tolerance``, ``backends``, ``world_sizes``,
   ``steps``, ``examples``, ``seed``, ``api``, ``database``, ``properties``, ``params``,
-  ``subgroups``, ``rng``, ``isolate``); the hook, the state, the tolerance and the shapes may
+  ``subgroups``, ``rng``, ``launcher``, ``isolate``); the hook, the state, the tolerance and the shapes may
   be given as the CLI's strings (``"pkg.mod:hook"``, ``"pkg.mod:factory"``, ``"scale=0.1"``,
   ``"4x5,5"``) or as objects (``params=[(4, 5), (5,)]``, ``subgroups=True``) — a hook or
   factory given as a string is loaded once per simulated rank, so its module globals are
@@ -349,7 +349,7 @@ def sim_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
             pytest.fail("@pytest.mark.simcluster takes at most one positional argument (world_size)", pytrace=False)
         if marker.args:
             kwargs["world_size"] = marker.args[0]
-        allowed = {"world_size", "seed", "backend", "schedule", "rng", "stuck_timeout", "posting_lines"}
+        allowed = {"world_size", "seed", "backend", "schedule", "rng", "stuck_timeout", "posting_lines", "launcher"}
         unknown = sorted(set(marker.kwargs) - allowed)
         if unknown:
             pytest.fail(f"@pytest.mark.simcluster: unknown option(s) {unknown}; known: {sorted(allowed)}", pytrace=False)

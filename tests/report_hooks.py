@@ -293,3 +293,20 @@ def reads_local_rank(state, bucket):
 def reads_its_own_rank_key(state, bucket):
     """A KeyError named like a torchrun variable, from a dict of its own: no launcher hint."""
     return {"rank": _mean(bucket)}["RANK"]
+
+
+def keeps_its_local_rank(state, bucket):
+    """Averages over ``WORLD_SIZE`` from the environment, keeping its gradient only where
+    ``LOCAL_RANK`` names the rank it runs on (as a process's would): right under torchrun,
+    a KeyError without a launcher, an average of rank 0's alone if every rank saw rank 0's."""
+    buf = bucket.buffer()
+    buf.mul_(float(int(os.environ["LOCAL_RANK"]) == dist.get_rank()) / int(os.environ["WORLD_SIZE"]))
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] * float(int(os.environ["LOCAL_RANK"]) == dist.get_rank()))
+
+
+def drops_local_rank_one(state, bucket):
+    """Averages, but the process with ``LOCAL_RANK`` 1 contributes zeros: wrong at world >= 2."""
+    if os.environ["LOCAL_RANK"] == "1":
+        bucket.buffer().zero_()
+    return _mean(bucket)

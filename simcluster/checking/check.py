@@ -81,7 +81,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                replay: str | None = None, params: Sequence[Sequence[int]] | str | None = None,
                subgroups: bool | None = None, deadline: float = DEFAULT_DEADLINE,
                supervise: bool = True, rng: str = "per_rank",
-               isolate: str | Sequence[str] | None = None, gradient_as_bucket_view: bool = False) -> CheckReport:
+               isolate: str | Sequence[str] | None = None, gradient_as_bucket_view: bool = False,
+               launcher: str = "none") -> CheckReport:
     """Check ``hook`` and return a :class:`~simcluster.checking.report.CheckReport` (never raises for findings).
 
     ``hook``: a ``module:name`` / ``file.py:name`` string — every simulated rank then gets its
@@ -105,7 +106,10 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     schedules are still drawn). ``subgroups``: draw DDP on equal subgroups of the world
     whatever the state (default: only with ``state="group"``); a factory then receives
     the rank's subgroup. ``gradient_as_bucket_view``: every drawn DDP runs with
-    ``gradient_as_bucket_view=True`` (a hook whose owner requires it). ``properties``: a subset of
+    ``gradient_as_bucket_view=True`` (a hook whose owner requires it). ``launcher``: ``"none"``
+    or ``"torchrun"`` — every simulated rank's ``os.environ`` then holds torchrun's variables
+    with its own values (``RANK``, ``LOCAL_RANK``, …: :mod:`simcluster.fake.launcher`), for a hook
+    that reads them. ``properties``: a subset of
     :data:`~simcluster.checking.report.PROPERTIES` (default: all that apply). ``progress``: called
     with a line per backend. ``replay``: a token from a failure: run just that example.
     Usage errors raise :class:`~simcluster.errors.UsageError`.
@@ -143,7 +147,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                         replay_target=replay_target or loadable_spec(hook) or "", state=state, isolate=isolated,
                         tolerance=tolerance, backends=backends, world_sizes=world_sizes, steps=steps,
                         examples=examples, seed=seed, api=api, properties=properties, params=params,
-                        subgroups=subgroups, deadline=deadline, rng=rng, bucket_view=gradient_as_bucket_view)
+                        subgroups=subgroups, deadline=deadline, rng=rng, bucket_view=gradient_as_bucket_view,
+                        launcher=launcher)
     report = _new_report(opts, backends)
     if replay is not None:
         _replay(opts, replay, report, supervise)
@@ -337,6 +342,7 @@ def _digest(opts: Options, backend: str, steps: int) -> bytes:
         + ("|subgroups" if opts.subgroups and opts.state.kind != "group" else "")
         + ("|gradient_as_bucket_view" if opts.bucket_view else "")
         + ("" if opts.rng == "per_rank" else f"|rng={opts.rng}")
+        + ("" if opts.launcher == "none" else f"|launcher={opts.launcher}")
         + (f"|isolate={','.join(opts.hook.isolate)}" if isinstance(opts.hook, RankLocal) and opts.hook.isolate else "")
     ).encode()
 

@@ -87,7 +87,7 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
     """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
     seed = opts.seed if example.rng_seed is None else example.rng_seed
     cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng,
-                         posting_lines=opts.posting_lines)
+                         posting_lines=opts.posting_lines, launcher=opts.launcher)
     lay = example.layout
     config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
                        find_unused_parameters=lay.find_unused_parameters,

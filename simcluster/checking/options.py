@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from simcluster.fake.launcher import check_launcher
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import fixed_shapes
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor
@@ -54,6 +55,7 @@ class Options:
     params: tuple[tuple[int, ...], ...] | None = None  # fixed parameter shapes (--params)
     subgroups: bool = False  # draw DDP on equal subgroups of the world (--subgroups; always with state "group")
     rng: str = "per_rank"  # the ranks' RNG policy (SimCluster's rng=)
+    launcher: str = "none"  # the launcher environment the ranks see (SimCluster's launcher=, --launcher)
     bucket_view: bool = False  # every layout with DDP's gradient_as_bucket_view=True (--gradient-as-bucket-view)
     posting_lines: bool = False  # record each collective's posting line (a deadlock's reporting re-run, judge.py)
 
@@ -97,7 +99,7 @@ def make_options(hook: Callable[..., Any], *, target: str, replay_target: str, s
                  isolate: tuple[str, ...], tolerance: str, backends: Sequence[str], world_sizes: Sequence[int],
                  steps: int, examples: int, seed: int | None, api: str, properties: Sequence[str] | None,
                  params: Sequence[Sequence[int]] | str | None, subgroups: bool | None, deadline: float,
-                 rng: str, bucket_view: bool = False) -> Options:
+                 rng: str, bucket_view: bool = False, launcher: str = "none") -> Options:
     """Validate ``check_hook``'s arguments (in the order they are checked) into :class:`Options`."""
     state_spec = rank_local_state(state, isolate=isolate)
     tol = parse_tolerance(tolerance).describe()
@@ -110,10 +112,11 @@ def make_options(hook: Callable[..., Any], *, target: str, replay_target: str, s
         else fixed_shapes(params)
     if subgroups not in (None, True, False):
         raise UsageError(f"subgroups={subgroups!r}: use True, False or None (default: only with state 'group')")
+    check_launcher(launcher)
     if bucket_view not in (True, False):
         raise UsageError(f"gradient_as_bucket_view={bucket_view!r}: use True or False")
     return Options(hook, target, state_spec, state_spec.name, tol, api, 0 if seed is None else seed, props, DRAIN_STEPS,
                    ef_forced=properties is not None and "error_feedback" in properties, deadline=deadline,
                    replay_target=replay_target, params=shapes,
                    subgroups=state_spec.kind == "group" if subgroups is None else subgroups, rng=rng,
-                   bucket_view=bool(bucket_view))
+                   bucket_view=bool(bucket_view), launcher=launcher)

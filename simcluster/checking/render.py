@@ -239,6 +239,8 @@ def replay_command(opts: Options, backend: str, world: int, token: str, steps: i
         parts.append(f"--api {opts.api}")
     if opts.rng != "per_rank":
         parts.append(f"--rng {opts.rng}")
+    if opts.launcher != "none":
+        parts.append(f"--launcher {opts.launcher}")
     if isinstance(opts.hook, RankLocal) and opts.hook.isolate:
         parts.append(f"--isolate {','.join(opts.hook.isolate)}")
     parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]

@@ -85,6 +85,12 @@ class SimCluster(Runtime):
     report names it beside each call a rank never matched (``rank 0 posted it at
     hooks.py:12 in hook: …``). It walks the stack at every collective, so it is off by
     default; ``simcluster check`` turns it on when it re-runs a deadlocked example for its report.
+    ``launcher``: ``"none"`` (default: ``os.environ`` is the caller's, as for a script run
+    by ``python``) or ``"torchrun"``: while rank r's code runs, ``os.environ`` holds the
+    variables ``torchrun --standalone --nproc-per-node world_size`` gives rank r
+    (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, …; the run-dependent ones
+    fixed, see :mod:`simcluster.fake.launcher`), and the caller's environment is back
+    exactly when the run ends, also on an error. The replay line names it.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class SimCluster(Runtime):
         rng: str = "per_rank",
         stuck_timeout: float = 60.0,
         posting_lines: bool = False,
+        launcher: str = "none",
     ) -> None:
         check_int("world_size", world_size, *WORLD_SIZES)
         check_int("seed", seed, *SEEDS)
@@ -111,7 +118,8 @@ class SimCluster(Runtime):
         self.posting_lines = posting_lines
         self.engine: Engine | None = None
         self.choices: list[int] = []
-        self.contexts = RankContexts(world_size, self, seed=seed, rng=rng)
+        self.launcher = launcher
+        self.contexts = RankContexts(world_size, self, seed=seed, rng=rng, launcher=launcher)
 
     # -- introspection --------------------------------------------------------
     def process_group(self, rank: int) -> SimProcessGroup:
@@ -126,6 +134,8 @@ class SimCluster(Runtime):
         in progress; ``upto``: only the first ``upto`` choices made (a past run's end)."""
         choices = self.choices if upto is None else self.choices[:upto]
         lines = ", posting_lines=True" if self.posting_lines else ""
+        if self.launcher != "none":
+            lines = f", launcher={self.launcher!r}{lines}"
         return (
             f"SimCluster(world_size={self.world_size}, seed={self.seed}, backend={self.backend.name!r}, "
             f"schedule={[*choices, *pending]!r}, rng={self.rng!r}{lines})"

@@ -15,7 +15,10 @@ code about to run belongs to another rank, :class:`RankContexts` swaps:
   numpy's global generator draw from the entering rank's own generators and a
   :class:`~simcluster.usercode.rank_local.RankLocal` hook calls that rank's copy of its module;
 * and, for the rank leaving, a check that it changed no process-wide setting
-  (:class:`~simcluster.usercode.rank_state.SettingsAudit`).
+  (:class:`~simcluster.usercode.rank_state.SettingsAudit`);
+* with ``launcher="torchrun"`` only, torchrun's per-rank variables in ``os.environ``
+  (``RANK``, ``LOCAL_RANK``, ``ROLE_RANK``: :class:`~simcluster.fake.launcher.LauncherEnvironment`);
+  with the default ``launcher="none"`` the switch pays one attribute test for it.
 
 :func:`install_torch_patches` installs, for the duration of a run only, simulated versions
 of the torch functions whose real versions would escape the simulation
@@ -38,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from simcluster.engine.frames import is_internal, short_path
+from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import UsageError
 from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
@@ -168,9 +172,11 @@ class RankContexts:
     made by ``new_group`` in one step is used in the next, as in a training loop).
     """
 
-    def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str) -> None:
+    def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str, launcher: str = "none") -> None:
         if rng not in ("per_rank", "same"):
             raise UsageError(f"rng={rng!r} must be 'per_rank' or 'same'")
+        self.launcher = LauncherEnvironment(world_size) if check_launcher(launcher) == "torchrun" else None
+        """torchrun's variables per rank (``launcher="torchrun"``), or None: ``os.environ`` untouched."""
         self.world_size = world_size
         self.runtime = runtime
         self.worlds = [RankWorld() for _ in range(world_size)]
@@ -201,6 +207,8 @@ class RankContexts:
         if old is None:
             self._outside_rng = _GENERATOR.get_state()
             self._outside_world = c10d._world
+            if self.launcher is not None and new is not None:
+                self.launcher.begin(new)
             self.audit.start()
             CURRENT.generators = self.generators
         else:
@@ -208,6 +216,8 @@ class RankContexts:
             self.audit.check(old, new)
         if new is None:
             self.audit.finish()
+            if self.launcher is not None:
+                self.launcher.end()
             _GENERATOR.set_state(self._outside_rng)
             c10d._world = self._outside_world
             CURRENT.generators = CURRENT.modules = None
@@ -215,6 +225,8 @@ class RankContexts:
             _GENERATOR.set_state(self.rng_states[new])
             c10d._world = self.worlds[new]
             CURRENT.modules = self.modules[new]
+            if self.launcher is not None:
+                self.launcher.enter(new, self.audit.environ_baseline)
             if CURRENT.announce is not None:
                 CURRENT.announce(new)
         CURRENT.rank = new

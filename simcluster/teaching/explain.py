@@ -363,6 +363,7 @@ def explain(
     network: Network | None = None,
     name: str | None = None,
     isolate: Sequence[str] | str | None = (),
+    launcher: str = "none",
 ) -> tuple[str, bool]:
     """Run ``hook`` for ``steps`` DDP steps and explain it; returns ``(text, ran)``.
 
@@ -370,10 +371,11 @@ def explain(
     failure and the full diagnostic. ``hook``: a callable, or a ``module:name`` /
     ``file.py:name`` spec whose module every simulated rank imports for itself, with the
     ``isolate`` modules (as ``check_hook`` does: :func:`~simcluster.teaching.story.record`).
-    ``state``: ``None``, ``"group"`` or a per-rank factory.
+    ``state``: ``None``, ``"group"`` or a per-rank factory. ``launcher``: ``"torchrun"`` gives
+    every rank torchrun's environment variables (:class:`~simcluster.fake.cluster.SimCluster`).
     """
     story = record(hook, world_size=world_size, backend=backend, seed=seed, state=state, shapes=shapes,
-                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api, isolate=isolate)
+                   bucket_cap_mb=bucket_cap_mb, steps=steps, api=api, isolate=isolate, launcher=launcher)
     return explain_story(story, label=name or (hook if isinstance(hook, str) else callable_name(hook)),
                          network=network)
 
@@ -383,6 +385,7 @@ def _again(args: Any) -> str:
     parts = [f"simcluster explain {args.target} --world-size {args.world_size} --backend {args.backend} "
              f"--seed {args.seed}"]
     for flag, value, default in (("--state", args.state, "none"), ("--isolate", args.isolate, None),
+                                 ("--launcher", args.launcher, "none"),
                                  ("--numel", args.numel, None),
                                  ("--params", args.params, None), ("--bucket-cap-mb", args.bucket_cap_mb, None),
                                  ("--steps", args.steps, 2), ("--api", args.api, "current"),
@@ -432,7 +435,8 @@ def explain_command(args: Any, monitor: Any = None) -> int:
 
         return range_command(hook, args, state, monitor)
     story = record(hook, world_size=args.world_size, backend=args.backend, seed=args.seed, state=state,
-                   shapes=shapes, bucket_cap_mb=cap, steps=args.steps, api=args.api, monitor=monitor)
+                   shapes=shapes, bucket_cap_mb=cap, steps=args.steps, api=args.api, monitor=monitor,
+                   launcher=args.launcher)
     text, ran = explain_story(story, label=args.target, network=network)
     sys.stdout.write(text + f"again:  {_again(args)}\n")
     if args.timeline:

@@ -62,11 +62,12 @@ def _float(bits: int) -> float:
 
 def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *, backend: str = "gloo",
           state: Any = None, api: str = "current", tolerance: str = "fp16", numel: int = 4,
-          monitor: Any = None) -> str | None:
+          monitor: Any = None, launcher: str = "none") -> str | None:
     """Run ``hook`` once with every rank holding ``magnitude``; None if the result is right, else why not.
 
-    ``monitor``: as for :func:`~simcluster.teaching.story.record` (each probe is one run)."""
-    cluster = SimCluster(world_size=world_size, seed=0, backend=backend, schedule="in_order")
+    ``monitor``: as for :func:`~simcluster.teaching.story.record` (each probe is one run);
+    ``launcher``: SimCluster's (``"torchrun"``: each rank sees torchrun's variables)."""
+    cluster = SimCluster(world_size=world_size, seed=0, backend=backend, schedule="in_order", launcher=launcher)
     ddp = SimDDP(cluster, hook, [(numel,)], state=state, config=DDPConfig(api=api))
     grads = [[torch.full((numel,), magnitude, dtype=torch.float32)] for _ in range(world_size)]
     if monitor is not None:
@@ -121,7 +122,7 @@ def range_command(hook: Callable[[Any, Any], Any], args: Any, state: Any, monito
         print(line)
     for w in sizes:
         r = safe_range(hook, w, backend=args.backend, state=state, api=args.api, tolerance=args.tolerance,
-                       monitor=monitor)
+                       monitor=monitor, launcher=args.launcher)
         if r.safe is None:
             print(f"world {w}: not safe even at M = 1: {r.reason}")
         elif r.unsafe is None:

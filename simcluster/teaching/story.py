@@ -164,6 +164,7 @@ def record(
     api: str = "current",
     monitor: Any = None,
     isolate: Sequence[str] | str | None = (),
+    launcher: str = "none",
 ) -> Story:
     """Run ``hook`` under :class:`SimDDP` for ``steps`` steps and keep everything.
 
@@ -177,6 +178,7 @@ def record(
     per rank, :func:`~simcluster.usercode.rank_local.rank_local_state`). ``monitor``
     (a supervised child's :class:`~simcluster.checking.supervisor.Monitor`) hears of each
     step (``begin``: the deadline is per step) and each hook call (``at``: where it stopped).
+    ``launcher``: SimCluster's (``"torchrun"``: each rank sees torchrun's variables).
     """
     check_int("--steps", steps, *STEPS)
     check_int("--world-size", world_size, *WORLD_SIZES)
@@ -184,7 +186,7 @@ def record(
     shapes = tuple(tuple(s) for s in shapes)
     hook, state = as_rank_local(hook, isolate=isolate), rank_local_state(state, isolate=isolate)
     # a story is told once, not searched: a deadlock may name the line that posted each unmatched call
-    cluster = SimCluster(world_size=world_size, seed=seed, backend=backend, posting_lines=True)
+    cluster = SimCluster(world_size=world_size, seed=seed, backend=backend, posting_lines=True, launcher=launcher)
     seen: list[Any] = []
     ddp = SimDDP(cluster, _recording(hook, cluster, seen), list(shapes), state=state,
                  config=DDPConfig(bucket_cap_mb=bucket_cap_mb, api=api))

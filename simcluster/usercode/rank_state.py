@@ -453,6 +453,17 @@ class SettingsAudit:
             self._environ = dict(now)
             return
         self.changes.append(("os.environ", rank, "", _environ_diff(self._environ)))
+        self._restore_environ()
+
+    @property
+    def environ_baseline(self) -> dict[Any, Any]:
+        """The run's ``os.environ._data`` snapshot that :meth:`check` compares with; the
+        launcher model (:mod:`simcluster.fake.launcher`) moves its per-rank variables to the
+        entering rank's values in it, so only a rank's own change is a change."""
+        return self._environ
+
+    def _restore_environ(self) -> None:
+        """Put ``os.environ`` back to the baseline (a rank's change undone)."""
         for key in [k for k in os.environ if os.environ.encodekey(k) not in self._environ]:  # type: ignore[attr-defined]
             del os.environ[key]
         for key, value in self._environ.items():

@@ -1,0 +1,140 @@
+"""The launcher's environment a simulated rank sees: ``launcher="torchrun"``.
+
+A real rank is a process, and ``torchrun --standalone --nproc-per-node W`` starts each with
+its own environment variables: ``RANK``, ``LOCAL_RANK``, ``ROLE_RANK`` differ per rank, the
+rest are the same on every rank of the run. Measured on torch 2.13 (how: docs/isolation.md,
+"The launcher's environment"):
+
+==============================  =================================  =========================
+variable                        torchrun's value                   simcluster's
+==============================  =================================  =========================
+RANK, LOCAL_RANK, ROLE_RANK     the rank                           the rank
+WORLD_SIZE, LOCAL_WORLD_SIZE,   W                                  W
+ROLE_WORLD_SIZE
+GROUP_RANK, GROUP_WORLD_SIZE    0, 1 (one node)                    0, 1
+ROLE_NAME                       ``default``                        ``default``
+MASTER_ADDR                     ``localhost``                      ``localhost``
+MASTER_PORT                     a free port (differs per run)      ``29500`` (torchrun's default)
+TORCHELASTIC_RUN_ID             a uuid4 (differs per run)          ``simcluster``
+TORCHELASTIC_RESTART_COUNT,     ``0``, ``0``                       ``0``, ``0``
+TORCHELASTIC_MAX_RESTARTS
+TORCHELASTIC_USE_AGENT_STORE    ``True``                           ``True``
+TORCHELASTIC_SIGNALS_TO_HANDLE  ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``  the same
+TORCH_NCCL_ASYNC_ERROR_HANDLING ``1``                              ``1``
+OMP_NUM_THREADS                 ``1`` if unset and W > 1           the same
+TORCHELASTIC_ERROR_FILE         a file in torchrun's temp dir      not set (no such dir here)
+==============================  =================================  =========================
+
+The run-dependent values are fixed (determinism: a replay sees what the failing run saw),
+unless this process itself runs under torchrun (``TORCHELASTIC_RUN_ID`` is set): then
+the constants are taken from the real environment (:meth:`LauncherEnvironment.from_process`).
+
+How it is kept: :class:`~simcluster.fake.rank_context.RankContexts` calls :meth:`begin`
+when a run starts (the caller's values of every variable saved, the constants and the
+first rank's values set), :meth:`enter` at every rank switch (three variables written, and
+the settings audit's baseline moved with them, so the switching is never reported while a
+rank's own change still is) and :meth:`end` when the run ends, on errors too (the
+caller's values back, a variable the caller lacked removed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from simcluster.errors import UsageError
+
+LAUNCHERS = ("none", "torchrun")
+"""The values of ``launcher=`` (``--launcher``): ``none`` sets no variable (the default)."""
+
+PER_RANK = ("RANK", "LOCAL_RANK", "ROLE_RANK")
+"""torchrun's variables whose value is the rank (single node)."""
+
+RUN_DEPENDENT = ("MASTER_PORT", "TORCHELASTIC_RUN_ID")
+"""Constant within a run, different in every real run: fixed here, or the real ones under torchrun."""
+
+_putenv = os.putenv
+_DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]
+"""``os.environ``'s own store (encoded keys and values), which ``os.environ[key] = value`` fills after ``putenv``."""
+
+FIXED_RUN_VALUES = {"MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simcluster"}
+
+
+def check_launcher(launcher: object) -> str:
+    """``launcher`` if it is one of :data:`LAUNCHERS`, else :class:`UsageError` (one line)."""
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"launcher={launcher!r} must be 'none' or 'torchrun'")
+    return launcher  # type: ignore[return-value]
+
+
+def torchrun_constants(world_size: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables torchrun sets alike on every rank of a single-node run of
+    ``world_size`` ranks, given the environment it would start them from (``environ``:
+    ``OMP_NUM_THREADS`` is set only where the caller left it unset; under a real torchrun
+    the run-dependent values are the real ones)."""
+    w = str(world_size)
+    constants = {
+        "WORLD_SIZE": w, "LOCAL_WORLD_SIZE": w, "ROLE_WORLD_SIZE": w, "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default", "MASTER_ADDR": "localhost", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        **FIXED_RUN_VALUES,
+    }
+    if "TORCHELASTIC_RUN_ID" in environ:  # this process runs under torchrun: its run's values
+        for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                    "TORCHELASTIC_MAX_RESTARTS", "ROLE_NAME"):
+            if key in environ:
+                constants[key] = environ[key]
+    if world_size > 1 and "OMP_NUM_THREADS" not in environ:
+        constants["OMP_NUM_THREADS"] = "1"
+    return constants
+
+
+def rank_environment(world_size: int, rank: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every variable torchrun gives rank ``rank`` of ``world_size`` (what a real gloo rank
+    of ``simcluster e2e --launcher torchrun`` is started with).
+
+    >>> env = rank_environment(2, 1, {})
+    >>> env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]
+    ('1', '1', '2', '29500')
+    """
+    return {**torchrun_constants(world_size, os.environ if environ is None else environ),
+            **dict.fromkeys(PER_RANK, str(rank))}
+
+
+class LauncherEnvironment:
+    """torchrun's variables for the ranks of one cluster, set in ``os.environ`` per rank."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._encode = os.environ.encodevalue  # type: ignore[attr-defined]
+        self._per_rank = [tuple((key, str(rank)) for key in PER_RANK) for rank in range(world_size)]
+        self._encoded = [{os.environ.encodekey(key): self._encode(value)  # type: ignore[attr-defined]
+                          for key, value in pairs} for pairs in self._per_rank]
+        self._saved: dict[str, str | None] = {}
+
+    def begin(self, rank: int) -> None:
+        """A run starts with rank ``rank``: save the caller's values, set every variable."""
+        constants = torchrun_constants(self.world_size, os.environ)
+        self._saved = {key: os.environ.get(key) for key in (*constants, *PER_RANK)}
+        os.environ.update(constants)
+        os.environ.update(self._per_rank[rank])
+
+    def enter(self, rank: int, baseline: dict[Any, Any]) -> None:
+        """Rank ``rank``'s code is about to run: its values in ``os.environ`` and in the
+        settings audit's ``baseline`` (its snapshot of ``os.environ._data``)."""
+        encoded = self._encoded[rank]
+        for key, value in encoded.items():  # what os.environ[key] = value does, without re-encoding
+            _putenv(key, value)
+        _DATA.update(encoded)
+        baseline.update(encoded)
+
+    def end(self) -> None:
+        """The run ended (also by an error): the caller's environment back, exactly."""
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved = {}
