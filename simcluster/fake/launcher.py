@@ -30,8 +30,8 @@ unless this process itself runs under torchrun (``TORCHELASTIC_RUN_ID`` is set):
 the constants are taken from the real environment (:meth:`LauncherEnvironment.from_process`).
 
 How it is kept: :class:`~simcluster.fake.rank_context.RankContexts` calls :meth:`begin`
-when a run starts (the caller's values of every variable saved, the constants and the
-first rank's values set), :meth:`enter` at every rank switch (three variables written, and
+when a run starts (the caller's values of every variable saved, the constants set),
+:meth:`enter` at every rank switch, the first rank's entry included (three variables written, and
 the settings audit's baseline moved with them, so the switching is never reported while a
 rank's own change still is) and :meth:`end` when the run ends, on errors too (the
 caller's values back, a variable the caller lacked removed).
@@ -51,14 +51,13 @@ LAUNCHERS = ("none", "torchrun")
 PER_RANK = ("RANK", "LOCAL_RANK", "ROLE_RANK")
 """torchrun's variables whose value is the rank (single node)."""
 
-RUN_DEPENDENT = ("MASTER_PORT", "TORCHELASTIC_RUN_ID")
-"""Constant within a run, different in every real run: fixed here, or the real ones under torchrun."""
-
 _putenv = os.putenv
 _DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]
 """``os.environ``'s own store (encoded keys and values), which ``os.environ[key] = value`` fills after ``putenv``."""
 
 FIXED_RUN_VALUES = {"MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simcluster"}
+"""The variables constant within a run but different in every real run, and the values
+simcluster fixes them to (the real ones under torchrun: :func:`torchrun_constants`)."""
 
 
 def check_launcher(launcher: object) -> str:
@@ -92,8 +91,8 @@ def torchrun_constants(world_size: int, environ: Mapping[str, str]) -> dict[str,
 
 
 def rank_environment(world_size: int, rank: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every variable torchrun gives rank ``rank`` of ``world_size`` (what a real gloo rank
-    of ``simcluster e2e --launcher torchrun`` is started with).
+    """Every variable torchrun gives rank ``rank`` of ``world_size``, in one dict (the
+    table above; the tests' reference for what a rank sees).
 
     >>> env = rank_environment(2, 1, {})
     >>> env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]
@@ -108,18 +107,17 @@ class LauncherEnvironment:
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self._encode = os.environ.encodevalue  # type: ignore[attr-defined]
-        self._per_rank = [tuple((key, str(rank)) for key in PER_RANK) for rank in range(world_size)]
-        self._encoded = [{os.environ.encodekey(key): self._encode(value)  # type: ignore[attr-defined]
-                          for key, value in pairs} for pairs in self._per_rank]
+        encode_key, encode_value = os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
+        self._encoded = [{encode_key(key): encode_value(str(rank)) for key in PER_RANK} for rank in range(world_size)]
+        """Per rank: its per-rank variables as ``os.environ`` stores them (encoded once, here)."""
         self._saved: dict[str, str | None] = {}
 
-    def begin(self, rank: int) -> None:
-        """A run starts with rank ``rank``: save the caller's values, set every variable."""
+    def begin(self) -> None:
+        """A run starts: save the caller's values of every variable, set the constants (the
+        per-rank ones are set by the :meth:`enter` that follows, for the first rank)."""
         constants = torchrun_constants(self.world_size, os.environ)
         self._saved = {key: os.environ.get(key) for key in (*constants, *PER_RANK)}
         os.environ.update(constants)
-        os.environ.update(self._per_rank[rank])
 
     def enter(self, rank: int, baseline: dict[Any, Any]) -> None:
         """Rank ``rank``'s code is about to run: its values in ``os.environ`` and in the

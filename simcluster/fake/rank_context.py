@@ -208,7 +208,7 @@ class RankContexts:
             self._outside_rng = _GENERATOR.get_state()
             self._outside_world = c10d._world
             if self.launcher is not None and new is not None:
-                self.launcher.begin(new)
+                self.launcher.begin()
             self.audit.start()
             CURRENT.generators = self.generators
         else:
