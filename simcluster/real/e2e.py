@@ -944,8 +944,8 @@ class E2EResult:
             lines.append(f"  verdict: agree — {both}")
             if self.hook_failed and self.sim.failure is not None and self.sim.failure.kind == "hung" \
                     and self.sim.failure.detail:  # where the hook's code was when it was stopped
-                lines.append(f"  --- {self.sim.name}: where the hook's code was at the deadline ---")
-                lines += [f"    {t}" for t in self.sim.failure.detail.strip().splitlines()[-12:]]
+                lines += _detail_block(f"{self.sim.name}: where the hook's code was at the deadline",
+                                       self.sim.failure.detail)
         else:
             head = "FIDELITY BUG of the simulator" if self.verdict == "fidelity bug" else f"UNCONFIRMED ({self.why})"
             lines.append(f"  verdict: {head}:")
@@ -954,15 +954,18 @@ class E2EResult:
                 lines.append(f"    … and {len(self.differences) - 10} more")
             for side in (self.real, self.sim):
                 if side.failure is not None and side.failure.detail:
-                    tail = side.failure.detail.strip().splitlines()[-12:]
-                    lines.append(f"  --- {side.name}: {side.failure.line()} ---")
-                    lines += [f"    {t}" for t in tail]
+                    lines += _detail_block(f"{side.name}: {side.failure.line()}", side.failure.detail)
         if (self.hook_failed or self.verdict != "agree") and self.sim.output.strip():
             printed = self.sim.output.strip().splitlines()
             lines.append(f"  output: what the hook printed on the DDP model's run ({len(printed)} lines"
                          f"{', the last 12' if len(printed) > 12 else ''}):")
             lines += [f"    {t}" for t in printed[-12:]]
         return "\n".join(lines)
+
+
+def _detail_block(title: str, detail: str) -> list[str]:
+    """A failure's detail under the verdict: a ``--- title ---`` line, then its last 12 lines, indented."""
+    return [f"  --- {title} ---", *(f"    {t}" for t in detail.strip().splitlines()[-12:])]
 
 
 def _digest(t: torch.Tensor | None) -> str:
