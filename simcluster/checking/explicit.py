@@ -168,11 +168,11 @@ def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     integers, different on every rank and step — exactly averageable (``exact`` when the
     tolerance is), within every tolerance's inputs. None when no world size is 2 or more
     or ``--params`` has a single parameter."""
-    worlds = sorted(w for w in world_sizes if w >= 2)
+    world = _smallest_world(world_sizes, 2)
     shapes = opts.params or RACE_SHAPES
-    if not worlds or len(shapes) < 2:
+    if world is None or len(shapes) < 2:
         return None
-    return _bucket_per_parameter(opts, shapes, worlds[0], steps, RANKS_DISAGREE)
+    return _bucket_per_parameter(opts, shapes, world, steps, RANKS_DISAGREE)
 
 
 def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
@@ -189,8 +189,8 @@ def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exam
         sizes = [math.prod(shape) for shape in opts.params]
         if len(set(sizes)) == len(sizes):
             return None
-    worlds = sorted(w for w in world_sizes if w >= 2)
-    return _bucket_per_parameter(opts, opts.params or TWIN_SHAPES, worlds[0] if worlds else max(world_sizes), steps, ())
+    world = _smallest_world(world_sizes, 2) or max(world_sizes)
+    return _bucket_per_parameter(opts, opts.params or TWIN_SHAPES, world, steps, ())
 
 
 def _bucket_per_parameter(opts: Options, shapes: tuple[tuple[int, ...], ...], world: int, steps: int,
@@ -202,9 +202,21 @@ def _bucket_per_parameter(opts: Options, shapes: tuple[tuple[int, ...], ...], wo
     ``exact`` under ``--tolerance exact``); completed under ``schedule``."""
     layout = Layout(shapes, _RACE_CAP_MB, tuple(range(len(shapes))), find_unused_parameters=steps == 1,
                     gradient_as_bucket_view=opts.bucket_view)
+    return _small_ints_example(opts, layout, world, steps, schedule)
+
+
+def _small_ints_example(opts: Options, layout: Layout, world: int, steps: int, schedule: tuple[int, ...]) -> Example:
+    """``layout`` at ``world`` with small-integer gradients, different per rank, parameter and
+    step (exactly averageable: ``exact`` under ``--tolerance exact``), completed under
+    ``schedule``: the common form of the race, twins and scalar examples."""
     base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
     return Example(world, layout, base, (1,) * (steps - 1), schedule, "float32", _values(opts) or "float32",
                    exact=opts.tolerance == "exact")
+
+
+def _smallest_world(world_sizes: Sequence[int], least: int) -> int | None:
+    """The smallest of ``world_sizes`` that is ``least`` or more; None when none is."""
+    return min((w for w in world_sizes if w >= least), default=None)
 
 
 def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
@@ -223,8 +235,7 @@ def nonfinite_examples(opts: Options, world_sizes: Sequence[int], steps: int) ->
     of those two properties is checked."""
     if "liveness" not in opts.props and "keeps_nonfinite" not in opts.props:
         return []
-    worlds = sorted(w for w in world_sizes if w >= 2)
-    world = worlds[0] if worlds else max(world_sizes)
+    world = _smallest_world(world_sizes, 2) or max(world_sizes)
     values = _values(opts) or "float32"
     shapes = opts.params or NONFINITE_SHAPES
     layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
@@ -245,10 +256,9 @@ def order_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exam
     ``2**-24 / 3``, the error a rounding of ``1/3``). None when no world size is 3 or more,
     when *replicas_agree* is not checked, or under ``--tolerance exact`` (the mean is not
     exactly representable: a correct hook would fail there)."""
-    worlds = sorted(w for w in world_sizes if w >= 3)
-    if not worlds or "replicas_agree" not in opts.props or opts.tolerance == "exact":
+    world = _smallest_world(world_sizes, 3)
+    if world is None or "replicas_agree" not in opts.props or opts.tolerance == "exact":
         return None
-    world = worlds[0]
     values = _values(opts) or "float32"
     shapes = opts.params or ((4,),)
     layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
@@ -262,9 +272,6 @@ def scalar_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exa
     step. None when ``--params`` fixes the shapes (the user's model is what it says)."""
     if opts.params is not None:
         return None
-    worlds = sorted(w for w in world_sizes if w >= 2) or sorted(world_sizes)
-    world = worlds[0]
+    world = _smallest_world(world_sizes, 2) or max(world_sizes)
     layout = Layout(SCALAR_SHAPES, None, tuple(range(len(SCALAR_SHAPES))), gradient_as_bucket_view=opts.bucket_view)
-    base = StepSpec(tuple(RankSpec("ints", seed=rank) for rank in range(world)))
-    return Example(world, layout, base, (1,) * (steps - 1), (), "float32", _values(opts) or "float32",
-                   exact=opts.tolerance == "exact")
+    return _small_ints_example(opts, layout, world, steps, ())
