@@ -13,6 +13,7 @@ import re
 import subprocess
 import warnings
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -436,3 +437,23 @@ def test_a_rank_changing_filters_after_an_import_is_still_reported() -> None:
     with pytest.raises(SharedSettingError, match="rank 1 changed warnings.filters"):
         SimCluster(2).run(rank_fn)
     assert warnings.filters == before
+
+
+def test_a_generator_function_a_rank_assigns_is_its_value_in_the_run_and_undone_after() -> None:
+    original_seed, original_rand = random.seed, numpy.random.rand
+
+    def mine(*args: object) -> str:
+        return "mine"
+
+    def body(rank: int) -> tuple[object, ...]:
+        drawn = random.random()  # the rank's own generator: its dispatcher, not the dict's function
+        if rank == 0:
+            random.seed = mine  # rank code replacing a module function: seen from then on
+            del numpy.random.rand
+        return drawn, random.seed(), hasattr(numpy.random, "rand"), vars(random)["random"] == random._inst.random
+
+    values = SimCluster(2, seed=3).run(body).values
+    assert values[0][0] == random.Random(3).random() and values[1][0] == random.Random(4).random()
+    assert [v[1:] for v in values] == [("mine", False, True), ("mine", False, True)]
+    assert random.seed is original_seed and numpy.random.rand is original_rand  # put back after the run
+    assert type(random) is type(numpy.random) is types.ModuleType  # noqa: E721 - the class itself is the point

@@ -9,9 +9,11 @@ exactly like torch's (``per_rank``: ``seed + rank``; ``same``: ``seed``) — the
 ``random.seed(seed + rank)`` / ``numpy.random.seed(seed + rank)`` in a real process.
 
 How: during a run (and only then) the module-level functions of ``random`` and
-``numpy.random`` — bound methods of one hidden global instance — are replaced by small
+``numpy.random`` — bound methods of one hidden global instance — are answered by small
 dispatchers that call the *current rank's* generator (:data:`CURRENT`, set at every rank
-switch; outside a rank: the process's own global generator, untouched). A switch thus
+switch; outside a rank: the process's own global generator, untouched): the module's
+class is swapped for the run's length, so every lookup through the module finds them
+(:class:`_Dispatching`); its dict keeps the process's own functions. A switch thus
 costs two attribute stores, not a state copy (``random.getstate``/``setstate`` cost
 ~15 µs, numpy's ``get_state``/``set_state`` ~120 µs: measured, see ``docs/isolation.md``).
 Each rank's generators are created on its first draw.
@@ -37,7 +39,6 @@ when the run starts and ends: reported for the run, not a rank (``docs/isolation
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import random
 import sys
@@ -123,65 +124,119 @@ def _dispatcher(get: Callable[[], Any], method: str, name: str) -> Callable[...,
     return dispatch
 
 
-def _targets() -> list[tuple[Any, str, Callable[..., Any]]]:
-    """(module, attribute, dispatcher) for every module-level function of a hidden global generator."""
-    out = [(random, name, _dispatcher(_python_generator, name, name))
-           for name in sorted(vars(random))
-           if getattr(getattr(random, name), "__self__", None) is random._inst]  # type: ignore[attr-defined]
+def _targets() -> list[tuple[Any, dict[str, Callable[..., Any]]]]:
+    """Per module, its dispatchers: one for every module-level function of a hidden global generator."""
+    out = [(random, {name: _dispatcher(_python_generator, name, name) for name in sorted(vars(random))
+                     if getattr(getattr(random, name), "__self__", None) is random._inst})]  # type: ignore[attr-defined]
     if _np_random is not None:
         names = {name: name for name in sorted(vars(_np_random))
                  if getattr(getattr(_np_random, name), "__self__", None) is _np_mtrand._rand}
         names.update(seed="seed", ranf="random_sample", sample="random_sample")
-        out += [(_np_random, name, _dispatcher(_numpy_generator, method, name)) for name, method in names.items()]
+        out.append((_np_random, {name: _dispatcher(_numpy_generator, method, name) for name, method in names.items()}))
     return out
 
 
-_TARGETS = _targets()
-def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """``namespace -> tuple of namespace[name] for names``, in C (``operator.itemgetter``)."""
-    if len(names) == 1:
-        one = operator.itemgetter(names[0])
-        return lambda namespace: (one(namespace),)
-    return operator.itemgetter(*names)
+_MISSING = object()
+"""What :class:`_Dispatching` remembers for a name a rank assigned that the module did not have."""
 
 
-_BY_MODULE: list[tuple[dict[str, Any], dict[str, Callable[..., Any]], tuple[str, ...], Callable[[Any], Any]]] = [
-    (namespace, dispatchers, tuple(dispatchers), _getter(tuple(dispatchers)))
-    for namespace, dispatchers in (
-        (vars(owner), {name: dispatch for o, name, dispatch in _TARGETS if o is owner})
-        for owner in dict.fromkeys(owner for owner, _, _ in _TARGETS)
-    )
-]
-"""Per patched module: its namespace, the dispatchers to install in it, their names and
-a C getter of the names' current values (one ``dict.update`` per module and run instead
-of ~140 ``setattr`` calls, and the originals read without a Python loop: docs/speed.md)."""
+class _Dispatching:
+    """How one module (``random`` or ``numpy.random``) answers its generator functions with
+    the running rank's dispatchers during a run: the module's class is swapped, for the
+    run, for a subclass of its own whose attribute lookup returns the dispatcher for those
+    names (``random.random``, ``from numpy.random import rand``, ``getattr``: every lookup
+    through the module object) and anything else from the module as usual.
+
+    Two class assignments per module and run, where storing and restoring the ~70
+    attributes themselves cost ~55,000 CPU instructions a run (docs/speed.md, stop 29).
+    The module's dict keeps the process's own functions throughout (``vars(random)``, a
+    function captured before the run: the shared generator's, as before). A name a rank's
+    code assigns during the run (``random.seed = f``) is the rank's value from then on and
+    the value from before the run is put back when it ends; assigned between runs, it is
+    the process's value again after the next run (inside a run, the rank's generator)."""
+
+    def __init__(self, module: Any, dispatchers: dict[str, Callable[..., Any]]) -> None:
+        self.module = module
+        self.dispatchers = dispatchers
+        self.assigned: dict[str, Any] = {}
+        """Names rank code assigned or deleted during this run -> the module's value before (or :data:`_MISSING`)."""
+        self._classes: dict[type, type] = {}
+
+    def _class_for(self, base: type) -> type:
+        """The dispatching subclass of ``base`` (the module's class before the run), made once."""
+        found = self._classes.get(base)
+        if found is None:
+            dispatchers, assigned = self.dispatchers, self.assigned
+            plain_get, plain_set, plain_del = base.__getattribute__, base.__setattr__, base.__delattr__
+
+            def remember(module: Any, name: str) -> None:
+                if name in dispatchers and name not in assigned:
+                    assigned[name] = plain_get(module, "__dict__").get(name, _MISSING)
+
+            class Dispatching(base):  # type: ignore[valid-type, misc]
+                def __getattribute__(self, name: str) -> Any:
+                    found = dispatchers.get(name)
+                    if found is None or name in assigned:
+                        return plain_get(self, name)
+                    return found
+
+                def __setattr__(self, name: str, value: Any) -> None:
+                    remember(self, name)
+                    plain_set(self, name, value)
+
+                def __delattr__(self, name: str) -> None:
+                    remember(self, name)
+                    plain_del(self, name)
+
+            Dispatching.__name__ = Dispatching.__qualname__ = base.__name__  # repr and messages unchanged
+            found = self._classes[base] = Dispatching
+        return found
+
+    def class_for(self, base: type) -> type:
+        """The dispatching class for a module whose class is ``base`` now (made once per base)."""
+        return self._classes.get(base) or self._class_for(base)
+
+    def put_back(self) -> None:
+        """Undo what rank code assigned or deleted during the run (see :attr:`assigned`)."""
+        namespace = vars(self.module)
+        for name, value in self.assigned.items():
+            if value is _MISSING:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+        self.assigned.clear()
 
 
-_ORIGINALS: list[tuple[tuple[Any, ...], dict[str, Any]] | None] = [None] * len(_BY_MODULE)
-"""Per patched module: the originals last read and the same as a dict, reused while they
-are equal (one C ``dict.update`` restores them: half the cost of ``update(zip(...))``).
-Equal here means the same module-level functions (bound methods compare equal only for the
-same instance and function), so what is put back behaves as what was there."""
+_MODULES = [_Dispatching(module, dispatchers) for module, dispatchers in _targets()]
+_set_class = object.__dict__["__class__"].__set__
+"""``obj.__class__ = cls`` as one C call, past a dispatching class's own ``__setattr__``."""
+
+Installed = list[tuple[Any, type, _Dispatching]]
+"""What :func:`install_generators` changed: (module, its class before, its dispatching)."""
 
 
-def install_generators() -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Install the per-rank dispatchers of ``random`` and ``numpy.random``; returns what
+def install_generators() -> Installed:
+    """Make ``random`` and ``numpy.random`` answer with the per-rank dispatchers; returns what
     :func:`restore_generators` puts back (a run calls the pair around its ranks' code)."""
-    saved = []
-    for index, (namespace, dispatchers, names, get) in enumerate(_BY_MODULE):
-        originals = get(namespace)
-        cached = _ORIGINALS[index]
-        if cached is None or cached[0] != originals:  # changed since the last run (or the first run)
-            cached = _ORIGINALS[index] = (originals, dict(zip(names, originals)))
-        saved.append((namespace, cached[1]))
-        namespace.update(dispatchers)
-    return saved
+    installed: Installed = []
+    try:
+        for patched in _MODULES:
+            module = patched.module
+            before = type(module)
+            _set_class(module, patched.class_for(before))
+            installed.append((module, before, patched))
+    except BaseException:
+        restore_generators(installed)
+        raise
+    return installed
 
 
-def restore_generators(saved: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-    """Put back the originals :func:`install_generators` replaced."""
-    for namespace, originals in saved:
-        namespace.update(originals)
+def restore_generators(installed: Installed) -> None:
+    """Give the modules :func:`install_generators` patched their own class and values back."""
+    for module, before, patched in installed:
+        _set_class(module, before)
+        if patched.assigned:
+            patched.put_back()
 
 
 # --------------------------------------------------------------------------- settings
