@@ -1,8 +1,8 @@
 """How fast is a simulated step? Ratios against baselines measured in the same run.
 
     python benchmarks/bench_engine.py [--repeats 3] [--steps 200] [--sizes 64,1000,1000000]
-        [--worlds 2,8] [--scaling 2,8,64,256,1024] [--no-gloo] [--no-check] [--no-memory]
-        [--no-default-check] [--quick] [--json PATH]
+        [--worlds 2,8] [--scaling 2,8,64,256,1024] [--scaling-repeats 9] [--no-gloo] [--no-check]
+        [--no-memory] [--no-default-check] [--quick] [--json PATH]
 
 One *step* = every rank calls torch's ``allreduce_hook`` on its bucket and its future
 resolves. Sections (each figure a median over ``--repeats`` interleaved repeats; a ratio
@@ -20,8 +20,9 @@ sides of a ratio cancels out):
   across steps: its best case); ``gloo``, W real gloo processes (time per hook call
   inside them).
 * **scaling** — µs of CPU time per *rank-step* for 4096-element buckets from W=2 to 1024,
-  gloo and NCCL models, every world measured in each repeat; max/min over the worlds
-  (flat = O(W·n) work per collective).
+  gloo and NCCL models, every world measured in each of ``--scaling-repeats`` repeats (9:
+  a max/min over five medians of 3 was decided by whichever cell the host's noise hit,
+  docs/speed.md, stop 28); max/min over the worlds (flat = O(W·n) work per collective).
 * **memory** — peak RSS growth of one step (``VmHWM``, in a fresh subprocess) over
   the gradients' bytes, at W=64 × 1M and W=8 × 4M.
 * **check** — ``simcluster.checking.check.check_hook`` throughput (examples per second) for
@@ -247,7 +248,7 @@ def _summarise(reps: list[dict[str, float]], ratios: dict[str, str]) -> dict[str
 def scaling_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     n = 4096
     print(f"\n## scaling: µs of CPU per rank-step, {n}-element buckets, worlds interleaved, medians of "
-          f"{args.repeats} repeats")
+          f"{args.scaling_repeats} repeats")
     rows = []
     worlds = _ints(args.scaling)
     for backend in ("gloo", "nccl"):
@@ -255,7 +256,7 @@ def scaling_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         for cluster, grads in clusters.values():
             cluster.run_hook(allreduce_hook, grads)  # warm-up
         samples: dict[int, list[float]] = {w: [] for w in worlds}
-        for _ in range(args.repeats):  # every world in each repeat: the load is shared alike
+        for _ in range(args.scaling_repeats):  # every world in each repeat: the load is shared alike
             for world, (cluster, grads) in clusters.items():
                 steps = max(2, 2000 // world)
                 start = time.process_time()
@@ -365,6 +366,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,1000,1000000")
     parser.add_argument("--worlds", default="2,8")
     parser.add_argument("--scaling", default="2,8,64,256,1024")
+    parser.add_argument("--scaling-repeats", type=int, default=9, help="repeats of the scaling section (its medians)")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
@@ -382,7 +384,7 @@ def main() -> None:
         args.no_default_check = True
     started = time.time()
     result: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
-                              "repeats": args.repeats}
+                              "repeats": args.repeats, "scaling_repeats": args.scaling_repeats}
     result["step"] = step_rows(args)
     result["scaling"] = scaling_rows(args) if args.scaling else []
     result["memory"] = [] if args.no_memory else memory_rows(args)
