@@ -131,6 +131,22 @@ def adds_its_rank(state, bucket):
     return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].add_(dist.get_rank()))
 
 
+def broadcasts_rank_0s(state, bucket):
+    """Divides, then broadcasts from rank 0 where an all_reduce was meant: every rank ends
+    up with rank 0's gradient over the world size."""
+    t = bucket.buffer().div_(dist.get_world_size())
+    return dist.broadcast(t, src=0, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def leaves_out_ranks_past_1(state, bucket):
+    """Ranks 2 and up put zeros into the all_reduce instead of their gradients: only ranks 0
+    and 1's data reach the results."""
+    t = bucket.buffer()
+    if dist.get_rank() >= 2:
+        t.zero_()
+    return dist.all_reduce(t.div_(dist.get_world_size()), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
 def prints_and_forgets_division(state, bucket):
     """Prints a line per call (as debugging hooks do) and sums without dividing."""
     print(f"printing hook: rank {dist.get_rank()} bucket {bucket.index()} holds {bucket.buffer().tolist()}")

@@ -456,6 +456,40 @@ def test_a_hook_that_communicates_nothing_is_told_so(capsys: pytest.CaptureFixtu
     assert "(the hook communicated nothing at step 0: each rank's result is computed from its own gradients alone)" in out
 
 
+def test_an_average_only_one_ranks_gradients_reach_names_that_rank(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A broadcast from rank 0 where an all_reduce was meant: the *averages* report showed
+    `got 0.0` beside the mean and the inputs, and nothing said that only rank 0's data got
+    through — which the numbers cannot show after shrinking (rank 0's gradient is 0.0, as a
+    zeroed bucket would be). Now an experiment names the rank."""
+    code, out, data = _check(capsys, tmp_path, "broadcasts_rank_0s", "--backend", "gloo", "--world-sizes", "2,3",
+                             "--properties", "averages")
+    assert code == 1
+    failure = data["failures"][0]
+    step = failure["details"]["step"]
+    assert (f"(only rank 0's gradients reach the results at step {step}: every rank's result stays bit for bit the "
+            "same when any other rank's gradients change — a broadcast from rank 0") in failure["message"]
+
+
+def test_an_average_some_ranks_gradients_never_reach_names_the_ranks_that_do(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, data = _check(capsys, tmp_path, "leaves_out_ranks_past_1", "--backend", "nccl", "--world-sizes", "3",
+                             "--properties", "averages")
+    assert code == 1
+    failure = data["failures"][0]
+    assert (f"(only ranks 0, 1's gradients reach the results at step {failure['details']['step']}: "
+            "every rank's result stays bit for bit the same") in failure["message"]
+
+
+def test_an_average_every_ranks_gradients_reach_gets_no_such_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A sum not divided: every rank's data reaches every result."""
+    code, out, data = _check(capsys, tmp_path, "prints_and_forgets_division", "--backend", "gloo",
+                             "--world-sizes", "2,3", "--properties", "averages")
+    assert code == 1 and data["failures"][0]["property"] == "averages"
+    assert "gradients reach the results" not in out
+
+
 def test_replicas_apart_because_every_collective_ran_on_a_one_rank_group_say_so(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An MoE hook (hooks from the wild, round 12) all-reduces on ``dist.new_group`` groups of

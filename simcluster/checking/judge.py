@@ -40,7 +40,7 @@ from simcluster.errors import (
 )
 from simcluster.fake.cluster import SimCluster
 
-__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint",
+__all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint", "sources_hint",
            "with_posting_lines", "ORDER"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "keeps_nonfinite", "schedule_independence",
@@ -310,10 +310,8 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
         return ""
     for r in range(example.world_size):
         for change in (_ones_or_twos, _threes_or_fives):
-            step = [rank if q == r else [change(x) for x in rank] for q, rank in enumerate(grads[t])]
-            run, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads[:t] + [step])
-            if error is not None or len(run) <= t or not all(
-                    P.bits_equal(a, b) for a, b in zip(run[t].grads[r], base[t].grads[r])):
+            run = _rerun_changed(opts, example, backend, grads, lambda q: q != r, change)
+            if run is None or not all(P.bits_equal(a, b) for a, b in zip(run.grads[r], base[t].grads[r])):
                 return ""
     collectives = base[t].trace.collectives()
     if not collectives:
@@ -333,6 +331,61 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
     return (f"\n(nothing this hook communicated reached its result: each rank's result at step {t} stays bit for bit "
             "the same when the other ranks' gradients change — e.g. a collective on a copy whose output is never "
             f"used{p_grad}, or a future completed with the local buffer)")
+
+
+def sources_hint(opts: Options, violation: Violation) -> str:
+    """For a reported *averages* failure: when the results at the failing step are moved
+    by some ranks' gradients only — every rank's result stays bit for bit the same however
+    any other rank's gradients change — a line naming the ranks whose data reached them:
+    one rank's is a broadcast from it (or a copy of its buffer) where an all_reduce of
+    every rank's was meant. Otherwise (every rank's data reaches some result, none does,
+    or a run raises) ``''``.
+
+    An experiment, as :func:`unreached_hint`'s: the example is run again up to that step,
+    then once per rank ``q`` and per change (``q``'s every element made 1 or 2, then -3 or
+    -5), and every rank's result compared with the first run's; ``q``'s data reached the
+    results if any result moved. The numbers alone cannot say it: a shrunk example's rank 0
+    often holds zeros, which a hook zeroing its bucket returns too. Run once per reported
+    failure: 1 + up to 2W more simulations of the example up to the failing step."""
+    info = violation.info
+    if violation.prop != "averages" or info.get("error") or info["example"].world_size < 2:
+        return ""
+    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    world = example.world_size
+    grads = _inputs(opts, example)[0][: t + 1]
+    base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
+    if error is not None or len(base) <= t:
+        return ""
+    reached = []
+    for q in range(world):
+        for change in (_ones_or_twos, _threes_or_fives):
+            run = _rerun_changed(opts, example, backend, grads, lambda p: p == q, change)
+            if run is None:
+                return ""
+            if not all(P.bits_equal(a, b) for r in range(world) for a, b in zip(run.grads[r], base[t].grads[r])):
+                reached.append(q)
+                break
+    if not reached or len(reached) == world:
+        return ""
+    if len(reached) == 1:
+        s = reached[0]
+        return (f"\n(only rank {s}'s gradients reach the results at step {t}: every rank's result stays bit for bit "
+                f"the same when any other rank's gradients change — a broadcast from rank {s}, or a copy of its "
+                "buffer, where an all_reduce of every rank's was meant)")
+    return (f"\n(only ranks {', '.join(map(str, reached))}'s gradients reach the results at step {t}: every rank's "
+            "result stays bit for bit the same when any other rank's gradients change — the other ranks' data "
+            "never entered a collective that reached a result)")
+
+
+def _rerun_changed(opts: Options, example: Example, backend: str, grads: list[Any],
+                   changed: Callable[[int], bool], change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The example run again up to the last step of ``grads``, with that step's gradients of
+    every rank ``q`` where ``changed(q)`` replaced by ``change`` of them: the run's last
+    step, or None if the run raised or stopped short (:func:`unreached_hint`, :func:`sources_hint`)."""
+    t = len(grads) - 1
+    step = [[change(x) for x in rank] if changed(q) else rank for q, rank in enumerate(grads[t])]
+    run, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads[:t] + [step])
+    return None if error is not None or len(run) <= t else run[t]
 
 
 def with_posting_lines(opts: Options, violation: Violation) -> Violation:
