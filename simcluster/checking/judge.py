@@ -33,11 +33,13 @@ from simcluster.checking.replay import encode_example
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site
-from simcluster.ddp.model import DDPConfig, SimDDP, subgroups
+from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.errors import (
     HOOK_RAISES, BackendError, DeadlockError, GradBucketMisuse, HookContractError, HookExited, UnsupportedError,
     UsageError, Violation, exit_meaning, first_line,
 )
+from simcluster.engine.trace import Posted
+from simcluster.fake.backends import backend_model
 from simcluster.fake.cluster import SimCluster
 
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint", "sources_hint",
@@ -218,7 +220,8 @@ def _judge_steps(opts: Options, example: Example, results: list[Any], grads: lis
                 for k, value in enumerate(outs):
                     problem = P.result_problem(value, sizes[k], opts.api)
                     if problem:
-                        fail("contract", f"step {t}, rank {r}, bucket {k}: {problem}")
+                        source = gather_source(res.future_labels[r][k], backend_model(info["backend"]))
+                        fail("contract", f"step {t}, rank {r}, bucket {k}: {problem}" + (f"\n({source})" if source else ""))
         for prop in ("replicas_agree", "averages", "keeps_nonfinite"):
             if prop not in opts.props or (prop == "averages" and t >= drain_from):
                 continue
@@ -367,14 +370,29 @@ def sources_hint(opts: Options, violation: Violation) -> str:
                 break
     if not reached or len(reached) == world:
         return ""
+    fact = ("every rank's result stays bit for bit the same when any other rank's gradients change — "
+            + _why_one_source(base[t].trace, backend, reached))
+    if len(reached) == 1:
+        return f"\n(only rank {reached[0]}'s gradients reach the results at step {t}: {fact})"
+    return f"\n(only ranks {', '.join(map(str, reached))}'s gradients reach the results at step {t}: {fact})"
+
+
+def _why_one_source(trace: Any, backend: str, reached: list[int]) -> str:
+    """The likely cause of :func:`sources_hint`'s finding, from what the step posted: a
+    broadcast from the one rank reached; an all_gather under the NCCL model, whose future
+    holds one stacked tensor where gloo's holds one tensor per rank (``buggy.allgather_assumes_gloo_list``);
+    else the plain fact that the other ranks' data reached no result."""
+    posted = [e for e in trace.events if isinstance(e, Posted)]
     if len(reached) == 1:
         s = reached[0]
-        return (f"\n(only rank {s}'s gradients reach the results at step {t}: every rank's result stays bit for bit "
-                f"the same when any other rank's gradients change — a broadcast from rank {s}, or a copy of its "
-                "buffer, where an all_reduce of every rank's was meant)")
-    return (f"\n(only ranks {', '.join(map(str, reached))}'s gradients reach the results at step {t}: every rank's "
-            "result stays bit for bit the same when any other rank's gradients change — the other ranks' data "
-            "never entered a collective that reached a result)")
+        if any(e.op == "broadcast" and e.detail == f"root {s}" for e in posted):
+            return f"a broadcast from rank {s} where an all_reduce of every rank's was meant"
+        if backend == "nccl" and s == 0 and any(e.op == "all_gather" for e in posted):
+            return ("an all_gather's future on NCCL holds one stacked tensor, [flat] of shape (world, …), where "
+                    "gloo's holds one tensor per rank: a hook that averages fut.value() as gloo's list averages "
+                    "that one tensor, and DDP keeps its first elements — rank 0's gradient. Read the output list "
+                    "given to all_gather instead")
+    return "the other ranks' data never entered a collective that reached a result"
 
 
 def _rerun_changed(opts: Options, example: Example, backend: str, grads: list[Any],

@@ -89,7 +89,7 @@ from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.trace import Trace
 
-__all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint"]
+__all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint", "gather_source"]
 
 @dataclass(frozen=True)
 class DDPConfig:
@@ -126,6 +126,8 @@ class StepResult:
     ``outputs[r][k]``: what rank ``r``'s future for bucket ``k`` resolved to (likewise kept
     apart from the buffers, with the same storage layout).
     ``warnings``: results DDP accepted but read differently from what the view shows.
+    ``future_labels[r][k]``: the label of the future rank ``r``'s hook returned for bucket ``k``
+    (what it derives from: ``"then(aggregate) of all_gather#0 on WORLD"``).
     ``params[r][i]``: rank ``r``'s parameter ``i`` after the step (a copy), recorded only
     when some rank's parameters changed in place during the step — a hook that steps an
     optimizer (``p._version`` moved); ``None`` otherwise, and then every replica still holds
@@ -141,6 +143,7 @@ class StepResult:
     replay: str
     warnings: list[str] = field(default_factory=list)
     params: list[list[torch.Tensor]] | None = None
+    future_labels: list[list[str]] = field(default_factory=list)
 
 
 def subgroups(*member_lists: Sequence[int]) -> Callable[[int], SimProcessGroup]:
@@ -202,7 +205,25 @@ def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | 
     error it names is an ``IndexError`` past a shape (:data:`_INDEXED_PAST_ITS_SHAPE`) — the
     whole indexed by rank, as torch's quantization hooks index ``fut.wait()[0][rank][0]``. ``None``: DDP could not copy the result (too short).
     """
-    label = getattr(future, "label", "")
+    said = gather_source(getattr(future, "label", ""), backend)
+    if not said:
+        return ""
+    hint = f"simcluster: hint: {said}"
+    if error is None:
+        return hint
+    first = str(error).strip().partition("\n")[0]
+    if innermost_error(first) == "IndexError" and any(words in first for words in _INDEXED_PAST_ITS_SHAPE):
+        return (f"{hint} (at every world size, 1 included): indexing it by rank as the whole (value()[0][rank][...], "
+                "as torch's quantization hooks do) raises IndexError (docs/gloo-facts.md §1)")
+    return ""
+
+
+def gather_source(label: str, backend: BackendModel) -> str:
+    """What a hook's future labelled ``label`` holds when it derives from a gather on a backend
+    whose gather future holds one tensor per rank (``""`` when it does not):
+    ``"the hook's future comes from all_gather#0 on WORLD; on gloo that future holds … —
+    value()[0] is rank 0's part, not the gathered whole"`` (:func:`gloo_gather_hint`'s words;
+    the checker adds them to a *contract* failure of such a result)."""
     if backend.gather_as_flat or not label:
         return ""
     source = label.rsplit(" of ", 1)[-1]
@@ -212,15 +233,8 @@ def gloo_gather_hint(future: Any, backend: BackendModel, error: BaseException | 
         held = "the W output tensors themselves, [outs[0], …, outs[W-1]], not [flat output] as on NCCL"
     else:
         return ""
-    hint = (f"simcluster: hint: the hook's future comes from {source}; on {backend.name} that future holds {held} "
+    return (f"the hook's future comes from {source}; on {backend.name} that future holds {held} "
             "— value()[0] is rank 0's part, not the gathered whole")
-    if error is None:
-        return hint
-    first = str(error).strip().partition("\n")[0]
-    if innermost_error(first) == "IndexError" and any(words in first for words in _INDEXED_PAST_ITS_SHAPE):
-        return (f"{hint} (at every world size, 1 included): indexing it by rank as the whole (value()[0][rank][...], "
-                "as torch's quantization hooks do) raises IndexError (docs/gloo-facts.md §1)")
-    return ""
 
 
 class SimDDP:
@@ -333,6 +347,7 @@ class SimDDP:
             iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
             trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
             params=self._moved_params(),
+            future_labels=[[getattr(f, "label", "") for f in rank_futures] for rank_futures in futures],
         )
 
     def _moved_params(self) -> list[list[torch.Tensor]] | None:
