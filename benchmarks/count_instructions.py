@@ -1,6 +1,6 @@
 """CPU instructions per simulated step: a speed measure that machine noise does not move.
 
-    python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64] [--launcher torchrun]
+    python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64] [--launcher torchrun] [--empty]
 
 Wall-clock timings on a shared VM swing by 2x from one minute to the next (CPU steal,
 neighbours), so a 5 % change to the hot path cannot be seen in them. Instruction counts
@@ -13,8 +13,11 @@ rank's ``allreduce_hook`` on a process group that completes at once, as
 process group (``multi_threaded_pg``, one thread per rank, as ``bench_engine.py``'s
 ``threadedPG`` column: a bucket made, ``allreduce_hook(None, bucket).wait()`` and the
 benchmark's two barrier waits per rank-step), summed over all threads — the CPU work the
-threaded group does, without the hand-over latency that dominates its wall time. Needs
-valgrind; about 15 s per run.
+threaded group does, without the hand-over latency that dominates its wall time.
+``--empty`` counts a run whose ranks do nothing (``SimCluster(W).run(lambda rank: None)``):
+a run's fixed cost — engine, patches, the switches into and out of the ranks, the settings
+audit's start and finish — which a W=2 step shares between two ranks (docs/speed.md, stop 29).
+Needs valgrind; about 15 s per run.
 """
 
 from __future__ import annotations
@@ -53,8 +56,14 @@ def _measured(args: argparse.Namespace) -> None:
 
         cluster = SimCluster(args.world, seed=0, backend=args.backend, launcher=args.launcher)
 
+        def nothing(rank: int) -> None:
+            return None
+
         def step() -> None:
-            cluster.run_hook(allreduce_hook, grads)
+            if args.empty:
+                cluster.run(nothing)
+            else:
+                cluster.run_hook(allreduce_hook, grads)
     for _ in range(20):
         step()
     _instrumentation(True)
@@ -122,6 +131,8 @@ def main() -> None:
                         help="the simulated backend model (simcluster only)")
     parser.add_argument("--launcher", choices=("none", "torchrun"), default="none",
                         help="SimCluster's launcher model (simcluster only)")
+    parser.add_argument("--empty", action="store_true",
+                        help="a run whose ranks do nothing instead of a hook step: the run's fixed cost (simcluster only)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -132,7 +143,7 @@ def main() -> None:
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
                "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps),
                "--backend", args.backend, "--launcher", args.launcher]
-    for flag in ("floor", "threaded"):
+    for flag in ("floor", "threaded", "empty"):
         if getattr(args, flag):
             command.append(f"--{flag}")
     with tempfile.TemporaryDirectory() as scratch:  # callgrind writes its output file into the cwd
@@ -142,8 +153,9 @@ def main() -> None:
         sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
     what = ("torch's share (hook floor)" if args.floor else
             "torch's threaded PG (all threads)" if args.threaded else f"simcluster ({args.backend} model{', launcher torchrun' if args.launcher != 'none' else ''})")
-    print(f"{what}: world {args.world}, {args.n}-element buckets: "
-          f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per step")
+    per = "empty run" if args.empty else "step"
+    print(f"{what}: world {args.world}, {'ranks doing nothing' if args.empty else f'{args.n}-element buckets'}: "
+          f"{int(found.group(1)) / args.steps / 1e6:.3f} M instructions per {per}")
 
 
 if __name__ == "__main__":
