@@ -303,20 +303,18 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
     result compared with the first run's. Any run that raises, or any result that moves,
     and nothing is said. Run once per reported failure, not during the search: 1 + 2W more
     simulations of the example up to the failing step."""
-    info = violation.info
-    if violation.prop != "replicas_agree" or info.get("error"):
+    if violation.prop != "replicas_agree" or violation.info.get("error"):
         return ""
-    example, backend, t = info["example"], info["backend"], info.get("step", 0)
-    grads = _inputs(opts, example)[0][: t + 1]
-    base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
-    if error is not None or len(base) <= t:
+    rerun = _failing_step_again(opts, violation)
+    if rerun is None:
         return ""
+    example, backend, t, grads, step = rerun
     for r in range(example.world_size):
         for change in (_ones_or_twos, _threes_or_fives):
             run = _rerun_changed(opts, example, backend, grads, lambda q: q != r, change)
-            if run is None or not all(P.bits_equal(a, b) for a, b in zip(run.grads[r], base[t].grads[r])):
+            if run is None or not all(P.bits_equal(a, b) for a, b in zip(run.grads[r], step.grads[r])):
                 return ""
-    collectives = base[t].trace.collectives()
+    collectives = step.trace.collectives()
     if not collectives:
         return (f"\n(the hook communicated nothing at step {t}: each rank's result is computed from its own gradients "
                 "alone)")
@@ -350,28 +348,26 @@ def sources_hint(opts: Options, violation: Violation) -> str:
     results if any result moved. The numbers alone cannot say it: a shrunk example's rank 0
     often holds zeros, which a hook zeroing its bucket returns too. Run once per reported
     failure: 1 + up to 2W more simulations of the example up to the failing step."""
-    info = violation.info
-    if violation.prop != "averages" or info.get("error") or info["example"].world_size < 2:
+    if violation.prop != "averages" or violation.info.get("error") or violation.info["example"].world_size < 2:
         return ""
-    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    rerun = _failing_step_again(opts, violation)
+    if rerun is None:
+        return ""
+    example, backend, t, grads, step = rerun
     world = example.world_size
-    grads = _inputs(opts, example)[0][: t + 1]
-    base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
-    if error is not None or len(base) <= t:
-        return ""
     reached = []
     for q in range(world):
         for change in (_ones_or_twos, _threes_or_fives):
             run = _rerun_changed(opts, example, backend, grads, lambda p: p == q, change)
             if run is None:
                 return ""
-            if not all(P.bits_equal(a, b) for r in range(world) for a, b in zip(run.grads[r], base[t].grads[r])):
+            if not all(P.bits_equal(a, b) for r in range(world) for a, b in zip(run.grads[r], step.grads[r])):
                 reached.append(q)
                 break
     if not reached or len(reached) == world:
         return ""
     fact = ("every rank's result stays bit for bit the same when any other rank's gradients change — "
-            + _why_one_source(base[t].trace, backend, reached))
+            + _why_one_source(step.trace, backend, reached))
     if len(reached) == 1:
         return f"\n(only rank {reached[0]}'s gradients reach the results at step {t}: {fact})"
     return f"\n(only ranks {', '.join(map(str, reached))}'s gradients reach the results at step {t}: {fact})"
@@ -393,6 +389,18 @@ def _why_one_source(trace: Any, backend: str, reached: list[int]) -> str:
                     "that one tensor, and DDP keeps its first elements — rank 0's gradient. Read the output list "
                     "given to all_gather instead")
     return "the other ranks' data never entered a collective that reached a result"
+
+
+def _failing_step_again(opts: Options, violation: Violation) -> tuple[Example, str, int, list[Any], Any] | None:
+    """The reported failure's example run again, as it was, up to its failing step ``t``:
+    ``(example, backend, t, the gradients of steps 0..t, step t's result)``, or None if the
+    run raised or stopped short — the baseline :func:`unreached_hint` and :func:`sources_hint`
+    compare their changed runs (:func:`_rerun_changed`) with."""
+    info = violation.info
+    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    grads = _inputs(opts, example)[0][: t + 1]
+    base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
+    return None if error is not None or len(base) <= t else (example, backend, t, grads, base[t])
 
 
 def _rerun_changed(opts: Options, example: Example, backend: str, grads: list[Any],
