@@ -162,39 +162,39 @@ class _Dispatching:
         """Names rank code assigned or deleted during this run -> the module's value before (or :data:`_MISSING`)."""
         self._classes: dict[type, type] = {}
 
-    def _class_for(self, base: type) -> type:
-        """The dispatching subclass of ``base`` (the module's class before the run), made once."""
-        found = self._classes.get(base)
-        if found is None:
-            dispatchers, assigned = self.dispatchers, self.assigned
-            plain_get, plain_set, plain_del = base.__getattribute__, base.__setattr__, base.__delattr__
-
-            def remember(module: Any, name: str) -> None:
-                if name in dispatchers and name not in assigned:
-                    assigned[name] = plain_get(module, "__dict__").get(name, _MISSING)
-
-            class Dispatching(base):  # type: ignore[valid-type, misc]
-                def __getattribute__(self, name: str) -> Any:
-                    found = dispatchers.get(name)
-                    if found is None or name in assigned:
-                        return plain_get(self, name)
-                    return found
-
-                def __setattr__(self, name: str, value: Any) -> None:
-                    remember(self, name)
-                    plain_set(self, name, value)
-
-                def __delattr__(self, name: str) -> None:
-                    remember(self, name)
-                    plain_del(self, name)
-
-            Dispatching.__name__ = Dispatching.__qualname__ = base.__name__  # repr and messages unchanged
-            found = self._classes[base] = Dispatching
-        return found
-
     def class_for(self, base: type) -> type:
-        """The dispatching class for a module whose class is ``base`` now (made once per base)."""
-        return self._classes.get(base) or self._class_for(base)
+        """The dispatching subclass of ``base`` (the module's class before the run), made once
+        per base. (The making is a method of its own: a function defining closures builds its
+        cells at every call, ~3,000 instructions a run on this hot path.)"""
+        return self._classes.get(base) or self._make_class(base)
+
+    def _make_class(self, base: type) -> type:
+        """Make and keep :meth:`class_for`'s class for ``base``."""
+        dispatchers, assigned = self.dispatchers, self.assigned
+        plain_get, plain_set, plain_del = base.__getattribute__, base.__setattr__, base.__delattr__
+
+        def remember(module: Any, name: str) -> None:
+            if name in dispatchers and name not in assigned:
+                assigned[name] = plain_get(module, "__dict__").get(name, _MISSING)
+
+        class Dispatching(base):  # type: ignore[valid-type, misc]
+            def __getattribute__(self, name: str) -> Any:
+                found = dispatchers.get(name)
+                if found is None or name in assigned:
+                    return plain_get(self, name)
+                return found
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                remember(self, name)
+                plain_set(self, name, value)
+
+            def __delattr__(self, name: str) -> None:
+                remember(self, name)
+                plain_del(self, name)
+
+        Dispatching.__name__ = Dispatching.__qualname__ = base.__name__  # repr and messages unchanged
+        self._classes[base] = Dispatching
+        return Dispatching
 
     def put_back(self) -> None:
         """Undo what rank code assigned or deleted during the run (see :attr:`assigned`)."""
@@ -211,8 +211,8 @@ _MODULES = [_Dispatching(module, dispatchers) for module, dispatchers in _target
 _set_class = object.__dict__["__class__"].__set__
 """``obj.__class__ = cls`` as one C call, past a dispatching class's own ``__setattr__``."""
 
-Installed = list[tuple[Any, type, _Dispatching]]
-"""What :func:`install_generators` changed: (module, its class before, its dispatching)."""
+Installed = list[tuple[_Dispatching, type]]
+"""What :func:`install_generators` changed: each patched module's dispatching and its class before."""
 
 
 def install_generators() -> Installed:
@@ -221,10 +221,9 @@ def install_generators() -> Installed:
     installed: Installed = []
     try:
         for patched in _MODULES:
-            module = patched.module
-            before = type(module)
-            _set_class(module, patched.class_for(before))
-            installed.append((module, before, patched))
+            before = type(patched.module)
+            _set_class(patched.module, patched.class_for(before))
+            installed.append((patched, before))
     except BaseException:
         restore_generators(installed)
         raise
@@ -233,8 +232,8 @@ def install_generators() -> Installed:
 
 def restore_generators(installed: Installed) -> None:
     """Give the modules :func:`install_generators` patched their own class and values back."""
-    for module, before, patched in installed:
-        _set_class(module, before)
+    for patched, before in installed:
+        _set_class(patched.module, before)
         if patched.assigned:
             patched.put_back()
 
