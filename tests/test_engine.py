@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -417,3 +418,19 @@ def test_futures_a_rank_makes_are_numbered_per_rank_over_the_cluster_s_life() ->
                and "test_engine.py:" in label
                for r, labels in enumerate(first) for label in labels)
     assert SimCluster(2, seed=0).run(rank_fn).values == first
+
+
+def test_a_future_s_label_names_its_file_relative_to_the_directory_the_run_is_in(tmp_path, monkeypatch) -> None:
+    """The file:line in a torch.futures.Future()'s label is worked out once per file and
+    directory (it is on the hot path): run from another directory, the same line is named
+    from there, not as the first run saw it."""
+
+    def rank_fn(rank: int) -> str:
+        return torch.futures.Future().label
+
+    here = SimCluster(1, seed=0).run(rank_fn).values[0]
+    assert " at tests/test_engine.py:" in here or " at test_engine.py:" in here
+    monkeypatch.chdir(tmp_path)
+    there = SimCluster(1, seed=0).run(rank_fn).values[0]
+    assert there.endswith(here.rsplit(" at ", 1)[1].rsplit("/", 1)[-1])
+    assert f" at {os.path.abspath(__file__)}:" in there

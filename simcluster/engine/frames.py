@@ -67,7 +67,26 @@ def is_internal(filename: str) -> bool:
     """Whether ``filename`` belongs to simcluster (but not the hooks it ships), torch (but not
     torch's DDP communication hooks), Python's stdlib, the test runner, a console script or
     ``typing_extensions`` (whose ``@deprecated`` wrapper torch puts around some collectives).
-    The hooks are the code under test: their lines are what a report points at."""
+    The hooks are the code under test: their lines are what a report points at.
+
+    Answered once per absolute file name (a dict lookup after that): every
+    ``torch.futures.Future()`` a hook makes asks it for the line that made the future, and
+    working it out costs ~25 µs of path arithmetic."""
+    known = _INTERNAL.get(filename)
+    if known is None:
+        known = _is_internal(filename)
+        if os.path.isabs(filename):  # a relative name's answer depends on the current directory
+            _INTERNAL[filename] = known
+    return known
+
+
+_INTERNAL: dict[str, bool] = {}
+""":func:`is_internal`'s answers for absolute file names (which folders are internal is fixed
+once :data:`_ROOTS` is set, at the first question)."""
+
+
+def _is_internal(filename: str) -> bool:
+    """:func:`is_internal`, worked out."""
     global _ROOTS
     if _ROOTS is None:
         _ROOTS = _roots()
@@ -98,12 +117,27 @@ class Frame:
 
 
 def short_path(path: str) -> str:
-    """``path`` relative to the current directory when it is inside it (else as is)."""
+    """``path`` relative to the current directory when it is inside it (else as is).
+
+    Remembered per (current directory, path): a label of every ``torch.futures.Future()`` a
+    hook makes names its line, and ``os.path.relpath`` costs ~10 µs; reading the current
+    directory is one system call."""
     try:
-        rel = os.path.relpath(path)
-    except ValueError:
+        key = (os.getcwd(), path)
+    except OSError:  # the current directory was removed
         return path
-    return path if rel.startswith("..") else rel
+    found = _SHORT.get(key)
+    if found is None:
+        try:
+            rel = os.path.relpath(path, key[0])
+        except ValueError:
+            rel = ".."
+        found = _SHORT[key] = path if rel.startswith("..") else rel
+    return found
+
+
+_SHORT: dict[tuple[str, str], str] = {}
+""":func:`short_path`'s answers by (current directory, path)."""
 
 
 def _frames(summary: Iterable[traceback.FrameSummary]) -> list[Frame]:
