@@ -248,7 +248,9 @@ class SimCluster(Runtime):
         """
         hook = as_rank_local(hook)
         grads = self._check_grads(grads)
-        if not isinstance(state, SimProcessGroup):
+        # issubclass of the type: torch's ProcessGroup has a metaclass whose Python
+        # __instancecheck__ makes isinstance cost ~0.6 µs (once per step)
+        if not issubclass(type(state), SimProcessGroup):
             state = StateSpec.parse(state)  # once: each rank then resolves it
         buckets: list[SimGradBucket] = []
         states: list[Any] = [None] * self.world_size
