@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from simcluster import SimCluster
 from simcluster.errors import SharedSettingError, UsageError
-from simcluster.fake.launcher import rank_environment
+from simcluster.fake.launcher import LauncherEnvironment, rank_environment
 
 TORCHRUN_KEYS = set(rank_environment(3, 0, {})) - {"OMP_NUM_THREADS"}
 
@@ -96,6 +96,30 @@ def test_the_callers_environment_is_restored_exactly_after_a_run_and_after_a_fai
     with pytest.raises(ValueError, match="rank 1 fails"):
         SimCluster(2, launcher="torchrun").run(fails)
     assert dict(os.environ) == before
+
+
+def test_given_environments_give_each_rank_exactly_its_own_and_the_callers_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's variables as the real ranks had them (two nodes of two: LOCAL_RANK and
+    GROUP_RANK follow the layout, not the single-node model; a variable only rank 0 has is
+    absent while the others run); the caller's environment is back after the run."""
+    monkeypatch.setenv("RANK", "caller's")
+    monkeypatch.delenv("GROUP_RANK", raising=False)
+    monkeypatch.delenv("ONLY_ON_0", raising=False)
+    ranks = [{"RANK": str(r), "LOCAL_RANK": str(r % 2), "GROUP_RANK": str(r // 2), "WORLD_SIZE": "4",
+              "MASTER_ADDR": "node0"} for r in range(4)]
+    ranks[0]["ONLY_ON_0"] = "yes"
+    before = dict(os.environ)
+    keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "MASTER_ADDR", "ONLY_ON_0")
+
+    def rank_fn(rank: int) -> dict[str, str | None]:
+        return {key: os.environ.get(key) for key in keys}
+
+    values = SimCluster(4, launcher=LauncherEnvironment(4, ranks)).run(rank_fn).values
+    assert values == [{**{key: None for key in keys}, **env} for env in ranks]
+    assert dict(os.environ) == before
+    with pytest.raises(UsageError, match="for 4 ranks, but the cluster has 2"):
+        SimCluster(2, launcher=LauncherEnvironment(4, ranks))
 
 
 def test_a_rank_changing_its_own_rank_variable_is_still_reported_and_undone() -> None:

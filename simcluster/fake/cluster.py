@@ -29,6 +29,7 @@ import torch
 
 from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, fresh_bucket, make_bucket
+from simcluster.fake.launcher import LauncherEnvironment
 from simcluster.engine.inline import Engine
 from simcluster.errors import DeadlockError, UsageError, add_context_note
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
@@ -90,7 +91,10 @@ class SimCluster(Runtime):
     variables ``torchrun --standalone --nproc-per-node world_size`` gives rank r
     (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, …; the run-dependent ones
     fixed, see :mod:`simcluster.fake.launcher`), and the caller's environment is back
-    exactly when the run ends, also on an error. The replay line names it.
+    exactly when the run ends, also on an error. The replay line names it. A
+    :class:`~simcluster.fake.launcher.LauncherEnvironment` made with each rank's variables
+    gives rank r exactly those (``simcluster e2e`` under a real torchrun: the real ranks'
+    own); the replay line then says ``launcher='torchrun'``, the single-node model.
     """
 
     def __init__(
@@ -103,7 +107,7 @@ class SimCluster(Runtime):
         rng: str = "per_rank",
         stuck_timeout: float = 60.0,
         posting_lines: bool = False,
-        launcher: str = "none",
+        launcher: str | LauncherEnvironment = "none",
     ) -> None:
         check_int("world_size", world_size, *WORLD_SIZES)
         check_int("seed", seed, *SEEDS)
@@ -118,7 +122,7 @@ class SimCluster(Runtime):
         self.posting_lines = posting_lines
         self.engine: Engine | None = None
         self.choices: list[int] = []
-        self.launcher = launcher
+        self.launcher = "torchrun" if isinstance(launcher, LauncherEnvironment) else launcher
         self.contexts = RankContexts(world_size, self, seed=seed, rng=rng, launcher=launcher)
 
     # -- introspection --------------------------------------------------------

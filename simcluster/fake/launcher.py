@@ -40,7 +40,7 @@ caller's values back, a variable the caller lacked removed).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simcluster.errors import UsageError
@@ -51,7 +51,7 @@ LAUNCHERS = ("none", "torchrun")
 PER_RANK = ("RANK", "LOCAL_RANK", "ROLE_RANK")
 """torchrun's variables whose value is the rank (single node)."""
 
-_putenv = os.putenv
+_putenv, _unsetenv = os.putenv, os.unsetenv
 _DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]
 """``os.environ``'s own store (encoded keys and values), which ``os.environ[key] = value`` fills after ``putenv``."""
 
@@ -103,20 +103,44 @@ def rank_environment(world_size: int, rank: int, environ: Mapping[str, str] | No
 
 
 class LauncherEnvironment:
-    """torchrun's variables for the ranks of one cluster, set in ``os.environ`` per rank."""
+    """torchrun's variables for the ranks of one cluster, set in ``os.environ`` per rank.
 
-    def __init__(self, world_size: int) -> None:
+    ``ranks``: each rank's variables exactly as given (``ranks[r]``: name -> value), instead
+    of the single-node model of the table above — what ``simcluster e2e`` under a real
+    torchrun hands its simulation: every real rank's own values, gathered from the real ranks
+    (on several nodes ``LOCAL_RANK``, ``GROUP_RANK`` … follow the real layout). The variables
+    with one value on every rank are set when a run starts; the others at every rank switch
+    (one a rank lacks is removed while that rank's code runs).
+    """
+
+    def __init__(self, world_size: int, ranks: Sequence[Mapping[str, str]] | None = None) -> None:
         self.world_size = world_size
         encode_key, encode_value = os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
-        self._encoded = [{encode_key(key): encode_value(str(rank)) for key in PER_RANK} for rank in range(world_size)]
+        self._given: dict[str, str] | None = None
+        """The constants of given ``ranks`` (None: the single-node model, :func:`torchrun_constants`)."""
+        if ranks is None:
+            self.varying: list[str] = list(PER_RANK)
+            per_rank = [dict.fromkeys(PER_RANK, str(rank)) for rank in range(world_size)]
+        else:
+            if len(ranks) != world_size:
+                raise UsageError(f"launcher environments for {len(ranks)} ranks, but the cluster has {world_size}")
+            names = sorted({name for env in ranks for name in env})
+            self._given = {name: ranks[0][name] for name in names
+                           if name in ranks[0] and all(env.get(name) == ranks[0][name] for env in ranks)}
+            self.varying = [name for name in names if name not in self._given]
+            per_rank = [{name: env[name] for name in self.varying if name in env} for env in ranks]
+        """``varying``: the variables whose value depends on the rank (written at every switch)."""
+        self._encoded = [{encode_key(key): encode_value(value) for key, value in env.items()} for env in per_rank]
         """Per rank: its per-rank variables as ``os.environ`` stores them (encoded once, here)."""
+        self._absent = [[encode_key(key) for key in self.varying if key not in env] for env in per_rank]
+        """Per rank: the per-rank variables it does not have (encoded)."""
         self._saved: dict[str, str | None] = {}
 
     def begin(self) -> None:
         """A run starts: save the caller's values of every variable, set the constants (the
         per-rank ones are set by the :meth:`enter` that follows, for the first rank)."""
-        constants = torchrun_constants(self.world_size, os.environ)
-        self._saved = {key: os.environ.get(key) for key in (*constants, *PER_RANK)}
+        constants = torchrun_constants(self.world_size, os.environ) if self._given is None else self._given
+        self._saved = {key: os.environ.get(key) for key in (*constants, *self.varying)}
         os.environ.update(constants)
 
     def enter(self, rank: int, baseline: dict[Any, Any]) -> None:
@@ -127,6 +151,10 @@ class LauncherEnvironment:
             _putenv(key, value)
         _DATA.update(encoded)
         baseline.update(encoded)
+        for key in self._absent[rank]:  # only with given environments that differ in their names
+            _unsetenv(key)
+            _DATA.pop(key, None)
+            baseline.pop(key, None)
 
     def end(self) -> None:
         """The run ended (also by an error): the caller's environment back, exactly."""

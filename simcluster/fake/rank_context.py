@@ -172,10 +172,16 @@ class RankContexts:
     made by ``new_group`` in one step is used in the next, as in a training loop).
     """
 
-    def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str, launcher: str = "none") -> None:
+    def __init__(self, world_size: int, runtime: Runtime, *, seed: int, rng: str,
+                 launcher: str | LauncherEnvironment = "none") -> None:
         if rng not in ("per_rank", "same"):
             raise UsageError(f"rng={rng!r} must be 'per_rank' or 'same'")
-        self.launcher = LauncherEnvironment(world_size) if check_launcher(launcher) == "torchrun" else None
+        if isinstance(launcher, LauncherEnvironment):  # each rank's variables given (simcluster e2e under torchrun)
+            if launcher.world_size != world_size:
+                raise UsageError(f"a launcher environment for {launcher.world_size} ranks, but the cluster has {world_size}")
+            self.launcher: LauncherEnvironment | None = launcher
+        else:
+            self.launcher = LauncherEnvironment(world_size) if check_launcher(launcher) == "torchrun" else None
         """torchrun's variables per rank (``launcher="torchrun"``), or None: ``os.environ`` untouched."""
         self.world_size = world_size
         self.runtime = runtime
