@@ -382,3 +382,12 @@ def sgd_on_param_data(state, bucket):
         return fut.value()
 
     return _mean(bucket).then(step)
+
+
+def scaled_by_launcher_rank(state, bucket):
+    """Scales its bucket by torchrun's RANK + 1 before the mean: each real rank reads its own
+    from its process's environment, so the simulation must give each simulated rank the real
+    rank's (under torchrun it runs in rank 0's process, whose RANK is 0)."""
+    buf = bucket.buffer()
+    buf.mul_(int(os.environ["RANK"]) + 1).div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])

@@ -12,6 +12,8 @@ under torchrun, Ctrl-C and ``check --e2e`` PowerSGD are ``slow``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -447,6 +449,34 @@ def test_torchrun_rank_0_judges_the_sides_as_simcluster_e2e_does(monkeypatch, ca
     out = capsys.readouterr().out
     assert code == 0, out
     assert "UNCONFIRMED (real gloo (torchrun) hung where this simulation finished" in out, out
+
+
+def _torchrun_rank_0(monkeypatch) -> None:
+    """This process's environment as torchrun gives rank 0 of 2 (where torchrun's rank 0 simulates)."""
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "test"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_the_simulation_gives_each_rank_the_launcher_variables_of_its_real_rank(monkeypatch) -> None:
+    """Under torchrun, the simulation runs in rank 0's process (RANK=0): a hook reading RANK
+    read 0 on every simulated rank, where the real ranks read 0 and 1 — a false fidelity
+    report. With the real ranks' variables (Scenario.environs, gathered by torchrun's rank 0)
+    each simulated rank reads its own, and the side says the DDP model's results stand in
+    for the real reducer's threads, which share one environment."""
+    _torchrun_rank_0(monkeypatch)
+    environs = tuple(tuple(sorted({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"}.items()))
+                     for r in range(2))
+    scenario = Scenario(2, ((3,),), steps=1, environs=environs)
+    side = run_sim(scenario, f"{HOOKS}:scaled_by_launcher_rank")
+    assert side.failure is None, side.failure.line()
+    grads = scenario.gradients()[0]
+    expected = grads[0][0] / 2 + grads[1][0] * 2 / 2
+    for rank in range(2):
+        torch.testing.assert_close(side.grads[0][rank][0], expected)
+    assert "the hook reads RANK, which differ between the real ranks" in side.note
+    # as before: without the real ranks' variables every simulated rank reads rank 0's process's RANK=0
+    blind = run_sim(dataclasses.replace(scenario, environs=None), f"{HOOKS}:scaled_by_launcher_rank")
+    assert not torch.allclose(blind.grads[0][1][0], expected) and not blind.note
 
 
 def test_the_simulation_never_sees_the_real_ranks_environment(monkeypatch) -> None:
@@ -899,6 +929,16 @@ def test_torchrun_standalone_agrees_and_rank_0_prints_the_comparison(world: int,
     # each rank's event lines whole: one write per line (print's two writes interleaved 1-4 lines a run)
     events = [line for line in done.stdout.splitlines() if "simcluster-e2e rank" in line]
     assert len(events) >= 4 * world and all(line.count("simcluster-e2e rank") == 1 for line in events), events
+
+
+def test_torchrun_agrees_on_a_hook_reading_its_launcher_rank(census, tmp_path: Path) -> None:
+    """Real torchrun: each real rank scales by its own RANK; rank 0 gathers the ranks' launcher
+    variables and its simulation gives each simulated rank its real rank's (a 'fidelity bug'
+    before: every simulated rank read rank 0's process's RANK)."""
+    done = _torchrun(2, tmp_path, f"{HOOKS}:scaled_by_launcher_rank", "--params", "3", "--steps", "1",
+                     "--timeout", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: agree" in done.stdout and "the hook reads RANK" in done.stdout, done.stdout
 
 
 @pytest.mark.slow

@@ -60,6 +60,20 @@ FIXED_RUN_VALUES = {"MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "simcluster"}
 simcluster fixes them to (the real ones under torchrun: :func:`torchrun_constants`)."""
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                      "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                      "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+"""Every variable of the table above that simcluster models: what a real rank's launcher
+environment is read as (``TORCHELASTIC_ERROR_FILE``, a path in torchrun's own temporary
+directory, is left out)."""
+
+
+def launcher_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`TORCHRUN_VARIABLES` set in ``environ`` (a real torchrun rank's own: ``os.environ``)."""
+    return {name: environ[name] for name in TORCHRUN_VARIABLES if name in environ}
+
+
 def check_launcher(launcher: object) -> str:
     """``launcher`` if it is one of :data:`LAUNCHERS`, else :class:`UsageError` (one line)."""
     if launcher not in LAUNCHERS:

@@ -109,6 +109,11 @@ class Scenario:
     grads: tuple[tuple[tuple[torch.Tensor, ...], ...], ...] | None = None
     label: str = ""
     ready_order: tuple[int, ...] | None = None
+    environs: tuple[tuple[tuple[str, str], ...], ...] | None = None
+    """Each rank's launcher variables (``(name, value)`` pairs), as the real ranks had them:
+    set under a real torchrun (:mod:`simcluster.real.e2e_torchrun` gathers them), so that the
+    simulation's rank r sees real rank r's ``RANK``, ``LOCAL_RANK``, … and not those of the
+    process it runs in (rank 0's). ``None``: the simulation's ranks see that process's own."""
 
     def __post_init__(self) -> None:
         if self.ready_order is not None:  # a bad order: one clear UsageError here, not in a rank
@@ -728,7 +733,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     # What the hook prints is captured, as the search captures it: under the real reducer its
     # rank threads interleave their lines by timing (dropped); on the DDP model, one baton and
     # a fixed order, the text is the same on every run (kept, shown with a failure).
-    with captured_output(output_fd):
+    with captured_output(output_fd), _recording_reads(_per_rank_variables(scenario)) as environ:
         try:
             run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
                                world_size=scenario.world_size, hook=None, setup=own_process,
@@ -752,7 +757,17 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         side.note = ("the hook draws from torch's global RNG: gradients and parameters from the DDP model, whose simulated ranks "
                      "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
                      "share one (docs/e2e.md)")
-    side.model_differences = _model_differences(scenario, model, side)
+    if environ is not None and environ.read:
+        # The hook read a launcher variable whose value differs between the real ranks. The
+        # real reducer's rank threads share this process's one environment (rank 0's, under
+        # torchrun); the DDP model gives each simulated rank the real rank's own: this side is the model's.
+        names = ", ".join(sorted(os.environ.decodekey(k) for k in environ.read))  # type: ignore[attr-defined]
+        side.grads, side.params, side.calls, side.failure = model.grads, model.params, model.calls, model.failure
+        side.note = (f"the hook reads {names}, which differ between the real ranks: this side is the DDP model's, "
+                     "whose simulated ranks each see their real rank's launcher variables; the real reducer's "
+                     "rank threads share one process environment (docs/e2e.md)")
+    else:
+        side.model_differences = _model_differences(scenario, model, side)
     side.unmodelled = next((f.unmodelled for f in (side.failure, model.failure) if f is not None and f.unmodelled), "")
     side.seconds = time.monotonic() - started
     monitor.end()
@@ -784,7 +799,7 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         side.failure = refused
         return side
     cluster = SimCluster(scenario.world_size, seed=scenario.seed, backend=backend,
-                         schedule=InOrder() if schedule is None else schedule)
+                         schedule=InOrder() if schedule is None else schedule, launcher=rank_launcher(scenario))
     config = DDPConfig(bucket_cap_mb=scenario.bucket_cap_mb, static_graph=scenario.static_graph,
                        find_unused_parameters=scenario.find_unused_parameters,
                        gradient_as_bucket_view=scenario.gradient_as_bucket_view, ready_order=scenario.ready_order)
@@ -809,6 +824,69 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         side.params.append([[layout_copy(p) for p in rank] for rank in ddp.params])
     side.calls = calls
     return side
+
+
+def rank_launcher(scenario: Scenario) -> Any:
+    """What the DDP model's cluster takes as ``launcher``: each rank's real launcher
+    variables (:attr:`Scenario.environs`, a :class:`~simcluster.fake.launcher.LauncherEnvironment`),
+    or ``"none"``."""
+    from simcluster.fake.launcher import LauncherEnvironment
+
+    if scenario.environs is None:
+        return "none"
+    return LauncherEnvironment(scenario.world_size, [dict(env) for env in scenario.environs])
+
+
+def _per_rank_variables(scenario: Scenario) -> set[bytes]:
+    """The launcher variables whose value differs between the real ranks, as ``os.environ``
+    stores their names (empty without :attr:`Scenario.environs`)."""
+    if scenario.environs is None:
+        return set()
+    first = dict(scenario.environs[0])
+    names = {name for env in scenario.environs for name in dict(env)}
+    return {os.environ.encodekey(name) for name in names  # type: ignore[attr-defined]
+            if any(dict(env).get(name) != first.get(name) for env in scenario.environs)}
+
+
+class _ReadsRecorded(dict):  # type: ignore[type-arg]
+    """``os.environ``'s store while the real reducer's rank threads run: notes which of
+    ``watched`` (encoded names) were read — ``os.environ[...]``, ``.get``, ``os.getenv``,
+    ``in``, a copy all read through it."""
+
+    def __init__(self, data: dict[Any, Any], watched: set[bytes]) -> None:
+        super().__init__(data)
+        self.watched = watched
+        self.read: set[bytes] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self.watched:
+            self.read.add(key)
+        return super().__getitem__(key)
+
+
+@contextlib.contextmanager
+def _recording_reads(watched: set[bytes]) -> Iterator[_ReadsRecorded | None]:
+    """While inside, ``os.environ`` (and ``os.environb``, which shares its store) reads
+    through a :class:`_ReadsRecorded` copy; what was written meanwhile is kept afterwards.
+    Yields None (nothing swapped) when ``watched`` is empty."""
+    if not watched:
+        yield None
+        return
+    original = os.environ._data  # type: ignore[attr-defined]
+    recorded = _ReadsRecorded(original, watched)
+    os.environ._data = recorded  # type: ignore[attr-defined]
+    shares = getattr(os, "environb", None) is not None and os.environb._data is original  # type: ignore[attr-defined]
+    if shares:
+        os.environb._data = recorded  # type: ignore[attr-defined]
+    try:
+        yield recorded
+    finally:
+        os.environ._data = original  # type: ignore[attr-defined]
+        if shares:
+            os.environb._data = original  # type: ignore[attr-defined]
+        if dict(recorded) != original:
+            original.clear()
+            original.update(recorded)
 
 
 def _registration_refused(hook: Callable[..., Any]) -> SideFailure | None:

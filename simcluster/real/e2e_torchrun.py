@@ -36,6 +36,7 @@ import traceback
 from typing import Any
 
 from simcluster.errors import UsageError
+from simcluster.fake.launcher import launcher_variables
 
 __all__ = ["torchrun_main"]
 
@@ -102,6 +103,7 @@ def torchrun_main(args: argparse.Namespace) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported through rank 0, never lost
         outcome = {"error": _error_outcome(me, exc)}
     outcome["seconds"] = time.monotonic() - started
+    outcome["environ"] = launcher_variables(os.environ)
     if me.post(outcome):
         _finish(me, args, scenario, started)
     threading.Event().wait()  # the watchdog posted first: it finishes the run
@@ -130,7 +132,8 @@ def _watchdog(me: _Rank, args: argparse.Namespace, scenario: Any, started: float
     time.sleep(args.timeout + _MARGIN)
     main = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001 - for the report
     stack = "".join(traceback.format_stack(main)) if main is not None else ""
-    if me.post({"hung": {"last": me.last, "stack": stack}, "seconds": time.monotonic() - started}):
+    if me.post({"hung": {"last": me.last, "stack": stack}, "seconds": time.monotonic() - started,
+                "environ": launcher_variables(os.environ)}):
         _finish(me, args, scenario, started)
 
 
@@ -182,10 +185,23 @@ def _report(me: _Rank, args: argparse.Namespace, scenario: Any, started: float) 
     if real.failure is not None:
         note_failed_calls(real, {r: o["error"]["traceback"] for r, o in outcomes.items() if "error" in o})
     _quiet_the_group()
+    scenario = with_rank_environs(scenario, outcomes)
     result = judge_sides(scenario, args.target, args.state, real, backend=args.backend, timeout=args.timeout,
                          isolate=parse_isolate(args.isolate))
     print(result.format(), flush=True)
     return exit_code(result)
+
+
+def with_rank_environs(scenario: Any, outcomes: dict[int, dict[str, Any]]) -> Any:
+    """``scenario`` carrying every real rank's launcher variables (``Scenario.environs``), so
+    that the simulation's rank r sees real rank r's ``RANK``, ``LOCAL_RANK``, … rather than
+    those of rank 0's process, where it runs; unchanged if a rank posted none (gone or stuck)."""
+    import dataclasses
+
+    environs = [outcomes[r].get("environ") for r in range(len(outcomes))]
+    if any(env is None for env in environs):
+        return scenario
+    return dataclasses.replace(scenario, environs=tuple(tuple(sorted(env.items())) for env in environs))
 
 
 def _quiet_the_group() -> None:
