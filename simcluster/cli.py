@@ -156,13 +156,15 @@ def add_isolate_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_launcher_option(parser: argparse.ArgumentParser) -> None:
-    """``--launcher none|torchrun``, as ``check`` and ``explain`` take it (one definition; the
-    values are :data:`~simcluster.fake.launcher.LAUNCHERS`, SimCluster's ``launcher=``)."""
+    """``--launcher none|torchrun``, as ``check``, ``explain`` and ``e2e`` take it (one
+    definition; the values are :data:`~simcluster.fake.launcher.LAUNCHERS`, SimCluster's
+    ``launcher=``; ``e2e`` gives the variables to its real ranks too)."""
     from simcluster.fake.launcher import LAUNCHERS
 
     parser.add_argument("--launcher", default="none", choices=LAUNCHERS,
                         help="torchrun: each simulated rank's os.environ holds torchrun's variables (RANK, "
-                             "LOCAL_RANK, WORLD_SIZE, ...) with its own values; none (default): the caller's")
+                             "LOCAL_RANK, WORLD_SIZE, ...) with its own values (with e2e, each real rank's too); "
+                             "none (default): the caller's")
 
 
 def _add_explain_parser(sub: Any) -> None:

@@ -103,6 +103,21 @@ def test_e2e_command_agrees_bitwise_and_prints_each_step_and_rank(census, capsys
     assert "verdict: agree" in out
 
 
+def test_e2e_with_the_launcher_gives_real_and_simulated_ranks_torchruns_variables(census, capsys) -> None:
+    """``--launcher torchrun`` (check's option): each real gloo rank runs with torchrun's
+    variables, and so does each simulated rank — a hook scaling by its RANK agrees. Without
+    it both sides fail alike on the missing RANK (exit 1, the hook's own failure)."""
+    hook = f"{HOOKS}:scaled_by_launcher_rank"
+    code = main(["e2e", hook, "--launcher", "torchrun", "--params", "3", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "each rank with its launcher variables" in out and "verdict: agree" in out
+    assert "the hook reads RANK" in out
+    assert main(["e2e", hook, "--params", "3", "--steps", "1"]) == 1
+    assert "KeyError" in capsys.readouterr().out
+    assert main(["e2e", hook, "--launcher", "slurm"]) == 2
+
+
 def test_a_wrong_backend_model_is_a_fidelity_bug_exit_4(census, capsys, monkeypatch) -> None:
     _flip_one_bit(monkeypatch)
     code = main(["e2e", MEAN, "--world-size", "2", "--params", "3", "--steps", "1"])
@@ -888,6 +903,22 @@ def test_counterexamples_are_run_end_to_end(census) -> None:
     labels = [r.scenario.label for r in summary.results[hook]]
     assert any(label.startswith("counterexample: averages on gloo") for label in labels), labels
     assert all(r.agree for r in summary.results[hook]), summary.format()
+
+
+def test_check_e2e_passes_the_launcher_on_to_every_scenario() -> None:
+    """``check --e2e --launcher torchrun``: the rows were checked with torchrun's variables, so
+    every scenario run on real gloo carries them (each real and simulated rank its own)."""
+    from simcluster.checking.check import check_hook
+    from simcluster.real.e2e_check import e2e_for_rows
+
+    report = check_hook(MEAN, backends=("gloo",), world_sizes=(2,), examples=2, steps=1, seed=0,
+                        launcher="torchrun")
+    ran: list[Scenario] = []
+    row = {"name": MEAN, "target": MEAN, "state": "none", "tolerance": "fp32", "skipped": None}
+    e2e_for_rows([row], [report], {"world_sizes": (2,), "steps": 1, "seed": 0, "launcher": "torchrun"}, 2,
+                 run=lambda scenario, *a, **k: ran.append(scenario))
+    assert ran and all(s.environs is not None for s in ran)
+    assert [dict(env)["RANK"] for env in ran[0].environs] == ["0", "1"]
 
 
 def test_a_legacy_row_is_not_run_end_to_end() -> None:

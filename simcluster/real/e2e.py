@@ -147,12 +147,47 @@ class Scenario:
         order = "" if self.ready_order is None else f", ready order {list(self.ready_order)}"
         text = (f"world {self.world_size}, params {[tuple(s) for s in self.shapes]} ({self.dtype}), {cap}{order}, "
                 f"{self.steps} steps, seed {self.seed}")
-        return text + "".join(f", {f}" for f in flags) + (f" [{self.label}]" if self.label else "")
+        launcher = ", each rank with its launcher variables" if self.environs is not None else ""
+        return text + "".join(f", {f}" for f in flags) + launcher + (f" [{self.label}]" if self.label else "")
 
     def ddp_kwargs(self) -> dict[str, Any]:
         return {"bucket_cap_mb": self.bucket_cap_mb, "static_graph": self.static_graph,
                 "find_unused_parameters": self.find_unused_parameters,
                 "gradient_as_bucket_view": self.gradient_as_bucket_view}
+
+
+def with_launcher(scenario: Scenario, launcher: str) -> Scenario:
+    """``scenario`` with torchrun's variables for each rank (:attr:`Scenario.environs`) when
+    ``launcher`` is ``"torchrun"`` (``--launcher``, as ``check`` takes it): the real ranks set
+    them for their run and the simulation gives them to its ranks, as
+    ``SimCluster(launcher="torchrun")`` does (the single-node model,
+    :func:`~simcluster.fake.launcher.rank_environment`). ``"none"``: unchanged."""
+    from simcluster.fake.launcher import check_launcher, rank_environment
+
+    if check_launcher(launcher) == "none":
+        return scenario
+    environs = tuple(tuple(sorted(rank_environment(scenario.world_size, rank).items()))
+                     for rank in range(scenario.world_size))
+    return dataclasses.replace(scenario, environs=environs)
+
+
+@contextlib.contextmanager
+def _launcher_environment(variables: Mapping[str, str] | None) -> Iterator[None]:
+    """A real rank's job with ``variables`` in ``os.environ`` (None: nothing set); the
+    process's own values back afterwards (a gloo process runs job after job)."""
+    if not variables:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class GradientModel(torch.nn.Module):
@@ -357,7 +392,8 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
             model, inputs = model.to(device), [x.to(device) for x in inputs]
         for i, p in enumerate(model.parameters()):
             p._simcluster_index = i  # type: ignore[attr-defined] - .to(device) may make new Parameters
-        return _train_rank(rank, scenario, model, inputs, hook, state_spec, group, emit)
+        with _launcher_environment(dict(scenario.environs[rank]) if scenario.environs is not None else None):
+            return _train_rank(rank, scenario, model, inputs, hook, state_spec, group, emit)
 
 
 def _train_rank(rank: int, scenario: Scenario, model: GradientModel, inputs: list[torch.Tensor],

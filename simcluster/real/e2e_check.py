@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from simcluster.errors import SimulatorFidelityError
-from simcluster.real.e2e import E2EResult, Scenario, run_e2e
+from simcluster.real.e2e import E2EResult, Scenario, run_e2e, with_launcher
 
 __all__ = ["E2ESummary", "SimulatorFidelityError", "confirm_report", "e2e_for_rows", "raise_fidelity",
            "scenarios_for_row", "scenario_from_example"]
@@ -214,6 +214,7 @@ def e2e_for_rows(rows: Sequence[dict[str, Any]], reports: Sequence[Any], options
                 cluster = clusters.setdefault(scenario.world_size,
                                               GlooCluster(scenario.world_size, timeout=timeout, start_timeout=timeout,
                                                           start_method=start_method))
+                scenario = with_launcher(scenario, options.get("launcher") or "none")
                 results.append(run(scenario, row["target"], row["state"], backend="gloo", timeout=timeout,
                                    cluster=cluster, isolate=options.get("isolate") or ()))
     finally:
@@ -228,7 +229,7 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
 
     ``hook``/``state``: as given to the check (a ``module:name`` / ``file.py:name`` string, or
     an importable function); ``options``: the check's options (world sizes, steps, seed, params,
-    tolerance; the check's defaults where missing).
+    tolerance, isolate, launcher; the check's defaults where missing).
     """
     from simcluster.real.differential import importable_name
     from simcluster.checking.tolerances import parse_tolerance
@@ -243,7 +244,7 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
     opts = {"world_sizes": tuple(options.get("world_sizes") or (1, 2, 3, 4, 8)), "steps": options.get("steps", 3),
             "seed": options.get("seed") or 0,
             "params": parse_shapes(params, what="params") if isinstance(params, str) else params,
-            "isolate": parse_isolate(options.get("isolate"))}
+            "isolate": parse_isolate(options.get("isolate")), "launcher": options.get("launcher") or "none"}
     summary = e2e_for_rows([row], [report], opts, count)
     report.e2e = summary
     for result in summary.results.get(report.target, []):

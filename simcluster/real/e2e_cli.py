@@ -4,7 +4,7 @@
 
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                           [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
-                          [--isolate MOD[,MOD]]
+                          [--isolate MOD[,MOD]] [--launcher none|torchrun]
 
 Started directly, it starts ``--world-size`` real gloo processes on this machine
 (:func:`simcluster.real.e2e.run_real`). Started by ``torchrun`` (``RANK``/``WORLD_SIZE``
@@ -14,6 +14,10 @@ in the environment), every process is one rank of the run (env:// rendezvous;
 ``--isolate`` is ``check``'s (the same option): modules every rank loads for itself with the
 TARGET's — each simulated rank its own copy, each real rank a fresh one per run — so a hook
 whose state lives in a helper module is judged as ``check --isolate`` judges it.
+``--launcher torchrun`` is ``check``'s too: each real gloo rank runs with torchrun's variables
+(``RANK``, ``LOCAL_RANK``, …, the single-node values ``check --launcher torchrun`` gives its
+simulated ranks) and so does each simulated rank. Under torchrun the variables are the real
+ones: rank 0 gathers every rank's and its simulation gives each simulated rank its real rank's.
 
 Exit codes: **0** both sides agree bitwise (also *unconfirmed*: a one-rank group, or a simulated
 mismatch where real gloo finished, see docs/e2e.md); **1** both sides failed alike (the hook's own failure, confirmed on the real
@@ -65,9 +69,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="real backend and the simulator's model of it (nccl: under torchrun on GPUs)")
     e2e.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"watchdog: the real run's limit (default {DEFAULT_TIMEOUT:g})")
-    from simcluster.cli import add_isolate_option
+    from simcluster.cli import add_isolate_option, add_launcher_option
 
     add_isolate_option(e2e)
+    add_launcher_option(e2e)
     return e2e
 
 
@@ -138,9 +143,10 @@ def e2e_command(args: argparse.Namespace) -> int:
     if args.backend != "gloo":
         raise UsageError("--backend nccl needs GPUs and torchrun (one process per GPU): "
                          "torchrun --nproc-per-node P -m simcluster e2e TARGET --backend nccl")
-    from simcluster.real.e2e import run_e2e
+    from simcluster.real.e2e import run_e2e, with_launcher
 
-    scenario = scenario_from_args(args, 2 if args.world_size is None else args.world_size)
+    scenario = with_launcher(scenario_from_args(args, 2 if args.world_size is None else args.world_size),
+                             args.launcher)
     result = run_e2e(scenario, args.target, args.state, backend=args.backend, timeout=args.timeout,
                      start_method=START_METHOD, isolate=isolate)
     print(result.format())
