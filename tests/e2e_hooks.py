@@ -391,3 +391,9 @@ def scaled_by_launcher_rank(state, bucket):
     buf = bucket.buffer()
     buf.mul_(int(os.environ["RANK"]) + 1).div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def divides_by_launcher_world_size(state, bucket):
+    """The mean, dividing by torchrun's WORLD_SIZE (alike on every rank) instead of the group's size."""
+    buf = bucket.buffer().div_(int(os.environ["WORLD_SIZE"]))
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])

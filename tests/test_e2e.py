@@ -32,7 +32,7 @@ from simcluster.cli import main
 from simcluster.fake import collectives
 from simcluster.fake.futures import NOT_A_PYOBJECT
 from simcluster.real.e2e import (Scenario, Side, SideFailure, compare, note_failed_calls, race_reached, root_error,
-                                 run_e2e, run_real, run_model, run_sim, side_differences, _model_differences)
+                                 run_e2e, run_real, run_model, run_sim, side_differences, with_launcher, _model_differences)
 from simcluster.real import gloo_runner
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -492,6 +492,22 @@ def test_the_simulation_gives_each_rank_the_launcher_variables_of_its_real_rank(
     # as before: without the real ranks' variables every simulated rank reads rank 0's process's RANK=0
     blind = run_sim(dataclasses.replace(scenario, environs=None), f"{HOOKS}:scaled_by_launcher_rank")
     assert not torch.allclose(blind.grads[0][1][0], expected) and not blind.note
+
+
+def test_the_real_reducers_threads_see_the_launcher_variables_alike_on_every_rank(monkeypatch) -> None:
+    """Off torchrun (``e2e --launcher torchrun``) the simulation's process has no launcher
+    variables: the real reducer's run is given those alike on every rank (WORLD_SIZE here),
+    as each real rank has them, so a hook reading only such a variable is compared as ever —
+    the real reducer's results, no note — and the process's environment is back afterwards."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    before = dict(os.environ)
+    scenario = with_launcher(Scenario(2, ((3,),), steps=1), "torchrun")
+    side = run_sim(scenario, f"{HOOKS}:divides_by_launcher_world_size")
+    assert side.failure is None and not side.note and not side.model_differences, side.note
+    grads = scenario.gradients()[0]
+    torch.testing.assert_close(side.grads[0][1][0], grads[0][0] / 2 + grads[1][0] / 2)
+    assert dict(os.environ) == before
 
 
 def test_the_simulation_never_sees_the_real_ranks_environment(monkeypatch) -> None:

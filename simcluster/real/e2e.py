@@ -769,7 +769,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     # What the hook prints is captured, as the search captures it: under the real reducer its
     # rank threads interleave their lines by timing (dropped); on the DDP model, one baton and
     # a fixed order, the text is the same on every run (kept, shown with a failure).
-    with captured_output(output_fd), _recording_reads(_per_rank_variables(scenario)) as environ:
+    with captured_output(output_fd), _recording_reads(scenario) as environ:
         try:
             run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
                                world_size=scenario.world_size, hook=None, setup=own_process,
@@ -873,17 +873,6 @@ def rank_launcher(scenario: Scenario) -> Any:
     return LauncherEnvironment(scenario.world_size, [dict(env) for env in scenario.environs])
 
 
-def _per_rank_variables(scenario: Scenario) -> set[bytes]:
-    """The launcher variables whose value differs between the real ranks, as ``os.environ``
-    stores their names (empty without :attr:`Scenario.environs`)."""
-    if scenario.environs is None:
-        return set()
-    first = dict(scenario.environs[0])
-    names = {name for env in scenario.environs for name in dict(env)}
-    return {os.environ.encodekey(name) for name in names  # type: ignore[attr-defined]
-            if any(dict(env).get(name) != first.get(name) for env in scenario.environs)}
-
-
 class _ReadsRecorded(dict):  # type: ignore[type-arg]
     """``os.environ``'s store while the real reducer's rank threads run: notes which of
     ``watched`` (encoded names) were read — ``os.environ[...]``, ``.get``, ``os.getenv``,
@@ -901,17 +890,22 @@ class _ReadsRecorded(dict):  # type: ignore[type-arg]
 
 
 @contextlib.contextmanager
-def _recording_reads(watched: set[bytes]) -> Iterator[_ReadsRecorded | None]:
-    """While inside, ``os.environ`` (and ``os.environb``, which shares its store) reads
-    through a :class:`_ReadsRecorded` copy; what was written meanwhile is kept afterwards.
-    Yields None (nothing swapped) when ``watched`` is empty."""
-    if not watched:
+def _recording_reads(scenario: Scenario) -> Iterator[_ReadsRecorded | None]:
+    """The real reducer's run with :attr:`Scenario.environs`: its rank threads share one
+    process environment, so it holds the launcher variables alike on every rank (as each
+    real rank's does) and reads of the others — which cannot be each thread's own — are
+    recorded: ``os.environ`` (and ``os.environb``, which shares its store) reads through a
+    :class:`_ReadsRecorded` copy while inside. What was written meanwhile is kept, and the
+    variables are put back as they were. Yields None (nothing changed) without environs."""
+    launcher = rank_launcher(scenario)
+    if launcher == "none":
         yield None
         return
+    launcher.begin()
     original = os.environ._data  # type: ignore[attr-defined]
-    recorded = _ReadsRecorded(original, watched)
-    os.environ._data = recorded  # type: ignore[attr-defined]
+    recorded = _ReadsRecorded(original, {os.environ.encodekey(name) for name in launcher.varying})  # type: ignore[attr-defined]
     shares = getattr(os, "environb", None) is not None and os.environb._data is original  # type: ignore[attr-defined]
+    os.environ._data = recorded  # type: ignore[attr-defined]
     if shares:
         os.environb._data = recorded  # type: ignore[attr-defined]
     try:
@@ -923,6 +917,7 @@ def _recording_reads(watched: set[bytes]) -> Iterator[_ReadsRecorded | None]:
         if dict(recorded) != original:
             original.clear()
             original.update(recorded)
+        launcher.end()
 
 
 def _registration_refused(hook: Callable[..., Any]) -> SideFailure | None:
