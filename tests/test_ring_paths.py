@@ -150,3 +150,16 @@ def test_inputs_are_left_untouched() -> None:
     for path in PATHS.values():
         path(raw, C._binop("SUM", "gloo", torch.float16), chunks)
     assert all(same_bits(a, b) for a, b in zip(raw, before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_many_ranks_keep_each_ops_nan_and_infinity_handling(dtype: torch.dtype) -> None:
+    """At 130 and more ranks ``reduce`` folds a half-precision PRODUCT or MAX by whole-buffer
+    steps (``_fold_by_step``: the skewed fold of tiny chunks is for plain adds only); PRODUCT
+    (gloo's fp16 keeps the later operand's NaN) and MAX (a NaN-blind compare) must come out
+    as the per-chunk reference folds them, NaN payloads, signs and infinities included (only
+    SUM was checked at these sizes before; real gloo at 130+ ranks is not measured)."""
+    for op in ("PRODUCT", "MAX"):
+        for world, n in ((130, 1000), (200, 9000)):
+            raw = inputs(world + n, world, n, dtype)
+            assert same_bits(C.reduce(raw, op, "gloo"), reference_ring(raw, op)), (op, world, n)
