@@ -407,6 +407,23 @@ def test_error_feedback_waits_for_a_top1_percent_hook_to_drain() -> None:
     assert any(f.property == "error_feedback" for f in lost.failures), lost.format()
 
 
+def test_error_feedback_drains_longer_while_the_lag_shrinks() -> None:
+    """A correct top-0.1% hook (DGC's ratio) on a 300-entry model sends one entry per step:
+    256 zero steps left ~44 entries unsent, every one as large as the peak, and the check said
+    'error feedback lost' (a false alarm, stop 30). The drain now goes on while the lag shrinks
+    (its sum: the largest entry stays at the peak until the last is sent). A hook that keeps
+    what it does not send and never sends it is still caught, without the longer runs."""
+    quick = {**QUICK, "world_sizes": (2,), "examples": 5, "steps": 2, "params": [(300,)],
+             "properties": ["error_feedback"]}
+    kept = check_hook(reference.topk_hook, state="tests/user_hooks.py:top_tenth_percent_state", tolerance="none",
+                      **quick)
+    assert not kept.failures, kept.format()
+    lost = check_hook("tests/user_hooks.py:top1_forgets_hook", state="tests/user_hooks.py:top1_forgets_state",
+                      tolerance="none", **quick)
+    assert any(f.property == "error_feedback" and "error feedback lost" in f.message for f in lost.failures), \
+        lost.format()
+
+
 def test_replicas_agree_compares_parameters_a_hook_updated() -> None:
     """A hook that steps an optimizer on its local gradients leaves the averaged gradients
     equal and the replicas' parameters apart: *replicas_agree* compares the parameters too

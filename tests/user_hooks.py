@@ -181,6 +181,15 @@ def top1_percent_state(process_group: dist.ProcessGroup) -> Any:
     return TopKState(process_group, ratio=0.01)
 
 
+def top_tenth_percent_state(process_group: dist.ProcessGroup) -> Any:
+    """The reference top-k hook keeping 0.1% of each bucket (at least one entry), Deep Gradient
+    Compression's ratio: on a 300-entry model it sends one entry per step, so a full residual
+    needs 300 zero steps to drain — more than the first longer drain's 256 (stop 30)."""
+    from simcluster.hooks.reference import TopKState
+
+    return TopKState(process_group, ratio=0.001)
+
+
 def top1_forgets_state(process_group: dist.ProcessGroup) -> Any:
     """The same, for :func:`top1_forgets_hook`."""
     from simcluster.hooks.reference import TopKState

@@ -24,15 +24,20 @@ from simcluster.limits import BACKEND_NAMES, EXAMPLES, SEEDS, STEPS, WORLD_SIZES
 from simcluster.usercode.rank_local import rank_local_state
 from simcluster.usercode.targets import parse_shapes
 
-__all__ = ["Options", "DRAIN_STEPS", "EF_DRAIN_CAP", "make_options", "choose_properties"]
+__all__ = ["Options", "DRAIN_STEPS", "EF_DRAIN_CAP", "EF_DRAIN_MAX", "make_options", "choose_properties"]
 
 DRAIN_STEPS = 4
 """Zero-gradient steps appended when *error_feedback* is checked, so a kept residual drains."""
 
 EF_DRAIN_CAP = 256
-"""At most this many zero steps when the short drain left a lag and the check drains again,
-as many steps as the model has entries: a hook sending one entry per bucket per step (top-1%)
-needs that many (round 10 of hooks from the wild, docs/hooks.md)."""
+"""The zero steps of the first longer drain, when the short one left a lag (fewer if the model
+has fewer entries): a hook sending one entry per bucket per step (top-1%) needs as many as
+the model has entries (round 10 of hooks from the wild, docs/hooks.md)."""
+
+EF_DRAIN_MAX = 4096
+"""The most zero steps a drain runs while the lag keeps shrinking (a top-0.1% hook on a model
+of a few hundred entries needs that many: stop 30); a hook sending one entry per step of a
+larger model is beyond it."""
 
 
 @dataclasses.dataclass

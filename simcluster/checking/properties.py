@@ -819,3 +819,22 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
                 f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
                 "sent (error feedback lost)")
     return None
+
+
+def drain_progress(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[Grads], *, drain_from: int,
+                   ranks: Sequence[int] | None = None) -> tuple[float, float]:
+    """How much of the lag a drain sent: ``Σ|D|`` (the L1 norm of :func:`error_feedback`'s lag
+    vector) when the zero steps start and after the last one. The largest entry of ``D``
+    cannot show progress — a top-k hook sending one of many equal entries per step keeps
+    ``max|D|`` at its peak until the last is sent — while the sum falls by each entry sent."""
+    group = list(ranks) if ranks is not None else list(range(len(inputs[0])))
+    n_params = len(outputs[0]) if outputs else 0
+    total: torch.Tensor | None = None
+    start = 0.0
+    for t in range(len(outputs)):
+        out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
+        mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
+        total = (out - mean) if total is None else total + (out - mean)
+        if t == drain_from - 1:
+            start = float(total.abs().sum())
+    return start, float(total.abs().sum()) if total is not None else 0.0
