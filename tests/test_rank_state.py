@@ -28,6 +28,7 @@ from simcluster.checking.check import check_hook, decode_example, encode_example
 from simcluster.real.differential import compare_with_gloo
 from simcluster.errors import SharedSettingError, UsageError
 from simcluster.usercode.rank_local import RankLocal
+from simcluster.usercode import rank_state
 from simcluster.usercode.rank_state import SettingsAudit
 from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 from simcluster.usercode.targets import load_target
@@ -200,6 +201,42 @@ def test_a_rank_changing_os_environ_is_reported_and_undone() -> None:
     with pytest.raises(SharedSettingError, match="rank 0 changed os.environ: SIMCLUSTER_TEST_LEAK set"):
         SimCluster(2).run(rank_fn)
     assert "SIMCLUSTER_TEST_LEAK" not in os.environ
+
+
+def test_the_environ_mutation_stamp_moves_at_every_kind_of_change() -> None:
+    """The audit compares ``os.environ`` with its snapshot only when the dict's mutation stamp
+    moved: a change that left the stamp still would be missed (where no stamp is trusted the
+    audit compares at every switch, and this test has nothing to check)."""
+    data: dict[bytes, bytes] = {b"A": b"1"}
+    stamp = rank_state._mutation_stamp(data)
+    if stamp is None:
+        pytest.skip("no trusted dict version tag on this interpreter: the audit compares at every switch")
+    seen = [stamp()]
+    for change in (lambda: data.__setitem__(b"B", b"2"), lambda: data.__setitem__(b"A", b"other"),
+                   lambda: data.pop(b"B"), lambda: data.update({b"C": b"3"}), lambda: data.setdefault(b"D", b"4"),
+                   data.popitem, data.clear):
+        change()
+        seen.append(stamp())
+        assert seen[-1] != seen[-2], f"the stamp stood still after change {len(seen) - 1}"
+
+
+def test_a_change_to_os_environ_after_many_quiet_switches_is_still_caught() -> None:
+    """Switches that find ``os.environ`` untouched skip the comparison; the rank that writes
+    after them is still named, with the launcher model's own writes at every switch too."""
+    def rank_fn(rank: int) -> None:
+        if rank == 3:
+            os.environ.pop("SIMCLUSTER_TEST_GONE", None)
+            os.environ["SIMCLUSTER_TEST_LATE"] = "x"
+
+    os.environ["SIMCLUSTER_TEST_GONE"] = "here"
+    try:
+        for launcher in ("none", "torchrun"):
+            with pytest.raises(SharedSettingError, match="rank 3 changed os.environ: .*SIMCLUSTER_TEST_LATE set"):
+                SimCluster(5, launcher=launcher).run(rank_fn)
+            assert "SIMCLUSTER_TEST_LATE" not in os.environ
+            assert os.environ["SIMCLUSTER_TEST_GONE"] == "here"
+    finally:
+        del os.environ["SIMCLUSTER_TEST_GONE"]
 
 
 def _settings() -> tuple[object, ...]:

@@ -233,6 +233,7 @@ class RankContexts:
             CURRENT.modules = self.modules[new]
             if self.launcher is not None:
                 self.launcher.enter(new, self.audit.environ_baseline)
+                self.audit.environ_synced()
             if CURRENT.announce is not None:
                 CURRENT.announce(new)
         CURRENT.rank = new
