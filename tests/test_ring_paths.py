@@ -158,7 +158,7 @@ def test_many_ranks_keep_each_ops_nan_and_infinity_handling(dtype: torch.dtype) 
     steps (``_fold_by_step``: the skewed fold of tiny chunks is for plain adds only); PRODUCT
     (gloo's fp16 keeps the later operand's NaN) and MAX (a NaN-blind compare) must come out
     as the per-chunk reference folds them, NaN payloads, signs and infinities included (only
-    SUM was checked at these sizes before; real gloo at 130+ ranks is not measured)."""
+    SUM was checked at these sizes before; real gloo at 130–256 ranks: benchmarks/measure_many_ranks.py, docs/collectives.md §8)."""
     for op in ("PRODUCT", "MAX"):
         for world, n in ((130, 1000), (200, 9000)):
             raw = inputs(world + n, world, n, dtype)
