@@ -18,6 +18,7 @@ from simcluster import SimCluster
 from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError
 from simcluster.limits import BACKEND_NAMES
+from simcluster.names import without_addresses
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
@@ -356,6 +357,27 @@ def test_a_missing_attribute_is_named_on_torchs_type_as_real_gloo_names_it() -> 
         "'torch._C._distributed_c10d.Work' object has no attribute 'to_future'",
         "'torch._C._distributed_c10d.ProcessGroup' object has no attribute 'nope'",
     ]
+
+
+def test_a_group_in_torchs_own_error_reads_as_a_real_group_with_its_address_masked() -> None:
+    """Real gloo (torch 2.13, a group [1, 2] of world 3): ``dist.get_group_rank(group, 0)``
+    raises ``Global rank 0 is not part of group <torch.distributed.distributed_c10d.ProcessGroup
+    object at 0x7f…>`` — torch quotes the group's default repr. The simulator's own repr
+    (``SimProcessGroup(group2[2], …)``) made e2e call a hierarchical hook from the wild that
+    hits this error a fidelity bug. The address is masked: no ``id()`` reaches a report."""
+    real_repr = without_addresses(repr(dist.ProcessGroup(0, 1)))  # torch's own wording, measured here
+
+    def rank_fn(rank: int) -> str:
+        pair = dist.new_group([1, 2])
+        if rank != 1:
+            return ""
+        with pytest.raises(ValueError) as info:
+            dist.get_group_rank(pair, 0)
+        assert repr(pair) == real_repr
+        return str(info.value)
+
+    assert SimCluster(3).run(rank_fn).values[1] == f"Global rank 0 is not part of group {real_repr}"
+    assert "0x…" in real_repr
 
 
 def _backend_aware_gather_mean(state, bucket):

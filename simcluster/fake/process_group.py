@@ -37,7 +37,7 @@ from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture
-from simcluster.names import wear_torchs_name
+from simcluster.names import MASKED_ADDRESS, wear_torchs_name
 
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
@@ -196,7 +196,11 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._runtime.backend.name
 
     def __repr__(self) -> str:
-        return f"SimProcessGroup({self.spec.name}, rank={self.rank()} of {self.size()}, global rank {self.global_rank})"
+        # As torch's default repr words a group (measured on torch 2.13: a real gloo group is
+        # '<torch.distributed.distributed_c10d.ProcessGroup object at 0x7f…>'), the address
+        # masked: torch's own errors quote it ('Global rank 0 is not part of group <…>'), and a
+        # hook's error must read as on a real run. simcluster's words name groups by spec.name.
+        return f"<torch.distributed.distributed_c10d.ProcessGroup object at {MASKED_ADDRESS}>"
 
     # -- plumbing -------------------------------------------------------------
     def _engine(self, op: str) -> EngineContract:
