@@ -287,3 +287,25 @@ def test_float16_nan_payloads_are_canonicalised_as_gloo_does(world2: GlooCluster
     assert report.equal, report.summary()
     out = report.sim_outputs[0][0][0]
     assert out.view(torch.int16)[0].item() & 0xFFFF == (0x7E00 if sign > 0 else 0xFE00)
+
+
+def product_hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """The bucket's element-wise product over the ranks (gloo's ring, one reduction step a rank)."""
+    fut = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.PRODUCT, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("sign", [1, -1])
+def test_float16_product_drops_nan_payloads_as_gloo_does(world2: GlooCluster, sign: int) -> None:
+    """Measured 2026-12-06 (benchmarks/measure_nan_payloads.py --ops PRODUCT, worlds 2–17, and
+    measure_many_ranks.py at 130–256 ranks): gloo's float16 PRODUCT writes every NaN as
+    0x7e00 / 0xfe00, as its SUM does; the model kept the payload (``0x7e05 × 1.0`` gave
+    0x7e05 where gloo gives 0x7e00) — 44–12,297 differing elements a case, now 0."""
+    steps = nan_payload_steps()
+    if sign < 0:
+        steps[0][0][0] = -steps[0][0][0]
+    report = compare_with_gloo(product_hook, steps, world_size=2, cluster=world2)
+    assert report.equal, report.summary()
+    out = report.sim_outputs[0][0][0]
+    assert out.view(torch.int16)[0].item() & 0xFFFF == (0x7E00 if sign > 0 else 0xFE00)

@@ -156,7 +156,7 @@ def test_inputs_are_left_untouched() -> None:
 def test_many_ranks_keep_each_ops_nan_and_infinity_handling(dtype: torch.dtype) -> None:
     """At 130 and more ranks ``reduce`` folds a half-precision PRODUCT or MAX by whole-buffer
     steps (``_fold_by_step``: the skewed fold of tiny chunks is for plain adds only); PRODUCT
-    (gloo's fp16 keeps the later operand's NaN) and MAX (a NaN-blind compare) must come out
+    (gloo's fp16 takes the later operand's NaN sign and drops its payload) and MAX (a NaN-blind compare) must come out
     as the per-chunk reference folds them, NaN payloads, signs and infinities included (only
     SUM was checked at these sizes before; real gloo at 130–256 ranks: benchmarks/measure_many_ranks.py, docs/collectives.md §8)."""
     for op in ("PRODUCT", "MAX"):

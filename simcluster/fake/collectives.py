@@ -240,8 +240,8 @@ def unsupported_reason(collective: str, op: str | None, dtype: torch.dtype, back
 def _binop(op: str, backend: str, dtype: torch.dtype | None = None) -> _BinOp:
     """``f(acc, x)``: one reduction step with the operand order the backend uses.
 
-    gloo's fp16 PRODUCT keeps ``x``'s NaN when both are NaN (``x * acc``), its fp16 SUM
-    drops NaN payloads (``0x7E00``/``0xFE00``); its bf16 arithmetic goes through
+    gloo's fp16 PRODUCT keeps ``x``'s NaN sign when both are NaN (``x * acc``); its fp16 SUM
+    and PRODUCT drop NaN payloads (``0x7E00``/``0xFE00``); its bf16 arithmetic goes through
     c10::BFloat16, which writes every NaN as ``0x7FC0``.
     """
     if backend == "gloo" and dtype == torch.bfloat16 and op in ("SUM", "AVG", "PRODUCT"):
@@ -249,6 +249,8 @@ def _binop(op: str, backend: str, dtype: torch.dtype | None = None) -> _BinOp:
         return lambda acc, x: _canonical_bf16_nan(step(acc, x))
     if backend == "gloo" and dtype == torch.float16 and op in ("SUM", "AVG"):
         return lambda acc, x: _canonical_fp16_nan(torch.add(acc, x))
+    if backend == "gloo" and dtype == torch.float16 and op == "PRODUCT":
+        return lambda acc, x: _canonical_fp16_nan(torch.mul(x, acc))
     if op in ("SUM", "AVG", "PREMUL_SUM"):
         return torch.add
     if op == "PRODUCT":
@@ -261,7 +263,7 @@ def _binop(op: str, backend: str, dtype: torch.dtype | None = None) -> _BinOp:
 
 
 def _canonical_fp16_nan(t: torch.Tensor) -> torch.Tensor:
-    """gloo's float16 sum (measured, simcluster.real.differential): every NaN comes out as
+    """gloo's float16 sum and product (measured, simcluster.real.differential): every NaN comes out as
     ``0x7E00``, or ``0xFE00`` when its sign bit is set — the payload is dropped."""
     nans = t.isnan()
     if not bool(nans.any()):
