@@ -39,6 +39,7 @@ __all__ = [
     "GradBucketRuntimeError",
     "CopyBackError",
     "SharedSettingError",
+    "ThreadedRankCodeError",
     "GlooRunError",
     "Violation",
     "add_context_note",
@@ -169,6 +170,16 @@ class CopyBackError(HookContractError, RuntimeError):
 class SharedSettingError(UnsupportedError):
     """A rank changed a process-wide setting that every simulated rank shares
     (:mod:`simcluster.usercode.rank_state`)."""
+
+
+class ThreadedRankCodeError(UnsupportedError):
+    """Code on a thread a rank started posted a collective, waited or completed a future.
+
+    The thread got a :class:`ForeignThreadError` at once, so the run never depended on its
+    timing; but on a real cluster that call would have run on the rank's own process group,
+    so what the simulation then saw (a deadlock, a fallback path) is not what a cluster would
+    do. The check gives no verdict rather than a wrong one (raised by
+    :mod:`simcluster.fake.cluster` when the run ends)."""
 
 
 class GlooRunError(SimClusterError):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from processes import children
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
-from simcluster.errors import DeadlockError, ForeignThreadError, StuckError
+from simcluster.errors import DeadlockError, ForeignThreadError, StuckError, ThreadedRankCodeError
 
 HERE = Path(__file__).parent
 HOOKS = HERE / "hostile" / "hooks.py"
@@ -139,23 +139,59 @@ def test_keyboard_interrupt_in_process_needs_one_raise_and_cleans_up():
 
 
 # ---------------------------------------------------------------- threads
-def test_a_collective_from_a_foreign_thread_is_rejected_deterministically():
+def test_a_deadlock_after_a_rank_started_a_thread_is_no_verdict_told_the_same_every_time():
+    """The thread's all_reduce is rejected in it (ForeignThreadError), so the returned future
+    never completes and the ranks deadlock; whether the thread would have completed it on a
+    real cluster is not known, so the run gives no verdict (an ``UnsupportedError``: exit 3),
+    worded from what rank code did (not from the thread's racing call): the same each time."""
     seen = []
     for _ in range(3):
-        with pytest.raises(DeadlockError) as info:
+        with pytest.raises(ThreadedRankCodeError) as info:
             SimCluster(2).run_hook(HOOK_MODULE.posts_from_thread, [torch.ones(2)] * 2)
         seen.append(str(info.value))
+        assert isinstance(info.value.__cause__, DeadlockError)
     assert len(set(seen)) == 1
-    assert "posts_from_thread.<locals>.worker" in seen[0] and "not a simulated rank" in seen[0]
+    assert ("the ranks deadlocked after rank 0's code started a thread running posts_from_thread.<locals>.worker "
+            "(started at tests/hostile/hooks.py:") in seen[0]
+    assert "threading.Thread(target=worker, daemon=True).start()" in seen[0]
 
 
-def test_the_foreign_thread_gets_a_clear_error_and_the_run_goes_on():
+def test_a_deadlock_without_threads_stays_the_hooks_deadlock():
+    with pytest.raises(DeadlockError):
+        SimCluster(2).run_hook(_deadlocking_hook, [torch.ones(2)] * 2)
+
+
+def test_the_foreign_thread_gets_a_clear_error_and_the_run_gives_no_verdict():
+    """The hook joins its thread, so the rejected call is always seen: the run's story names
+    the rank, the thread and the user line of the call (a fallback path ran instead of the
+    thread's all_reduce, which a real cluster would have run)."""
     HOOK_MODULE.THREAD_ERRORS.clear()
-    run = SimCluster(2).run_hook(HOOK_MODULE.posts_from_joined_thread, [torch.ones(2), 3 * torch.ones(2)])
-    assert [o.tolist() for o in run.outputs] == [[2.0, 2.0], [2.0, 2.0]]
+    with pytest.raises(ThreadedRankCodeError) as info:
+        SimCluster(2).run_hook(HOOK_MODULE.posts_from_joined_thread, [torch.ones(2), 3 * torch.ones(2)])
     errors = HOOK_MODULE.THREAD_ERRORS
     assert len(errors) == 2 and all(isinstance(e, ForeignThreadError) for e in errors)
     assert "all_reduce on WORLD" in str(errors[0]) and "posts_from_joined_thread.<locals>.worker" in str(errors[0])
+    assert str(info.value).startswith(
+        "rank 0's code started a thread running posts_from_joined_thread.<locals>.worker (started at "
+        "tests/hostile/hooks.py:"), str(info.value)
+    assert re.search(r"which called all_reduce on WORLD \(rank 0\) at tests/hostile/hooks\.py:\d+ in worker: "
+                     r"dist\.all_reduce\(bucket\.buffer\(\), async_op=True\)", str(info.value))
+    assert "(1 more such call(s))" in str(info.value)
+
+
+def test_a_thread_that_only_computes_is_no_finding():
+    run = SimCluster(2).run_hook(HOOK_MODULE.compresses_on_a_pool_thread, [torch.ones(2), 3 * torch.ones(2)])
+    assert [o.tolist() for o in run.outputs] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_cli_a_hook_whose_pool_thread_all_reduces_is_not_modelled_exit_3():
+    """A hook from the wild's pattern: on a real cluster correct; the simulation said
+    'FAILED liveness: deadlock' (exit 1), a false alarm."""
+    result = run_cli(target("averages_on_a_pool_thread"), "--examples", "5", "--world-sizes", "2",
+                     "--backend", "gloo")
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "not modelled by the simulator: the ranks deadlocked after rank 0's code started a thread" in result.stderr
+    assert "_pool().submit(work)" in result.stderr
 
 
 # ---------------------------------------------------------------- clean state after any ending

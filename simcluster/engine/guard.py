@@ -14,9 +14,11 @@ outcomes) from a hook's own failure.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 
+from simcluster.engine.frames import stack_user_frames
 from simcluster.errors import ForeignThreadError
 
 __all__ = ["ThreadGuard", "is_stop_request", "thread_description"]
@@ -44,11 +46,16 @@ class ThreadGuard:
 
     ``started`` holds ``(rank, description)`` for each thread started by an owned thread
     while watching (:meth:`start_watching` until :meth:`stop_watching`) (rank ``-1``: started outside any rank's code).
+    ``rejected`` says, for each call :meth:`check` rejected, which rank's thread made it and
+    where (``rank 0's thread running work posted all_reduce on WORLD at hooks.py:47 in work: …``).
     """
 
     def __init__(self) -> None:
         self.owned: set[int] = set()
         self.started: list[tuple[int, str]] = []
+        self.rejected: list[str] = []
+        # a thread rank code started -> (that rank or -1, the thread described with the line that started it)
+        self._starters: dict[threading.Thread, tuple[int, str]] = {}
         self._real_start = threading.Thread.start
 
     def own(self, thread: threading.Thread) -> None:
@@ -67,8 +74,13 @@ class ThreadGuard:
         thread is owned: raise :class:`ForeignThreadError` in it, naming the thread."""
         if threading.get_ident() in self.owned:
             return
+        thread = thread_description(threading.current_thread())
+        rank, started = self._starters.get(threading.current_thread(), (-1, thread))
+        who = f"rank {rank}'s code started {started}" if rank >= 0 else started[0].upper() + started[1:]
+        user = stack_user_frames(sys._getframe(1), limit=1)
+        self.rejected.append(f"{who}, which called {what}" + (f" at {user[-1]}" if user else ""))
         raise ForeignThreadError(
-            f"{what} from {thread_description(threading.current_thread())}, which is not a simulated rank: "
+            f"{what} from {thread}, which is not a simulated rank: "
             "a thread a hook starts is not a rank, and simcluster rejects its collectives, waits and future "
             "completions (on a real cluster it would use its own process's group; run that work on the "
             "rank's own code path instead)"
@@ -83,7 +95,11 @@ class ThreadGuard:
         def start(thread: threading.Thread) -> None:
             if threading.get_ident() in guard.owned and active():
                 rank = current_rank()
-                guard.started.append((rank if rank is not None else -1, thread_description(thread)))
+                rank = rank if rank is not None else -1
+                user = stack_user_frames(sys._getframe(1), limit=1)  # the user line that started it (rare: no cost)
+                where = f" (started at {user[-1]})" if user else ""
+                guard.started.append((rank, thread_description(thread) + where))
+                guard._starters[thread] = guard.started[-1]  # before it starts: its first call may come at once
             real_start(thread)
 
         threading.Thread.start = start  # type: ignore[method-assign]

@@ -125,7 +125,7 @@ class Engine:
         "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_finished_seq",
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
-        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "posting_lines",
+        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines",
     )
 
     def __init__(
@@ -182,6 +182,7 @@ class Engine:
         self._owned = self._guard.owned
         self._pool = SlotPool(self._guard, self._pool_main)
         self.started_threads = self._guard.started  # (rank, description) of threads rank code started
+        self.foreign_calls = self._guard.rejected  # what those threads called and was rejected, and where
 
     # ----------------------------------------------------------------- public
     def replay(self) -> str:

@@ -31,7 +31,7 @@ from simcluster.fake.backends import backend_model
 from simcluster.fake.bucket import SimGradBucket, fresh_bucket, make_bucket
 from simcluster.fake.launcher import LauncherEnvironment
 from simcluster.engine.inline import Engine
-from simcluster.errors import DeadlockError, UsageError, add_context_note
+from simcluster.errors import DeadlockError, ThreadedRankCodeError, UsageError, add_context_note
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
@@ -190,6 +190,10 @@ class SimCluster(Runtime):
             patches = install_torch_patches(self.contexts, lambda: engine.current_rank, engine)
             try:
                 engine.run()
+            except DeadlockError as exc:
+                if engine.started_threads:  # whether such a thread would have unblocked the ranks is not known
+                    raise _threaded_rank_code(engine, self.replay_line, deadlocked=True) from exc
+                raise
             finally:
                 try:
                     self.choices.extend(map(itemgetter(1), engine.choices))
@@ -204,6 +208,10 @@ class SimCluster(Runtime):
         def replay() -> str:
             return self.replay_line(upto=upto)
 
+        if engine.started_threads and engine.deadlock is not None:  # a hook's failure, then a deadlock
+            raise _threaded_rank_code(engine, replay, deadlocked=True)
+        if engine.foreign_calls:
+            raise _threaded_rank_code(engine, replay, deadlocked=False)
         if engine.failures:
             self._raise_failures(engine, replay())
         return values, trace, start, replay
@@ -334,3 +342,28 @@ def _split_like(grad: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torc
     if sum(sizes) != grad.numel():
         raise UsageError(f"the parameters hold {sum(sizes)} elements but the gradient has {grad.numel()}")
     return [g.view(p.shape) for g, p in zip(grad.split(sizes), params)]
+
+
+def _threaded_rank_code(engine: Engine, replay: Callable[[], str], *, deadlocked: bool) -> ThreadedRankCodeError:
+    """The run's story when a thread rank code started touched the simulation, or may have
+    been what the deadlocked ranks waited for: no verdict (the simulator does not model a
+    rank's own threads), worded from what rank code did under the baton, so the same run
+    always tells it the same way. A rejected call's words (with its user line) are used only
+    when the run did not deadlock: then rank code waited for that thread, so it is always seen."""
+    ranks = sorted({rank for rank, _ in engine.started_threads})
+    if not deadlocked:
+        what = sorted(engine.foreign_calls)[0]
+        more = f" ({len(engine.foreign_calls) - 1} more such call(s))" if len(engine.foreign_calls) > 1 else ""
+        story = f"{what}{more}; the call was rejected in that thread (ForeignThreadError)"
+    else:
+        rank, thread = min(engine.started_threads)
+        story = (f"the ranks deadlocked after rank {rank}'s code started {thread}" if rank >= 0 else
+                 f"the ranks deadlocked after rank code started {thread}")
+        if len(engine.started_threads) > 1:
+            story += f" ({len(engine.started_threads) - 1} more thread(s) started by ranks {ranks})"
+        story += (": simcluster rejects such a thread's collectives, waits and future completions "
+                  "(ForeignThreadError in that thread), so whether it would have unblocked them is not known")
+    return ThreadedRankCodeError(
+        f"{story}. A thread a rank starts belongs to that rank's process on a real cluster, where its "
+        "collectives would run on the rank's group; the simulator does not model a rank's own threads, so it "
+        f"cannot check this hook faithfully — do that work on the rank's own code path. Replay: {replay()}")
