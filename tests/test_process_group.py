@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
-from simcluster.errors import DeadlockError
+from simcluster.errors import DeadlockError, UnsupportedError
 from simcluster.limits import BACKEND_NAMES
 from simcluster.names import without_addresses
 
@@ -378,6 +378,21 @@ def test_a_group_in_torchs_own_error_reads_as_a_real_group_with_its_address_mask
 
     assert SimCluster(3).run(rank_fn).values[1] == f"Global rank 0 is not part of group {real_repr}"
     assert "0x…" in real_repr
+
+
+def test_functional_collectives_are_named_as_not_modelled_not_blamed_on_the_hook() -> None:
+    """torch's ``_functional_collectives.all_reduce(t, "sum", group)`` reads ``group.group_name``
+    and runs in the group's C++ backend; it works on real gloo (a hook from the wild, round 13:
+    torch's own ``_compress_hook`` compiled branch taken always). A simulated group has no C++
+    backend: the read raised torch's ``RuntimeError: ProcessGroup name not set``, which the
+    check reported as the hook's liveness failure — a false alarm. Now: not modelled (exit 3)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def rank_fn(rank: int) -> object:
+        return funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
+
+    with pytest.raises(UnsupportedError, match=r"functional collectives .* are not modelled by the simulator"):
+        SimCluster(2).run(rank_fn)
 
 
 def _backend_aware_gather_mean(state, bucket):

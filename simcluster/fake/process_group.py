@@ -18,7 +18,7 @@ rank's future is set to the value the backend model says
 
 Not supported (each raises :class:`~simcluster.errors.UnsupportedError` naming it):
 ``recv`` from any source, ``dist._coalescing_manager``, ``monitored_barrier``,
-``split_group``; CUDA tensors.
+``split_group``, functional collectives (``group_name``); CUDA tensors.
 """
 
 from __future__ import annotations
@@ -631,6 +631,19 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
         raise UnsupportedError("SimProcessGroup does not support monitored_barrier")
+
+    @property
+    def group_name(self) -> str:
+        """Not modelled: torch resolves a group by this name in its C++ registry and runs the
+        collective through the group's C++ backend (``torch.distributed._functional_collectives``,
+        ``torch.ops._c10d_functional``), which a simulated group does not have. On torch's own
+        type the read raises ``RuntimeError: ProcessGroup name not set`` for a group without a
+        backend — which the simulation would report as the hook's failure, a false alarm on a
+        hook that works on a real cluster."""
+        raise UnsupportedError(
+            f"a group's group_name ({self.spec.name}): functional collectives "
+            "(torch.distributed._functional_collectives, torch.ops._c10d_functional), which look a group up by "
+            "its name and run in torch's C++ backend, are not modelled by the simulator")
 
     # -- validation helpers ---------------------------------------------------
     def _one_tensor(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
