@@ -352,6 +352,32 @@ def test_captured_output_keeps_every_way_of_writing_in_order() -> None:
     assert box.text == "one\ntwo\nthree\nvier ü\nno newline at the end"
 
 
+def test_a_logging_handler_made_in_one_captured_block_writes_into_the_next() -> None:
+    """A state factory's ``logging.StreamHandler(sys.stdout)`` (made at step 0, as a training
+    script's basicConfig after init_process_group) logs in every later step, as a process's
+    handler writes to its one stdout: the capture of step 1 holds its line, and logging
+    reports no error. The stream of each block used to be closed at its end: from step 1,
+    '--- Logging error --- ValueError: I/O operation on closed file' (hooks from the wild)."""
+    import logging
+    import sys
+
+    from simcluster.usercode.output import captured_output
+
+    log = logging.getLogger("simcluster-test-handler-across-blocks")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    try:
+        with captured_output() as first:
+            log.addHandler(logging.StreamHandler(sys.stdout))
+            log.info("step 0")
+        with captured_output() as second:
+            log.info("step 1")
+    finally:
+        log.handlers.clear()
+    assert first.text == "step 0\n"
+    assert second.text == "step 1\n", second.text
+
+
 # --------------------------------------------------------------------------- overflow: the cause, from the dtypes carried
 def _token(values: list[float], backend: str = "gloo") -> str:
     """The replay token of one step where rank r holds ``values[r]`` in both elements of one parameter."""

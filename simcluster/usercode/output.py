@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import TextIO
 
 __all__ = ["Captured", "captured_output"]
 
@@ -31,6 +32,28 @@ class Captured:
 
     def __init__(self) -> None:
         self.text = ""
+
+
+_STREAM: TextIO | None = None
+
+
+def _fd1_stream() -> TextIO:
+    """The text stream ``sys.stdout``/``sys.stderr`` are while output is captured: one object
+    for the life of the process, writing to fd 1 — a real text file (fileno, buffer,
+    encoding: what code writing to ``sys.stdout`` may use), line-buffered so that lines keep
+    their order with fd-level writes.
+
+    One object, never closed, because code keeps it: a ``logging.StreamHandler(sys.stdout)``
+    made in one captured block (a state factory at step 0) writes to it in later blocks, as a
+    process's handler writes to its one stdout for the whole training. A stream made and closed
+    per block left such a handler a closed file ('--- Logging error --- ValueError: I/O
+    operation on closed file' from step 1 on: hooks from the wild, round 13). Writing to fd 1
+    (not to the block's file) sends what it writes to the block capturing fd 1 at the time, and
+    outside any block to the process's own stdout."""
+    global _STREAM
+    if _STREAM is None or _STREAM.closed:
+        _STREAM = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)
+    return _STREAM
 
 
 @contextlib.contextmanager
@@ -53,15 +76,13 @@ def captured_output(sink_fd: int | None = None) -> Iterator[Captured]:
     with (open(os.dup(sink_fd), "w+b") if sink_fd is not None else tempfile.TemporaryFile()) as sink:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
-        # a real text file (fileno, buffer, encoding: what code writing to sys.stdout may use),
-        # line-buffered so that lines keep their order with fd-level writes
-        stream = open(sink.fileno(), "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)
+        stream = _fd1_stream()
         sys.stdout = sys.stderr = stream
         try:
             yield box
         finally:
             with contextlib.suppress(Exception):
-                stream.close()  # flushes; the fd stays open (closefd=False)
+                stream.flush()  # not closed: code may keep it (below)
             sys.stdout, sys.stderr = old_streams
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
