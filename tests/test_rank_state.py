@@ -89,6 +89,17 @@ def test_portable_spells_a_file_spec_by_its_absolute_path_and_runs_the_same_copi
     assert module.portable() is module
 
 
+def test_a_torch_compiled_helper_runs_in_every_ranks_copy_and_every_cluster() -> None:
+    """Dynamo caches on the code object and installs ``__compiled_fn_N`` in the globals of the
+    copy that ran it first: with code objects shared by the copies, the next rank (or the next
+    cluster's rank 0) raised ``NameError: name '__compiled_fn_…' is not defined`` — reported
+    as the hook's liveness failure on a correct hook from the wild."""
+    hook = RankLocal(spec("compiled_helper"))
+    for _ in range(2):  # a second cluster: fresh copies again
+        run = SimCluster(2).run_hook(hook, [torch.ones(3), 3 * torch.ones(3)])
+        assert [o.tolist() for o in run.outputs] == [[2.0] * 3, [2.0] * 3]
+
+
 def test_hook_and_state_factory_of_one_file_share_the_rank_copy(tmp_path: Path) -> None:
     source = tmp_path / "paired.py"
     source.write_text(

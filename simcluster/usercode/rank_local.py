@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import importlib.machinery
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -68,15 +69,28 @@ collective at import time) would wait holding it; real processes import apart.""
 
 class _CachedSourceLoader(importlib.machinery.SourceFileLoader):
     """A source loader that compiles each file once per process (per modification time):
-    a rank's copy then costs an ``exec`` of the module body, not a compile."""
+    a rank's copy then costs an ``exec`` of the module body, not a compile.
+
+    Not for a file that may use ``torch.compile`` (its source mentions ``compile`` or
+    ``dynamo``): Dynamo keeps what it compiled on the *code object* and installs the names
+    its rewritten bytecode loads (``__compiled_fn_3``, ``__resume_at_…``) in the globals of
+    the first module that ran it; a second copy sharing the code object runs that bytecode
+    with its own globals and raises ``NameError: name '__compiled_fn_3' is not defined``
+    (a false alarm on a hook from the wild, round 13). Such a file gets fresh code objects
+    for every copy (unmarshalled from the bytecode cache: still no compile)."""
 
     def get_code(self, fullname: str) -> Any:
         key = (fullname, str(self.path))
         mtime = os.stat(self.path).st_mtime
         hit = _CODE.get(key)
         if hit is None or hit[0] != mtime:
-            hit = _CODE[key] = (mtime, super().get_code(fullname))
-        return hit[1]
+            shared = _MAY_COMPILE.search(self.get_data(str(self.path))) is None
+            hit = _CODE[key] = (mtime, super().get_code(fullname) if shared else None)
+        return hit[1] if hit[1] is not None else super().get_code(fullname)
+
+
+_MAY_COMPILE = re.compile(rb"compile|dynamo")
+"""Words in a file's source that mean its code objects must not be shared by rank copies."""
 
 
 class _CachedFinder:
