@@ -732,6 +732,29 @@ def test_a_simulated_collective_mismatch_agrees_with_a_real_hang() -> None:
     assert compare(scenario, MEAN, mismatch, other).verdict == "fidelity bug"
 
 
+def test_a_simulated_hang_where_real_gloo_aborted_on_a_mismatch_agrees() -> None:
+    """An EF21 PowerSGD hook from the wild (round 13) posts collectives from then-callbacks:
+    run to run, the threaded simulation met the mismatch or hung, and real gloo aborted the
+    rank with the smaller buffer (gloo::EnforceNotMet). A hang and a mismatch agree
+    (timing), and a mismatch and gloo's abort on it agree; the hang against the abort was
+    called a FIDELITY BUG. Narrow: the real rank's output must hold gloo's enforce message."""
+    scenario = Scenario(2, ((3,),), steps=3)
+    hang = Side("sim (gloo model)", failure=SideFailure(
+        "hung", -1, "hung", "a rank hung: the simulation did not return within 60 s, stuck in compute_local_qs"))
+    enforce = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+               "pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4.")
+    aborted = SideFailure("died", 1, "died", "rank 1 was killed by SIGABRT while in the job", 3, detail=enforce)
+    result = compare(scenario, MEAN, hang, Side("real gloo", failure=aborted))
+    assert result.agree, result.format()
+    assert "the simulation hung where real gloo aborted rank 1 on mismatched collectives" in result.why
+    # the rank that raised first on gloo's mixed-up data is not what decides: the aborted one is found
+    raised_first = SideFailure("raised", 0, "IndexError", "index 4 is out of bounds", 3)
+    real = Side("real gloo", failure=raised_first, raised={0: raised_first}, died={1: aborted})
+    assert compare(scenario, MEAN, hang, real).agree
+    killed = SideFailure("died", 1, "died", "rank 1 was killed by SIGABRT while in the job", 3, detail="")
+    assert compare(scenario, MEAN, hang, Side("real gloo", failure=killed)).verdict == "fidelity bug"
+
+
 def test_a_simulated_mismatch_where_real_gloo_finished_is_unconfirmed_not_a_fidelity_bug() -> None:
     """Real gloo completes many mismatches silently (docs/gloo-facts.md §6), and a hook whose
     callbacks post collectives on worker threads posts them in an order that is timing: the

@@ -1129,9 +1129,11 @@ def aborted_rank(sim: Side, real: Side) -> Side:
     raised an IndexError in its callback, rank 1 was killed by SIGABRT, 3 runs in 3), and
     comparing only that error called the mismatch a FIDELITY BUG."""
     s, g = sim.failure, real.failure
-    if s is None or g is None or s.error_type != "CollectiveMismatchError" or aborted_on_mismatch(s, g):
+    if s is None or g is None or aborted_on_mismatch(s, g) or hung_where_gloo_aborted(s, g):
         return real
-    abort = next((d for d in real.died.values() if aborted_on_mismatch(s, d)), None)
+    if s.error_type != "CollectiveMismatchError" and s.kind != "hung":
+        return real
+    abort = next((d for d in real.died.values() if aborted_on_mismatch(s, d) or hung_where_gloo_aborted(s, d)), None)
     return real if abort is None else dataclasses.replace(real, failure=abort)
 
 
@@ -1156,6 +1158,10 @@ MISMATCH_FINISHED = ("the simulation met mismatched collectives where real gloo 
                      "threads come in an order that is timing — the hook's liveness failure, not confirmed this run")
 
 
+HUNG_WHERE_ABORTED = (
+    "the simulation hung where real gloo aborted rank {rank} on mismatched collectives (SIGABRT, gloo::EnforceNotMet: "
+    "a received size differs from the posted one, docs/gloo-facts.md §6): whether a racy hook first meets a deadlock "
+    "or a mismatch is timing, in real processes as in the simulator's rank threads")
 ABORTED = ("the simulation's collective mismatch is what aborted real gloo's rank {rank} (SIGABRT, gloo::EnforceNotMet: "
            "a received size differs from the posted one, docs/gloo-facts.md §6)")
 
@@ -1165,6 +1171,8 @@ def _agreed_because(sim: Side, real: Side) -> str:
     otherwise): the simulation's mismatch where real gloo aborted a rank (:func:`aborted_on_mismatch`)."""
     if sim.failure is not None and real.failure is not None and aborted_on_mismatch(sim.failure, real.failure):
         return ABORTED.format(rank=real.failure.rank)
+    if sim.failure is not None and real.failure is not None and hung_where_gloo_aborted(sim.failure, real.failure):
+        return HUNG_WHERE_ABORTED.format(rank=real.failure.rank)
     return ""
 
 
@@ -1199,7 +1207,7 @@ def side_differences(scenario: Scenario, sim: Side, real: Side, *, exact_errors:
         diffs.append(f"only {failed.name} failed: {failed.failure.line()}; {other.name} finished every step")
     else:
         s, g = sim.failure, real.failure
-        if (_liveness(s) and _liveness(g)) or aborted_on_mismatch(s, g):
+        if (_liveness(s) and _liveness(g)) or aborted_on_mismatch(s, g) or hung_where_gloo_aborted(s, g):
             pass
         elif s.kind != g.kind or (exact_errors and s.error_type != g.error_type) or root_error(s) != root_error(g):
             diffs.append(f"the failures differ: {sim.name} {s.line()} vs {real.name} {g.line()}")
@@ -1243,6 +1251,22 @@ def aborted_on_mismatch(sim: SideFailure, real: SideFailure) -> bool:
     if sim.error_type != "CollectiveMismatchError" or real.kind != "died":
         return False
     return "killed by SIGABRT" in real.message or GLOO_ENFORCE in real.detail
+
+
+def hung_where_gloo_aborted(sim: SideFailure, real: SideFailure) -> bool:
+    """The simulation hung and real gloo aborted a rank on mismatched collectives (its output
+    holds gloo's enforce message: SIGABRT alone is not enough here): the same liveness failure
+    of a racy hook, met as a deadlock on one side and a mismatch on the other (:func:`_liveness`
+    says why those agree). An EF21 PowerSGD hook from the wild (round 13) went either way from
+    run to run under load, and each hang was called a FIDELITY BUG.
+
+    >>> hang = SideFailure("hung", -1, "hung", "a rank hung: the simulation did not return within 60 s")
+    >>> hung_where_gloo_aborted(hang, SideFailure("died", 1, "died", "rank 1 was killed by SIGABRT", detail=GLOO_ENFORCE))
+    True
+    >>> hung_where_gloo_aborted(hang, SideFailure("died", 1, "died", "rank 1 was killed by SIGABRT"))
+    False
+    """
+    return sim.kind == "hung" and real.kind == "died" and GLOO_ENFORCE in real.detail
 
 
 def root_error(failure: SideFailure) -> str:
