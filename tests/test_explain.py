@@ -113,6 +113,21 @@ def test_a_failure_names_the_hooks_own_line(tmp_path: Path, capsys: pytest.Captu
     assert "raise_error" not in out
 
 
+def test_a_future_a_raising_callback_completed_is_told_as_holding_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch marks a then() future complete when its callback raised, holding the error, and
+    DDP's wait re-raises it. The trace said 'the future the hook returned … is complete; DDP
+    reads it' — as if it held a result (hooks from the wild, round 13)."""
+    out, trace = explain_failing(tmp_path, capsys, 2,
+                                 "    def boom(fut):\n"
+                                 "        raise ValueError('boom')\n"
+                                 "    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(boom)\n")
+    for rank in (0, 1):
+        assert (f"rank {rank}: the future the hook returned for bucket 0 completed WITH AN ERROR (then(h.<locals>.boom) "
+                f"of all_reduce#0 on WORLD); DDP's wait at the end of backward() raises it") in trace, trace
+    assert "is complete (" not in trace
+
+
 def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnostic(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, trace = explain_failing(tmp_path, capsys, 3,

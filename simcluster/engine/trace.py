@@ -88,6 +88,7 @@ class CallbackRan:
     future: str
     callback: str
     where: str
+    failed: bool = False  # the future it ran on holds an error (a then-callback before it raised)
 
 
 @dataclass(frozen=True)

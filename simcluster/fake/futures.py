@@ -328,7 +328,7 @@ class SimFuture(torch.futures.Future):
         rank = engine.current_rank
         if name and rank is not None and engine.running:  # name "": simcluster's own, untraced
             where = "inline" if how == "inline" else (engine.where or "completion")
-            engine.trace.log((CallbackRan, (rank, self.label, name, where)))
+            engine.trace.log((CallbackRan, (rank, self.label, name, where, self._errored)))
         if child is None:
             try:
                 callback(self)

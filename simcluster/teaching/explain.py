@@ -116,6 +116,9 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
         if e.callback.endswith("collect.<locals>.store"):
             bucket = (futures or {}).get((e.rank, future))
             which = f"the future the hook returned for bucket {bucket}" if bucket is not None else future
+            if e.failed:  # torch marks it complete too, holding the error: DDP's wait re-raises it
+                return (f"rank {e.rank}: {which} completed WITH AN ERROR ({future}); "
+                        "DDP's wait at the end of backward() raises it")
             return f"rank {e.rank}: {which} is complete ({future}); DDP reads it at the end of backward()"
         return f"rank {e.rank}: callback {e.callback} of {future} runs {_where_words(e.where)}"
     if isinstance(e, Blocked):
