@@ -107,6 +107,17 @@ def test_avg_and_premul_sum(backend: str, world: int) -> None:
         assert torch.allclose(again[0].double(), mean * world)
 
 
+def test_the_trace_names_each_ranks_premul_sum_factor() -> None:
+    """A PREMUL_SUM's factor is what it does; the trace (and explain) said only PREMUL_SUM
+    (hooks from the wild, round 13: a ZeRO-style hook choosing between AVG and PREMUL_SUM)."""
+    def rank_fn(rank: int) -> None:
+        factor = 0.25 if rank == 0 else torch.tensor([0.5])  # a float or a one-element tensor, as torch takes
+        dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(factor), async_op=True).wait()
+
+    text = SimCluster(2, backend="nccl").run(rank_fn).trace.format()
+    assert "PREMUL_SUM(factor 0.25)" in text and "PREMUL_SUM(factor 0.5)" in text, text
+
+
 @pytest.mark.parametrize("world", [2, 3, 4, 7])
 def test_float_sum_matches_float64_reference(world: int) -> None:
     gen = torch.Generator().manual_seed(world)

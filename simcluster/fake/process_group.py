@@ -325,7 +325,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 out[r] = ([mine], None)
             return out
 
-        return self._post("all_reduce", t, sig, compute, t, detail=name, error=error)
+        return self._post("all_reduce", t, sig, compute, t, detail=_op_words(name, factor), error=error)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._check_tensors("all_reduce_coalesced", tensors)
@@ -347,7 +347,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
-                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=name, error=error)
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=_op_words(name, factor), error=error)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._one_tensor("reduce", tensors)
@@ -366,7 +366,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 collectives.copy_bits_(calls[r].payload, buffer)
             return {r: ([calls[r].payload], None) for r in ranks}
 
-        return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{name}, root {root}", error=error)
+        return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{_op_words(name, factor)}, root {root}", error=error)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
         self._one_tensor("reduce_scatter", outputs)
@@ -411,7 +411,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = ([mine], None)
             return results
 
-        return self._post(op, out, sig, compute, (out, chunks, whole), detail=name, error=error)
+        return self._post(op, out, sig, compute, (out, chunks, whole), detail=_op_words(name, factor), error=error)
 
     # -- gathers and scatters -------------------------------------------------
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
@@ -661,7 +661,17 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
 
-wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")  # as a real group is named
+wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")
+
+
+def _op_words(name: str, factor: Any) -> str:
+    """A reduce op as the trace words it: ``SUM``; a ``PREMUL_SUM`` with the factor this rank
+    passed (``PREMUL_SUM(factor 0.25)``): what it multiplies by is the whole point of it."""
+    if factor is None:
+        return name
+    if isinstance(factor, torch.Tensor):
+        factor = factor.item() if factor.numel() == 1 else factor.reshape(-1).tolist()
+    return f"{name}(factor {factor!r})"  # as a real group is named
 
 
 def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
