@@ -107,6 +107,53 @@ def test_avg_and_premul_sum(backend: str, world: int) -> None:
         assert torch.allclose(again[0].double(), mean * world)
 
 
+def overloads_job(rank: int, world_size: int, payload: Any = None) -> dict[str, Any]:
+    """torch's other ProcessGroup overloads, called on the default group: a bare tensor, an
+    op where the options go, a root as a number (what hooks from the wild call: round 14)."""
+    pg = dist.group.WORLD
+    out: dict[str, Any] = {}
+
+    def mine() -> torch.Tensor:
+        return torch.tensor([float(rank + 1), float(-rank)])
+
+    t = mine()
+    pg.allreduce([t], dist.ReduceOp.MAX).wait()
+    out["allreduce(list, MAX)"] = t.tolist()
+    t = mine()
+    work = pg.allreduce(t)
+    work.wait()
+    out["allreduce(tensor)"] = (t.tolist(), [v.tolist() for v in work.get_future().value()])
+    t = mine()
+    pg.allreduce(t, op=dist.ReduceOp.MIN).wait()
+    out["allreduce(tensor, op=MIN)"] = t.tolist()
+    t = torch.tensor([float(rank + 1)])  # one element: was read as a list of one 0-dim row
+    pg.allreduce(t).wait()
+    out["allreduce(1-element tensor)"] = t.tolist()
+    t = mine()
+    pg.broadcast(t, world_size - 1).wait()
+    out["broadcast(tensor, root)"] = t.tolist()
+    t = mine()
+    pg.reduce(t, 0, dist.ReduceOp.MAX).wait()
+    out["reduce(tensor, 0, MAX) on root"] = t.tolist() if rank == 0 else None
+    outs = [torch.zeros(2) for _ in range(world_size)]
+    pg.allgather(outs, mine()).wait()
+    out["allgather(list, tensor)"] = [o.tolist() for o in outs]
+    return out
+
+
+@pytest.mark.gloo
+def test_torchs_other_process_group_overloads_do_what_real_gloo_does(gloo_world: Any) -> None:
+    """The list-and-options overloads were all the simulated group read: ``pg.allreduce([t],
+    ReduceOp.MAX)`` reduced as SUM (the op was taken for options without one: silent wrong
+    data), ``pg.allreduce(t)`` of a one-element tensor reduced a 0-dim row of it (a false
+    contract failure), and ``pg.allreduce(t)``/``pg.broadcast(t, root)`` with more elements
+    were 'not modelled'. Real gloo, world 2, is the oracle."""
+    real = gloo_world(2).run(overloads_job, [None, None], timeout=120.0)
+    sim = SimCluster(2).run(lambda rank: overloads_job(rank, 2)).values
+    assert sim == real
+    assert real[0]["allreduce(list, MAX)"] == [2.0, 0.0]
+
+
 def test_the_trace_names_each_ranks_premul_sum_factor() -> None:
     """A PREMUL_SUM's factor is what it does; the trace (and explain) said only PREMUL_SUM
     (hooks from the wild, round 13: a ZeRO-style hook choosing between AVG and PREMUL_SUM)."""

@@ -304,7 +304,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return (dtype_name, tuple(tensor.shape), name), name, factor, error
 
     # -- reductions -----------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, *,
+                  op: Any = None) -> SimWork:
+        if type(opts) is not _ALLREDUCE_OPTIONS or type(tensors) is not list:  # torch's other overloads (not hot)
+            tensors, opts = _tensor_list(tensors), _reduce_options(opts if op is None else op, dist.AllreduceOptions)
         self._one_tensor("all_reduce", tensors)
         (t,) = tensors
         sig, name, factor, error = self._reduce_signature("all_reduce", t, opts)
@@ -349,7 +352,12 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
                           nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=_op_words(name, factor), error=error)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None, *,
+               root: Any = None) -> SimWork:
+        if not hasattr(opts, "rootRank"):  # torch's reduce(tensor, root, op=SUM) overload
+            opts = _rooted(dist.ReduceOptions, root if root is not None else opts,
+                           _reduce_options(op if op is not None else dist.ReduceOp.SUM, dist.ReduceOptions))
+        tensors = _tensor_list(tensors)
         self._one_tensor("reduce", tensors)
         (t,) = tensors
         root = opts.rootRank
@@ -368,7 +376,11 @@ class SimProcessGroup(dist.ProcessGroup):
 
         return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{_op_words(name, factor)}, root {root}", error=error)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None,
+                       timeout: Any = None, *, op: Any = None) -> SimWork:
+        if isinstance(outputs, torch.Tensor):  # torch's reduce_scatter(output, input_list, op=SUM) overload
+            outputs, inputs = [outputs], [list(inputs)]
+        opts = _reduce_options(opts if op is None else op, dist.ReduceScatterOptions)
         self._one_tensor("reduce_scatter", outputs)
         out, ins = outputs[0], inputs[0]
         self._check_tensors("reduce_scatter", ins)
@@ -415,6 +427,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # -- gathers and scatters -------------------------------------------------
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+        if isinstance(inputs, torch.Tensor):  # torch's allgather(output_tensors, input_tensor) overload
+            outputs, inputs = [list(outputs)], [inputs]
         self._one_tensor("all_gather", inputs)
         (t,) = inputs
         outs = outputs[0]
@@ -472,7 +486,11 @@ class SimProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
         raise UnsupportedError("SimProcessGroup does not support all_gather_coalesced yet; use all_gather per tensor")
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, *,
+                  root: Any = None) -> SimWork:
+        if not hasattr(opts, "rootRank"):  # torch's broadcast(tensor, root) overload, or no options (root 0)
+            opts = _rooted(dist.BroadcastOptions, root if root is not None else opts)
+        tensors = _tensor_list(tensors)
         self._one_tensor("broadcast", tensors)
         (t,) = tensors
         root = opts.rootRank
@@ -488,7 +506,12 @@ class SimProcessGroup(dist.ProcessGroup):
 
         return self._post("broadcast", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, t, detail=f"root {root}")
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None,
+               timeout: Any = None, *, root: Any = None) -> SimWork:
+        if isinstance(inputs, torch.Tensor):  # torch's gather(output_tensors, input_tensor, root) overload
+            outputs, inputs = [list(outputs)], [inputs]
+        if not hasattr(opts, "rootRank"):
+            opts = _rooted(dist.GatherOptions, root if root is not None else opts)
         self._one_tensor("gather", inputs)
         (t,) = inputs
         root = opts.rootRank
@@ -507,7 +530,12 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post("gather", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, (list(gather_list), t),
                           detail=f"root {root}")
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> SimWork:
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None,
+                timeout: Any = None, *, root: Any = None) -> SimWork:
+        if isinstance(outputs, torch.Tensor):  # torch's scatter(output_tensor, input_tensors, root) overload
+            outputs, inputs = [outputs], [list(inputs)]
+        if not hasattr(opts, "rootRank"):
+            opts = _rooted(dist.ScatterOptions, root if root is not None else opts)
         self._one_tensor("scatter", outputs)
         (out,) = outputs
         root = opts.rootRank
@@ -700,6 +728,38 @@ def _rejected(error: str, frames: list[Frame], trace: Trace) -> Callable[[dict[i
         return out
 
     return compute
+
+
+_ALLREDUCE_OPTIONS = dist.AllreduceOptions
+
+
+def _tensor_list(tensors: Any) -> Any:
+    """A bare tensor (torch's single-tensor overloads: ``pg.allreduce(t)``, ``pg.broadcast(t, 0)``)
+    as the one-tensor list the list overloads take; torch reduces it in place and the work's
+    future holds ``[t]`` (measured, docs/gloo-facts.md §8). Never iterated as a list of rows."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else tensors
+
+
+def _reduce_options(value: Any, make: Callable[[], Any]) -> Any:
+    """Options carrying a reduce op: ``value`` itself when it is options already (or None),
+    else options made with ``value`` (a ``ReduceOp``, or its ``RedOpType`` such as
+    ``dist.ReduceOp.MAX``) as their op — what torch's ``pg.allreduce(tensors, op)``
+    overloads do. Read as options, such an op was lost: every one reduced as SUM."""
+    if value is None or hasattr(value, "reduceOp"):
+        return value
+    if not isinstance(value, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        raise TypeError(f"incompatible function arguments: expected a ReduceOp or options, got {type(value).__name__}")
+    opts = make()
+    opts.reduceOp = value if isinstance(value, dist.ReduceOp) else dist.ReduceOp(value)
+    return opts
+
+
+def _rooted(make: Callable[[], Any], root: Any, base: Any = None) -> Any:
+    """Options with ``rootRank`` = ``root`` (torch's ``(tensor, root)`` overloads; None: rank 0,
+    as default options), made anew or set on ``base``."""
+    opts = base if base is not None else make()
+    opts.rootRank = 0 if root is None else int(root)
+    return opts
 
 
 def _reduce_op(opts: Any) -> Any:
