@@ -708,10 +708,14 @@ def _name_problem(hook: Callable[..., Any]) -> str | None:
 def result_problem(value: Any, buffer_numel: int, api: str = "current") -> str | None:
     """What DDP's reducer does with the value the hook's future resolved to (measured: docs/ddp-facts.md, *Copy-back*).
 
-    Current DDP wants a Tensor with at least the bucket's numel elements, contiguous and
-    at storage offset 0 — it copies from the storage's element 0 on. A non-contiguous or
-    offset tensor is *accepted with wrong gradients*; a list, ``None``, a short or 0-d
-    tensor raise in ``backward()``. ``api="legacy"`` wants the 1.7–1.9 one-element list.
+    Current DDP wants a Tensor whose *storage* holds at least the bucket's numel elements,
+    contiguous and at storage offset 0 — it copies from the storage's element 0 on, as
+    :func:`simcluster.fake.reducer.copy_bucket` does. A non-contiguous or offset tensor is
+    *accepted with wrong gradients*; a list, ``None``, or a tensor whose storage is too
+    short (a 0-d sum of a bigger bucket) raise in ``backward()``. The view's own shape does
+    not count: a 0-d result for a one-element bucket and a short view of a long enough
+    storage are accepted (measured: docs/ddp-facts.md, *Copy-back*). ``api="legacy"`` wants
+    the 1.7–1.9 one-element list.
     """
     if api == "legacy":
         if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], torch.Tensor)):
@@ -723,9 +727,10 @@ def result_problem(value: Any, buffer_numel: int, api: str = "current") -> str |
                 "for hooks written for PyTorch 1.7–1.9)")
     if not isinstance(value, torch.Tensor):
         return f"the future resolved to {_describe(value)}: current DDP raises 'Expected a proper Tensor' in backward()"
-    if value.dim() == 0 or value.numel() < buffer_numel:
-        return (f"the result has {value.numel()} element(s) (shape {tuple(value.shape)}) for a bucket of "
-                f"{buffer_numel}: DDP raises 'setStorage: ... out of bounds' in backward()")
+    stored = value.untyped_storage().nbytes() // value.element_size()
+    if stored < buffer_numel:
+        return (f"the result's storage holds {stored} element(s) (a tensor of shape {tuple(value.shape)}) for a "
+                f"bucket of {buffer_numel}: DDP raises 'setStorage: ... out of bounds' in backward()")
     if not value.is_contiguous() or value.storage_offset() != 0:
         return (f"the result is a view with strides {value.stride()} and storage offset {value.storage_offset()}: "
                 "DDP reads its storage from element 0 as contiguous and silently applies the wrong gradients; "
