@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from simcluster.checking import ctrl_c
-from simcluster.errors import SimClusterError, UsageError, first_line
+from simcluster.errors import SimClusterError, UnsupportedError, UsageError, first_line
 from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
@@ -273,6 +273,13 @@ def _explain_command(args: argparse.Namespace) -> int:
         return code, out.getvalue()
 
     outcome = run_supervised(job, deadline=deadline)
+    if isinstance(outcome.error, UnsupportedError):  # as check words it: no lesson rather than a wrong one
+        where = next((n.removeprefix("simcluster: raised in the supervised child").strip()
+                      for n in getattr(outcome.error, "__notes__", ())
+                      if n.startswith("simcluster: raised in the supervised child")), "")
+        print(f"simcluster: cannot explain {args.target}: not modelled by the simulator: "
+              f"{first_line(outcome.error)}{' ' + where if where else ''}", file=sys.stderr)
+        return EXIT_INTERNAL
     if outcome.error is not None:
         raise outcome.error
     if outcome.death is not None:

@@ -128,6 +128,26 @@ def test_a_future_a_raising_callback_completed_is_told_as_holding_an_error(
     assert "is complete (" not in trace
 
 
+@pytest.mark.parametrize("extra", [[], ["--range", "--world-sizes", "2"]])
+def test_a_hook_using_what_is_not_modelled_gets_one_line_and_exit_3(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    """As check says it: not the hook's failure (explain said 'The hook failed at step 0:
+    UnsupportedError', exit 1 — hooks from the wild, round 14)."""
+    hook = tmp_path / "monitored.py"
+    hook.write_text("import torch.distributed as dist\n"
+                    "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook\n"
+                    "def hook(state, bucket):\n"
+                    "    dist.monitored_barrier()\n"
+                    "    return allreduce_hook(state, bucket)\n")
+    code = main(["explain", f"{hook}:hook", *extra])
+    out, err = capsys.readouterr()
+    assert code == 3, (out, err)
+    assert err.strip().splitlines() == [
+        f"simcluster: cannot explain {hook}:hook: not modelled by the simulator: SimProcessGroup does not support "
+        f"monitored_barrier (rank 0, at {hook}:4 in hook: dist.monitored_barrier())"], err
+    assert "The hook failed" not in out
+
+
 def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnostic(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, trace = explain_failing(tmp_path, capsys, 3,
