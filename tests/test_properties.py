@@ -196,6 +196,24 @@ def test_error_feedback_catches_a_residual_that_is_never_added() -> None:
     assert _ef(reference.topk_hook, reference.TopKState) is None
 
 
+def test_error_feedback_tells_a_hook_that_keeps_sending_from_one_that_holds_back() -> None:
+    """An EF21-style estimator (hooks from the wild, round 14) sends its estimate of the
+    gradient every step: exact while the gradients come, then the stale estimate through the
+    zero steps — the lag is 0 when they begin and grows. It was reported as 'what the hook
+    held back is never sent', the opposite of what happened."""
+    ones = [torch.ones(4)]
+    zero = [torch.zeros(4)]
+    inputs = [[ones, ones]] * 3 + [[zero, zero]] * 4
+    resends = [ones] * 3 + [[torch.full((4,), 0.5)]] * 4  # the estimate, halving only once
+    msg = P.error_feedback(resends, inputs, drain_from=3)
+    assert msg is not None and msg.startswith(P.NOT_DRAINED)
+    assert "2 away from the accumulated mean, 0 when they began" in msg and "kept sending after" in msg
+    assert "held back is never sent" not in msg
+    holds = [[torch.full((4,), 0.5)]] * 3 + [zero] * 4  # sends half, then nothing: held back, never sent
+    msg = P.error_feedback(holds, inputs, drain_from=3)
+    assert msg is not None and "held back is never sent" in msg and "kept sending" not in msg
+
+
 def test_error_feedback_catches_a_growing_lag() -> None:
     ones = [torch.ones(4)]
     means = [[ones, ones]] * 5

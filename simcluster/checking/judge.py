@@ -114,6 +114,12 @@ def keeps_residual(states: Sequence[Any]) -> bool:
     """Whether a hook state looks like error-feedback memory: an attribute whose name
     contains ``residual`` or ``error`` holding tensors (``TopKState.residuals``,
     PowerSGD's ``error_dict``). A heuristic; name the property to force the check."""
+    return bool(residual_names(states))
+
+
+def residual_names(states: Sequence[Any]) -> list[str]:
+    """The attribute names that made :func:`keeps_residual` true (sorted, each once)."""
+    found: set[str] = set()
     for state in states:
         names = list(getattr(state, "__dict__", {})) + list(getattr(type(state), "__slots__", ()))
         for name in names:
@@ -122,8 +128,8 @@ def keeps_residual(states: Sequence[Any]) -> bool:
             value = getattr(state, name, None)
             items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
             if any(isinstance(v, torch.Tensor) for v in items):
-                return True
-    return False
+                found.add(name)
+    return sorted(found)
 
 
 def run_example(opts: Options, example: Example, backend: str) -> None:
@@ -184,6 +190,12 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
+        if msg and not opts.ef_forced:  # say why it was checked, and how not to
+            others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
+            msg += (f" (error_feedback is checked because the hook's state holds tensors named "
+                    f"{', '.join(residual_names(states))}; a hook that does not promise to send, over time, everything "
+                    f"it was given — EF21's estimator tracks the gradient, not its sum — is checked without it: "
+                    f"--properties {others})")
         if msg:
             fail("error_feedback", msg)
 

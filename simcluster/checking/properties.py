@@ -802,7 +802,7 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
     numel = sum(int(outputs[0][k].numel()) for k in range(n_params)) if outputs else 0
     lag = float(max(numel, 1)) if lag is None else lag
     total: torch.Tensor | None = None
-    peak, g_max = 0.0, 0.0
+    peak, g_max, began = 0.0, 0.0, 0.0
     for t in range(len(outputs)):
         out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
         mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
@@ -817,8 +817,16 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
                     f"lag·max|g| = {lag:g}·{g_max:.3g}: the error memory grows instead of being sent")
         if t < drain_from:
             peak = max(peak, now)
+        if t == drain_from - 1:
+            began = now
     end = float(total.abs().max()) if total is not None and total.numel() else 0.0
     rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
+    if drain_from < len(outputs) and end > drained * peak + rounding and end > began + rounding:
+        # the lag grew while no gradient came: the hook sent what it was never given
+        return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
+                f"{end:.3g} away from the accumulated mean, {began:.3g} when they began (peak {peak:.3g} before): "
+                "the hook kept sending after its gradients stopped — more than it was given, not what it held "
+                "back (an estimator that resends its estimate, as EF21 does, or a residual sent twice)")
     if drain_from < len(outputs) and end > drained * peak + rounding:
         return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
                 f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
