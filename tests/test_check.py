@@ -102,7 +102,7 @@ def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:
     assert "error_feedback" in report.properties and "averages" not in report.properties
     failure = next(f for f in report.failures if f.property == "error_feedback")
     # checked because of the state's names, not asked for: the report says so, and how to leave it out
-    assert ("(error_feedback is checked because the hook's state holds tensors named residuals; a hook that does "
+    assert ("(error_feedback is checked because the hook's state holds tensors named residuals; if the hook does "
             "not promise to send, over time, everything it was given") in failure.message, failure.message
     assert "--properties liveness,contract,replicas_agree,keeps_nonfinite,schedule_independence)" in failure.message
 

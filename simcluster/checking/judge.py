@@ -190,11 +190,11 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
-        if msg and not opts.ef_forced:  # say why it was checked, and how not to
+        if msg and msg.startswith(P.NOT_DRAINED) and not opts.ef_forced:  # why it was checked, and how not to
             others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
             msg += (f" (error_feedback is checked because the hook's state holds tensors named "
-                    f"{', '.join(residual_names(states))}; a hook that does not promise to send, over time, everything "
-                    f"it was given — EF21's estimator tracks the gradient, not its sum — is checked without it: "
+                    f"{', '.join(residual_names(states))}; if the hook does not promise to send, over time, everything "
+                    f"it was given — EF21's estimator tracks the gradient, not its sum — check it without: "
                     f"--properties {others})")
         if msg:
             fail("error_feedback", msg)
