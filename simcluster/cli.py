@@ -434,10 +434,11 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         if report.status == "FAILED" and report.failures:
             print()
             print(report.format())
-        elif report.warnings:  # a passing row's report is its table line, and what the hook warned of
+        elif report.warnings or report.notes:  # a passing row's report: its table line, what it noted and warned of
             print()
-            print(f"{report.target}: warnings (each shown once):")
-            print("\n".join(f"  warning: {w}" for w in report.warnings))
+            print(f"{report.target}: " + ("notes and warnings (each shown once):" if report.notes and report.warnings
+                                          else "notes:" if report.notes else "warnings (each shown once):"))
+            print("\n".join([*(f"  note: {n}" for n in report.notes), *(f"  warning: {w}" for w in report.warnings)]))
     if e2e is not None:
         print()
         print(e2e.format())

@@ -584,3 +584,29 @@ def test_gradient_as_bucket_view_is_in_the_replay_line(capsys: pytest.CaptureFix
     replay = next(line for line in out.splitlines() if "replay:" in line)
     assert "--gradient-as-bucket-view" in replay
     assert "gradient_as_bucket_view" in next(line for line in out.splitlines() if "layout:" in line)
+
+
+def test_a_hook_this_torch_build_refuses_by_name_is_noted_on_a_passing_row_in_explain_and_in_e2e(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """torch 2.13's register_comm_hook refuses any hook named bf16_compress_hook on a build
+    without CUDA+NCCL 2.10 or XPU (a correct copy from the wild, round 15): check passed it
+    without a word (the note was printed for failing rows only), explain opened with no
+    registration line, and e2e called it a FIDELITY BUG (real DDP refused, the DDP model ran)."""
+    from simcluster.checking.properties import build_refusal
+    from simcluster.hooks import reference
+    from simcluster.real.e2e import _registration_refused
+
+    if build_refusal(reference.bf16_compress_hook) is None:
+        pytest.skip("this torch build registers the bf16 hooks")
+    code = main(["check", "simcluster.hooks.reference:bf16_compress_hook", "--tolerance", "bf16", "--examples", "3",
+                 "--world-sizes", "2", "--backend", "gloo", "--no-database", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("  note: this torch build (" in out and "refuses a hook named bf16_compress_hook: register_comm_hook raises "
+            "TypeError 'BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL'") in out
+    assert main(["explain", "simcluster.hooks.reference:bf16_compress_hook", "--steps", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith(
+        "registration: real DDP would refuse this hook — this torch build (")
+    refused = _registration_refused(reference.bf16_compress_hook)
+    assert refused is not None and refused.error_type == "TypeError"
+    assert _registration_refused(reference.fp16_compress_hook) is None

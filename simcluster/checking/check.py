@@ -170,9 +170,9 @@ def assert_hook(hook: Callable[..., Any] | str, **options: Any) -> None:
 def _new_report(opts: Options, backends: Sequence[str]) -> CheckReport:
     """The report before any example: its notes, and a registration failure found without running."""
     report = CheckReport(target=opts.target, passed=True, properties=list(opts.props), backends=list(backends))
-    if getattr(opts.hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
-        report.notes.append("real DDP refuses to register a hook of this name without CUDA 11+/NCCL 2.10+ or XPU "
-                            "(TypeError on CPU/gloo); the hook itself is checked")
+    refusal = P.build_refusal(opts.hook)
+    if refusal is not None:
+        report.notes.append(f"{refusal}; the hook itself is checked")
     if "contract" in opts.props and (problem := P.registration_problem(opts.hook, opts.api)):
         state = f" --state {opts.state_name}" if opts.state_name != "none" else ""
         replay = (f"simcluster check {opts.replay_target or opts.target}{state} --api {opts.api} "

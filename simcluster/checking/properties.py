@@ -53,6 +53,7 @@ __all__ = [
     "replicas_agree",
     "keeps_nonfinite",
     "registration_problem",
+    "build_refusal",
     "result_problem",
     "liveness",
     "schedule_independence",
@@ -703,6 +704,39 @@ def _name_problem(hook: Callable[..., Any]) -> str | None:
         return (f"the hook's __qualname__ is {value!r}, not a str: register_comm_hook hands it to DDP's logger and "
                 "raises TypeError: _set_comm_hook_name(): incompatible function arguments")
     return None
+
+
+BF16_HOOK_NAMES = ("bf16_compress_hook", "bf16_compress_wrapper_hook")
+"""The hook names ``register_comm_hook`` refuses on a torch build without bf16 collectives."""
+
+
+def build_refusal(hook: Callable[..., Any]) -> str | None:
+    """What ``register_comm_hook`` raises for ``hook`` on *this torch build*, apart from the
+    hook's own shape (:func:`registration_problem`): torch 2.13 refuses any hook whose
+    ``__name__`` is one of :data:`BF16_HOOK_NAMES` unless the build has CUDA (or ROCm) with
+    NCCL 2.10+, or XPU with XCCL — by name, so a wrapper that copies the name
+    (``functools.wraps``) is refused too (read from torch 2.13's ``register_comm_hook``;
+    measured on this CPU build, hooks from the wild round 14). Not the hook's bug: on a GPU
+    cluster it registers, and ``check`` checks the hook itself; ``check`` notes this,
+    ``explain`` opens with it, and e2e's DDP model refuses as real DDP on this build does."""
+    if getattr(hook, "__name__", None) not in BF16_HOOK_NAMES:
+        return None
+    if _build_has_bf16_collectives():
+        return None
+    return (f"this torch build ({torch.__version__}: no CUDA 11+ with NCCL 2.10+, no XPU with XCCL) refuses a hook "
+            f"named {hook.__name__}: register_comm_hook raises TypeError 'BF16 all reduce communication hook required "
+            "CUDA 11+ and NCCL 2.10+ or XPU and XCCL' — on a GPU cluster it registers")
+
+
+def _build_has_bf16_collectives() -> bool:
+    """torch's own condition for the bf16 hook names (see :func:`build_refusal`)."""
+    cuda = torch.version.cuda is not None or torch.version.hip is not None
+    try:
+        nccl = cuda and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    except Exception:  # noqa: BLE001 - no NCCL library: not available
+        nccl = False
+    xccl = bool(getattr(dist, "is_xccl_available", lambda: False)()) and torch.xpu.is_available()
+    return bool(nccl or xccl)
 
 
 def result_problem(value: Any, buffer_numel: int, api: str = "current") -> str | None:

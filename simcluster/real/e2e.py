@@ -922,12 +922,13 @@ def _recording_reads(scenario: Scenario) -> Iterator[_ReadsRecorded | None]:
 
 def _registration_refused(hook: Callable[..., Any]) -> SideFailure | None:
     """How real DDP's ``register_comm_hook`` refuses ``hook`` (its parameter name or its
-    annotations, :func:`~simcluster.checking.properties.registration_problem`), as a failure
+    annotations, :func:`~simcluster.checking.properties.registration_problem`; or its name on
+    this torch build, :func:`~simcluster.checking.properties.build_refusal`), as a failure
     on rank 0 before any step; ``None`` when it registers. SimDDP does not check this itself:
     the search reports it once and still runs the hook for its other bugs."""
-    from simcluster.checking.properties import registration_problem
+    from simcluster.checking.properties import build_refusal, registration_problem
 
-    problem = registration_problem(hook)
+    problem = registration_problem(hook) or build_refusal(hook)
     if problem is None:
         return None
     raised = re.search(r"raises (\w+Error)", problem)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simcluster.checking.properties import registration_problem
+from simcluster.checking.properties import build_refusal, registration_problem
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES, UnsupportedError, UsageError
@@ -193,7 +193,7 @@ def record(
     if monitor is not None:
         ddp.on_hook_call = monitor.at
     story = Story(world_size, backend, seed, shapes, bucket_cap_mb, api=api,
-                  registration=registration_problem(hook, api))
+                  registration=registration_problem(hook, api) or build_refusal(hook))
     gen = torch.Generator().manual_seed(seed)
     for k in range(steps):
         if monitor is not None:
