@@ -497,6 +497,25 @@ def test_an_average_only_one_ranks_gradients_reach_names_that_rank(
             "same when any other rank's gradients change — a broadcast from rank 0") in failure["message"]
 
 
+def test_a_rank_whose_constant_changes_vanish_in_the_hook_is_not_said_unreached(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Rank 0 holds zeros, ranks 1 and 2 two different values each; the hook sends each
+    rank's gradients minus their mean. Rank 0's data does reach the result, but a constant
+    (the experiment's two changes: all 1s or 2s, all -3s or -5s) is centred to zeros: the
+    report said 'only ranks 1, 2's gradients reach the results' (TernGrad from the wild,
+    round 16, clips at 2.5 standard deviations). A third, non-constant change settles it."""
+    from simcluster.checking.replay import encode_example
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+
+    ranks = (RankSpec("const", value=0.0), RankSpec("const", value=1.0, specials=((1, 3.0),)),
+             RankSpec("const", value=2.0, specials=((1, 5.0),)))
+    token = encode_example(Example(3, Layout(((2,),), None, (0,)), StepSpec(ranks)), "gloo")
+    code, out, data = _check(capsys, tmp_path, "sums_centred", "--steps", "1", "--replay", token,
+                             "--properties", "averages")
+    assert code == 1 and data["failures"][0]["property"] == "averages"
+    assert "reach the results" not in data["failures"][0]["message"], data["failures"][0]["message"]
+
+
 def test_an_average_some_ranks_gradients_never_reach_names_the_ranks_that_do(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, data = _check(capsys, tmp_path, "leaves_out_ranks_past_1", "--backend", "nccl", "--world-sizes", "3",

@@ -328,10 +328,10 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
 
     It is an experiment, not a reading of the code: the example is run again up to that
     step as it was, then once per rank ``r`` and per change (every other rank's every
-    element made 1 or 2, then -3 or -5: each differs from what was there), and ``r``'s
-    result compared with the first run's. Any run that raises, or any result that moves,
-    and nothing is said. Run once per reported failure, not during the search: 1 + 2W more
-    simulations of the example up to the failing step."""
+    element made 1 or 2, then -3 or -5, then a ramp 1, 2, 3, …: :data:`CHANGES`, each
+    different from what was there), and ``r``'s result compared with the first run's. Any
+    run that raises, or any result that moves, and nothing is said. Run once per reported
+    failure, not during the search: 1 + 3W more simulations of the example up to the failing step."""
     if violation.prop != "replicas_agree" or violation.info.get("error"):
         return ""
     rerun = _failing_step_again(opts, violation)
@@ -339,7 +339,7 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
         return ""
     example, backend, t, grads, step = rerun
     for r in range(example.world_size):
-        for change in (_ones_or_twos, _threes_or_fives):
+        for change in CHANGES:
             run = _rerun_changed(opts, example, backend, grads, lambda q: q != r, change)
             if run is None or not all(P.bits_equal(a, b) for a, b in zip(run.grads[r], step.grads[r])):
                 return ""
@@ -373,10 +373,11 @@ def sources_hint(opts: Options, violation: Violation) -> str:
 
     An experiment, as :func:`unreached_hint`'s: the example is run again up to that step,
     then once per rank ``q`` and per change (``q``'s every element made 1 or 2, then -3 or
-    -5), and every rank's result compared with the first run's; ``q``'s data reached the
-    results if any result moved. The numbers alone cannot say it: a shrunk example's rank 0
-    often holds zeros, which a hook zeroing its bucket returns too. Run once per reported
-    failure: 1 + up to 2W more simulations of the example up to the failing step."""
+    -5, then a ramp: :data:`CHANGES`), and every rank's result compared with the first
+    run's; ``q``'s data reached the results if any result moved. The numbers alone cannot
+    say it: a shrunk example's rank 0 often holds zeros, which a hook zeroing its bucket
+    returns too. Run once per reported failure: 1 + up to 3W more simulations of the
+    example up to the failing step."""
     if violation.prop != "averages" or violation.info.get("error") or violation.info["example"].world_size < 2:
         return ""
     rerun = _failing_step_again(opts, violation)
@@ -386,7 +387,7 @@ def sources_hint(opts: Options, violation: Violation) -> str:
     world = example.world_size
     reached = []
     for q in range(world):
-        for change in (_ones_or_twos, _threes_or_fives):
+        for change in CHANGES:
             run = _rerun_changed(opts, example, backend, grads, lambda p: p == q, change)
             if run is None:
                 return ""
@@ -485,6 +486,21 @@ def _ones_or_twos(x: torch.Tensor) -> torch.Tensor:
 def _threes_or_fives(x: torch.Tensor) -> torch.Tensor:
     """``x`` with every element changed, to negative values: -5 where it was -3, else -3."""
     return torch.where(x == -3, -5, -3).to(x.dtype)
+
+
+def _ramp(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every element changed to a value that is not the same everywhere: 1, 2, 3,
+    1, 2, 3, … (4, 5, 6 where ``x`` held that value). A hook may map every constant to the
+    same message — one that sends each rank's gradients minus their mean, or clips at a
+    multiple of their standard deviation (TernGrad) — so constant changes alone cannot
+    show that a rank's data reaches the result (hooks from the wild, round 16)."""
+    ramp = (torch.arange(x.numel()) % 3 + 1).reshape(x.shape).to(x.dtype)
+    return torch.where(x == ramp, ramp + 3, ramp)
+
+
+CHANGES = (_ones_or_twos, _threes_or_fives, _ramp)
+"""How :func:`unreached_hint` and :func:`sources_hint` change a rank's gradients: two
+constants of each sign and a ramp, each different from what was there at every element."""
 
 
 def exit_head(error: BaseException, at: int) -> str | None:
