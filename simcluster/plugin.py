@@ -217,9 +217,11 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 # -- the checks as functions ------------------------------------------------------------------
 
 
-def _defaults(profile: Profile, database_dir: Path) -> dict[str, Any]:
+def _defaults(profile: Profile, database_dir: Path, timeout: float | None = None) -> dict[str, Any]:
+    """The options every check of this run starts from; ``timeout``: pytest-timeout's limit for
+    the test (else the one :func:`pytest_runtest_call` set for the test now running)."""
     defaults = {"examples": profile.examples, "database": _database(profile, database_dir), "seed": 0}
-    timeout = _TEST_TIMEOUT.get()
+    timeout = timeout if timeout is not None else _TEST_TIMEOUT.get()
     if timeout:  # our deadline fires first, so a hung hook is a report with its stack, not a killed test
         from simcluster.checking.supervisor import DEFAULT_DEADLINE
 
@@ -354,16 +356,32 @@ def sim_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
         if unknown:
             pytest.fail(f"@pytest.mark.simcluster: unknown option(s) {unknown}; known: {sorted(allowed)}", pytrace=False)
         kwargs.update(marker.kwargs)
-    yield SimCluster(**kwargs)
+    from simcluster.errors import UsageError
+
+    try:
+        cluster = SimCluster(**kwargs)
+    except UsageError as exc:  # a bad value in the marker: its one line, not simcluster's traceback
+        pytest.fail(f"@pytest.mark.simcluster: {exc}", pytrace=False)
+    yield cluster
 
 
 @pytest.fixture
 def simcluster_check(request: pytest.FixtureRequest) -> Callable[..., CheckReport]:
     """``check(hook, **options) -> CheckReport`` bound to this run's profile and database."""
     options = request.config.stash[_RUN_OPTIONS]
-    defaults = _defaults(options.profile, options.database_dir)
+    # the test's pytest-timeout limit read here: a fixture is set up before pytest_runtest_call runs
+    defaults = _defaults(options.profile, options.database_dir, _test_timeout(request.node))
     marker = request.node.get_closest_marker("simcluster_e2e")
     if marker is not None:
+        import inspect
+
+        from simcluster.checking.check import check_hook
+
+        allowed = {"e2e_examples", *inspect.signature(check_hook).parameters} - {"hook"}
+        unknown = sorted(set(marker.kwargs) - allowed)
+        if unknown:
+            pytest.fail(f"@pytest.mark.simcluster_e2e: unknown option(s) {unknown}; known: {sorted(allowed)}",
+                        pytrace=False)
         defaults |= {"e2e": True, **marker.kwargs}
     return lambda hook, **kw: _check(hook, defaults, kw)
 

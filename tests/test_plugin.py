@@ -77,6 +77,25 @@ def test_marker_with_unknown_option_is_an_error(pytester: pytest.Pytester, clean
     assert "@pytest.mark.simcluster: unknown option(s) ['world_sise']" in result.stdout.str()
 
 
+def test_a_bad_marker_value_or_e2e_option_is_one_line_not_a_traceback(pytester: pytest.Pytester,
+                                                                      clean_env: pytest.MonkeyPatch) -> None:
+    """A marker's bad value showed simcluster's traceback; an unknown simcluster_e2e option
+    failed as 'check_hook() got an unexpected keyword argument', naming no marker."""
+    pytester.makepyfile(
+        "import pytest\n"
+        "@pytest.mark.simcluster(world_size=0)\n"
+        "def test_zero(sim_cluster):\n    pass\n"
+        "@pytest.mark.simcluster_e2e(bogus=1)\n"
+        "def test_bogus(simcluster_assert):\n    pass\n"
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    assert "@pytest.mark.simcluster: world_size 0: must be an integer from 1 to 1,024" in out
+    assert "@pytest.mark.simcluster_e2e: unknown option(s) ['bogus']; known: [" in out
+    assert "Traceback" not in out and "simcluster/fake/cluster.py" not in out
+
+
 def test_markers_and_option_registered(pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch) -> None:
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.simcluster(world_size=2, backend='gloo'*"])
