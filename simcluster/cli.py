@@ -79,6 +79,8 @@ CheckFunction = Callable[..., CheckReport]
 """``simcluster.checking.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_FIDELITY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+CHECK_WORLD_SIZES = "1,2,3,4,8"
+"""``check --world-sizes``' default."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,7 +114,7 @@ def _add_check_parser(sub: Any) -> None:
     check.add_argument("--tolerance", default=None, metavar="T",
                        help="none | exact | fp32 (default) | fp16 | bf16 | rtol=R,atol=A | scale=R | norm=R")
     check.add_argument("--backend", default="all", choices=(*BACKEND_NAMES, "all"))
-    check.add_argument("--world-sizes", default="1,2,3,4,8", metavar="LIST")
+    check.add_argument("--world-sizes", default=CHECK_WORLD_SIZES, metavar="LIST")
     check.add_argument("--params", default=None, metavar="SHAPES",
                        help="fix the parameters' shapes, e.g. 4x5,5,1000 (values, caps, orders still drawn)")
     check.add_argument("--subgroups", action="store_true",
@@ -144,7 +146,7 @@ def _add_check_parser(sub: Any) -> None:
     check.add_argument("--e2e", action="store_true",
                        help="then run real DDP on real gloo processes for a few examples and compare (exit 4: "
                             "the simulator disagrees)")
-    check.add_argument("--e2e-examples", type=int, default=2, metavar="N",
+    check.add_argument("--e2e-examples", type=int, default=None, metavar="N",
                        help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
 
 
@@ -189,8 +191,8 @@ def _add_explain_parser(sub: Any) -> None:
     explain.add_argument("--chrome-trace", default=None, metavar="PATH", help="write a Perfetto/Chrome trace (.json)")
     explain.add_argument("--range", action="store_true",
                          help="search the largest gradient magnitude the hook keeps finite and within --tolerance")
-    explain.add_argument("--tolerance", default="fp16", metavar="T", help="for --range (default fp16)")
-    explain.add_argument("--world-sizes", default="2,3,8", metavar="LIST", help="for --range (default 2,3,8)")
+    explain.add_argument("--tolerance", default=None, metavar="T", help="for --range (default fp16)")
+    explain.add_argument("--world-sizes", default=None, metavar="LIST", help="for --range (default 2,3,8)")
     explain.add_argument("--deadline", default=None, metavar="SECONDS",
                          help="seconds one step (one --range run) may take before the hook is reported stuck (default 60)")
 
@@ -302,7 +304,7 @@ def _explain_command(args: argparse.Namespace) -> int:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The options shared by every row, validated (UsageError → exit 2 before any work)."""
-    from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_deadline, check_int
+    from simcluster.limits import EXAMPLES, SEEDS, STEPS, check_database_dir, check_deadline, check_int, check_output_file
     from simcluster.checking.supervisor import DEFAULT_DEADLINE
     from simcluster.usercode.targets import parse_shapes, parse_world_sizes
     from simcluster.usercode.rank_local import parse_isolate
@@ -313,8 +315,20 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         unknown = [p for p in props if p not in PROPERTIES]
         if unknown or not props:
             raise UsageError(f"--properties {args.properties!r}: choose from {', '.join(PROPERTIES)}")
-    if args.json is not None and not Path(args.json).parent.is_dir():
-        raise UsageError(f"--json {args.json}: directory {Path(args.json).parent} does not exist")
+    if args.json is not None:
+        check_output_file("--json", args.json)
+    if args.database is not None and not args.no_database:
+        check_database_dir("--database", args.database)
+    world_sizes = parse_world_sizes(args.world_sizes)
+    if args.replay is not None and args.world_sizes != CHECK_WORLD_SIZES:
+        from simcluster.checking.replay import decode_example
+
+        replayed = decode_example(args.replay)[0].world_size
+        if replayed not in world_sizes:
+            raise UsageError(f"--replay: the token's example has world size {replayed}, not one of --world-sizes "
+                             f"{args.world_sizes}")
+    if args.e2e_examples is not None and not args.e2e:
+        raise UsageError("--e2e-examples N: only with --e2e")
     extra: dict[str, Any] = {"params": parse_shapes(args.params)} if args.params is not None else {}
     if args.subgroups:
         extra["subgroups"] = True
@@ -322,7 +336,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         extra["gradient_as_bucket_view"] = True
     return extra | {
         "backends": BACKEND_NAMES if args.backend == "all" else (args.backend,),
-        "world_sizes": parse_world_sizes(args.world_sizes),
+        "world_sizes": world_sizes,
         "steps": check_int("--steps", args.steps, *STEPS),
         "examples": check_int("--examples", args.examples, *EXAMPLES),
         "seed": check_int("--seed", args.seed, *SEEDS),
@@ -345,7 +359,8 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         given = [f"--{name}" for name in ("state", "tolerance", "api", "replay") if getattr(args, name) is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} need a TARGET: the default run uses each hook's own")
+            verb = "needs" if len(given) == 1 else "need"
+            raise UsageError(f"{', '.join(given)} {verb} a TARGET: the default run uses each hook's own")
 
         return [
             {"name": e.name, "target": e.target, "state": e.state, "tolerance": e.tolerance, "api": e.api,
@@ -405,7 +420,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     if args.e2e:
         from simcluster.limits import check_int
 
-        check_int("--e2e-examples", args.e2e_examples, 0, 100)
+        args.e2e_examples = 2 if args.e2e_examples is None else check_int("--e2e-examples", args.e2e_examples, 0, 100)
     rows = _rows(args)
     _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:

@@ -40,7 +40,8 @@ from simcluster.errors import UsageError
 __all__ = [
     "BACKEND_NAMES",
     "WORLD_SIZES", "SEEDS", "STEPS", "EXAMPLES", "JOBS", "DEADLINE_MAX", "RANK_OVERHEAD_BYTES",
-    "check_int", "check_deadline", "default_jobs", "check_memory", "available_memory",
+    "check_int", "check_deadline", "check_output_file", "check_database_dir", "default_jobs", "check_memory",
+    "available_memory",
 ]
 
 BACKEND_NAMES: tuple[str, ...] = ("gloo", "nccl")
@@ -85,6 +86,29 @@ def check_deadline(value: Any, name: str = "--deadline") -> float:
     if isinstance(value, bool) or not (0 < seconds <= DEADLINE_MAX) or math.isnan(seconds):
         raise UsageError(f"{name} {value!r}: must be more than 0 and at most {DEADLINE_MAX:.0f} seconds")
     return seconds
+
+
+def check_output_file(name: str, path: str) -> str:
+    """A file an option writes when the run ends (``--json``, ``--timeline``, ``--chrome-trace``):
+    its folder must exist and be writable, and the path must not be a folder — checked before
+    any work, so a finished run never dies writing it (``--json /tmp`` ran the whole check,
+    then raised ``IsADirectoryError`` and exited 1 after a passing hook)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{name} {path}: directory {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{name} {path}: is a directory; give a file name")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{name} {path}: cannot be written (permission denied)")
+    return path
+
+
+def check_database_dir(name: str, path: str) -> str:
+    """``--database DIR``: a folder (made if missing), not an existing file — whose examples
+    would silently never be saved."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{name} {path}: is a file, not a directory")
+    return path
 
 
 def available_memory() -> int | None:

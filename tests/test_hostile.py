@@ -338,6 +338,65 @@ def test_out_of_range_options_exit_2_with_the_range(option, value):
     assert option in result.stderr
 
 
+def _usage_error(*argv: str, cwd: Path) -> str:
+    """Run ``python -m simcluster ARGV`` in ``cwd``; assert one line on stderr and exit 2; the line."""
+    result = subprocess.run([sys.executable, "-m", "simcluster", *argv], capture_output=True, text=True, timeout=120,
+                            cwd=cwd, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("simcluster: error: "), result.stderr
+    return result.stderr
+
+
+MEAN = "simcluster.hooks.reference:mean_allreduce_hook"
+
+
+def test_bad_output_paths_and_options_are_one_line_and_exit_2_before_any_work(tmp_path: Path) -> None:
+    """Each of these once ran (or half ran) and then crashed or was silently ignored (a CI
+    user's audit, 2026-12-06): ``--json DIR`` checked everything, then raised IsADirectoryError
+    and exited 1 after a passing hook; ``--timeline`` into a missing folder was a traceback;
+    ``--database FILE`` never saved; ``--isolate`` of a typo isolated nothing; explain's
+    ``--tolerance``/``--world-sizes`` were read only by ``--range`` and ``--range`` drew no
+    ``--timeline``; ``--e2e-examples`` without ``--e2e``; a replay on a backend or world
+    size the options exclude ran anyway, under a table of backends it never ran."""
+    from simcluster.checking.replay import encode_example
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+
+    (tmp_path / "afile").write_text("hi\n")
+    (tmp_path / "hooks.py").write_text("import torch.distributed as dist\n"
+                                       "def hook(state, bucket):\n"
+                                       "    return dist.all_reduce(bucket.buffer(), async_op=True).get_future()"
+                                       ".then(lambda f: f.value()[0] / dist.get_world_size())\n")
+    token = encode_example(Example(2, Layout(((2,),), None, (0,)), StepSpec((RankSpec("const", value=1.0),) * 2)),
+                           "gloo")
+    check = ("check", "--quiet", "--no-database", "--examples", "2")
+    says = {
+        "is a directory": (*check, MEAN, "--json", str(tmp_path)),
+        "is a file, not a directory": ("check", "--quiet", MEAN, "--database", str(tmp_path / "afile")),
+        "--isolate nosuchmod: no module named 'nosuchmod'": (*check, "hooks.py:hook", "--isolate", "nosuchmod"),
+        "--e2e-examples N: only with --e2e": (*check, MEAN, "--e2e-examples", "5"),
+        "the token's example runs on gloo": (*check, "hooks.py:hook", "--replay", token, "--backend", "nccl"),
+        "the token's example has world size 2": (*check, "hooks.py:hook", "--replay", token, "--world-sizes", "3"),
+        "directory /nonexistent does not exist": ("explain", MEAN, "--timeline", "/nonexistent/x.svg"),
+        "--tolerance: only with --range": ("explain", MEAN, "--tolerance", "bf16"),
+        "tolerance 'nonsense'": ("explain", MEAN, "--range", "--tolerance", "nonsense"),
+        "--timeline: not with --range": ("explain", MEAN, "--range", "--timeline", str(tmp_path / "x.svg")),
+    }
+    for words, argv in says.items():
+        assert words in _usage_error(*argv, cwd=tmp_path), argv
+
+
+def test_a_replay_reports_the_backend_it_ran_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simcluster.checking.replay import encode_example
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+    from simcluster.cli import main
+
+    token = encode_example(Example(2, Layout(((2,),), None, (0,)), StepSpec((RankSpec("const", value=1.0),) * 2)),
+                           "gloo")
+    out = tmp_path / "r.json"
+    assert main(["check", "--quiet", "--no-database", MEAN, "--replay", token, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["backends"] == ["gloo"]  # was ["gloo", "nccl"]: nccl never ran
+
+
 @pytest.mark.parametrize("method, test", [("signal", "test_hung_hook_is_reported"),
                                           ("thread", "test_hung_hook_is_reported"),
                                           # the fixture read no limit (set up before the call): pytest-timeout

@@ -60,7 +60,7 @@ from simcluster.checking.tolerances import parse_tolerance
 from simcluster.checking.strategies import Example, examples as example_strategy
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor, run_supervised
 from simcluster.errors import HookExited, UsageError, Violation
-from simcluster.limits import BACKEND_NAMES
+from simcluster.limits import BACKEND_NAMES, check_database_dir
 from simcluster.names import loadable_spec, target_spec
 from simcluster.usercode.output import captured_output
 from simcluster.usercode.rank_local import RankLocal, parse_isolate
@@ -128,6 +128,8 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
     isolated = parse_isolate(isolate)
     if rng not in ("per_rank", "same"):
         raise UsageError(f"rng={rng!r}: use 'per_rank' or 'same'")
+    if isinstance(database, (str, os.PathLike)):
+        check_database_dir("database", os.fspath(database))
     if isinstance(hook, str):
         target = target or hook
         hook = RankLocal(hook, isolate=isolated)
@@ -149,6 +151,12 @@ def check_hook(hook: Callable[..., Any] | str, *, target: str | None = None, sta
                         examples=examples, seed=seed, api=api, properties=properties, params=params,
                         subgroups=subgroups, deadline=deadline, rng=rng, bucket_view=gradient_as_bucket_view,
                         launcher=launcher)
+    if replay is not None:
+        replayed = decode_example(replay)[1]
+        if replayed not in backends:
+            raise UsageError(f"replay: the token's example runs on {replayed}, but backends {list(backends)} were "
+                             "asked for: drop the backend option or ask for that one")
+        backends = (replayed,)  # what runs, and what the report (the table's columns) says ran
     report = _new_report(opts, backends)
     if replay is not None:
         _replay(opts, replay, report, supervise)

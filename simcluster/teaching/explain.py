@@ -398,6 +398,34 @@ def _again(args: Any) -> str:
     return " ".join(parts)
 
 
+RANGE_DEFAULTS = {"tolerance": "fp16", "world_sizes": "2,3,8"}
+"""``explain``'s options that only ``--range`` reads, and their defaults (the parser leaves them None)."""
+
+
+def _check_range_options(args: Any) -> None:
+    """``--range`` reads ``--tolerance`` and ``--world-sizes`` and draws no story (no
+    ``--timeline``/``--chrome-trace``); an option the run would not read is exit 2, not
+    silently dropped (``explain … --tolerance nonsense`` exited 0), and its value is
+    checked either way."""
+    from simcluster.checking.tolerances import parse_tolerance
+    from simcluster.errors import UsageError
+    from simcluster.usercode.targets import parse_world_sizes
+
+    unread = [f"--{name.replace('_', '-')}" for name in RANGE_DEFAULTS if getattr(args, name) is not None]
+    for name, default in RANGE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    parse_tolerance(args.tolerance)
+    parse_world_sizes(args.world_sizes)
+    if args.range:
+        drawn = [o for o, v in (("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)) if v]
+        if drawn:
+            raise UsageError(f"{', '.join(drawn)}: not with --range (it searches magnitudes; it tells no story to draw)")
+        return
+    if unread:
+        raise UsageError(f"{', '.join(unread)}: only with --range")
+
+
 def explain_command(args: Any, monitor: Any = None) -> int:
     """``simcluster explain``: load the target (and state), print the explanation, write the
     pictures asked for. Returns 0 when every step ran, 1 when the hook failed. ``monitor``:
@@ -405,7 +433,7 @@ def explain_command(args: Any, monitor: Any = None) -> int:
     import sys
 
     from simcluster.errors import UsageError
-    from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
+    from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int, check_output_file
     from simcluster.usercode.rank_local import RankLocal, parse_isolate, rank_local_state
     from simcluster.usercode.targets import parse_shapes
     from simcluster.teaching.wire import parse_network
@@ -428,6 +456,10 @@ def explain_command(args: Any, monitor: Any = None) -> int:
         raise UsageError(f"--timeline {args.timeline}: the file name must end in .svg or .html")
     if args.chrome_trace and not args.chrome_trace.endswith(".json"):
         raise UsageError(f"--chrome-trace {args.chrome_trace}: the file name must end in .json")
+    for option, path in (("--timeline", args.timeline), ("--chrome-trace", args.chrome_trace)):
+        if path:
+            check_output_file(option, path)
+    _check_range_options(args)
     isolate = parse_isolate(args.isolate)
     # as check loads a TARGET: every simulated rank imports the hook's module (and the
     # state factory's, and the --isolate modules) for itself, as a process does

@@ -262,6 +262,7 @@ def _load_copies(modules: dict[str, Any], name: str, path: Path | None, isolate:
         for n in names:
             if n not in modules and n in sys.modules:
                 modules[n] = sys.modules[n]
+        _require_modules([n for n in isolate if n not in modules], path)
     finally:
         sys.meta_path.remove(finder)
         for n, original in saved.items():
@@ -270,6 +271,26 @@ def _load_copies(modules: dict[str, Any], name: str, path: Path | None, isolate:
             else:
                 sys.modules[n] = original
             _restore_parent_attribute(n, original)
+
+
+def _require_modules(names: list[str], path: Path | None) -> None:
+    """An ``isolate`` name the target did not import must at least name a module (looked up as
+    the target's import would: its folder first): a typo isolated nothing, silently."""
+    import importlib.util
+
+    folder = [str(path.parent)] if path is not None else []
+    sys.path[:0] = folder
+    try:
+        for n in names:
+            try:
+                found = importlib.util.find_spec(n)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                raise TargetLoadError(f"--isolate {n}: no module named {n!r}"
+                                      + (f" (looked in {folder[0]} and sys.path)" if folder else ""))
+    finally:
+        del sys.path[:len(folder)]
 
 
 def _set_parent_attribute(name: str, value: Any) -> None:
