@@ -105,6 +105,15 @@ class BackendModel:
     never connects a rank to itself, measured: docs/gloo-facts.md §6, "Point to point");
     False: it is accepted and completes only with the matching half from itself (NCCL, read
     from ``ProcessGroupNCCL::pointToPoint``, same section)."""
+    coalesces_p2p: bool
+    """True: ``dist.batch_isend_irecv`` returns *one* work for the whole batch (torch 2.13 takes
+    its coalescing path when the group's backend ``supports_coalescing``, which
+    ``ProcessGroupNCCL`` does — read from its header — and returns ``cm.works``: one work),
+    so ``send_req, recv_req = dist.batch_isend_irecv(ops)`` raises ``ValueError`` on NCCL;
+    False: one work per op (gloo: ``supports_coalescing`` is False, measured: a list as long
+    as the batch). A simulated group is a subclass, which torch's exact-type test sends down
+    the per-op path: a run under a coalescing model wraps the works into one
+    (:func:`simcluster.fake.rank_context.install_torch_patches`)."""
     knows_nccl_version: bool
     """True: ``torch.cuda.nccl.version()`` answers during a run, as on a real NCCL cluster
     whose CUDA build knows its NCCL (this CPU build does not, so a run installs
@@ -149,6 +158,7 @@ GLOO = BackendModel(
     alltoall_bytes=True,
     strict_gather_shapes=True,
     refuses_self_p2p=True,
+    coalesces_p2p=False,
     knows_nccl_version=False,
 )
 
@@ -165,6 +175,7 @@ NCCL = BackendModel(
     alltoall_bytes=False,
     strict_gather_shapes=False,
     refuses_self_p2p=False,
+    coalesces_p2p=True,
     knows_nccl_version=True,
 )
 

@@ -153,6 +153,47 @@ class SimWork(dist.Work):
 wear_torchs_name(SimWork, "torch._C._distributed_c10d.Work")  # as a real gloo work is named (docs/gloo-facts.md §8)
 
 
+class CoalescedWork(dist.Work):
+    """The one work ``dist.batch_isend_irecv`` returns for a whole batch on a backend that
+    coalesces it (the NCCL model): ``wait()`` waits for every op of the batch, in order.
+    What its ``get_future()`` holds is not known here (NCCL cannot run on this machine): it
+    raises :class:`~simcluster.errors.UnsupportedError` rather than guess."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works: Sequence[dist.Work]) -> None:
+        super().__init__()
+        self._works = list(works)
+
+    def wait(self, timeout: Any = None) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def exception(self) -> BaseException | None:
+        return next((e for e in (work.exception() for work in self._works) if e is not None), None)
+
+    def get_future(self) -> torch.futures.Future:
+        raise UnsupportedError("get_future() of the one work dist.batch_isend_irecv returns for a batch under the "
+                               "NCCL model (what it holds is not modelled)")
+
+    def result(self) -> list[torch.Tensor]:
+        raise UnsupportedError("result() of the one work dist.batch_isend_irecv returns for a batch under the "
+                               "NCCL model (not modelled)")
+
+    def synchronize(self) -> None:
+        return None
+
+
+wear_torchs_name(CoalescedWork, "torch._C._distributed_c10d.Work")
+
+
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated group (see the module docstring)."""
 

@@ -44,7 +44,7 @@ from simcluster.engine.frames import is_internal, short_path
 from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import UsageError
-from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
+from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
 from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
 
 __all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches", "nccl_version_stand_in",
@@ -332,7 +332,7 @@ def install_torch_patches(
     holder[0] = current_rank
     futures_module = torch.futures
     saved = (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
-             futures_module.Future, torch.cuda.nccl.version)
+             futures_module.Future, torch.cuda.nccl.version, c10d.batch_isend_irecv, dist.batch_isend_irecv)
     try:
         c10d.new_group = dist.new_group = new_group
         futures_module.collect_all, futures_module.wait_all = futures.collect_all, futures.wait_all
@@ -340,6 +340,8 @@ def install_torch_patches(
             futures_module.Future = _future_class_for(contexts, engine)
         if contexts.runtime.backend.knows_nccl_version:
             torch.cuda.nccl.version = nccl_version_stand_in
+        if contexts.runtime.backend.coalesces_p2p:
+            c10d.batch_isend_irecv = dist.batch_isend_irecv = coalesced_batch_isend_irecv
         return saved, install_generators()
     except BaseException:
         _restore(saved)
@@ -358,7 +360,19 @@ def restore_torch_patches(patches: Patches) -> None:
 def _restore(saved: tuple[Any, ...]) -> None:
     futures_module = torch.futures
     (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
-     futures_module.Future, torch.cuda.nccl.version) = saved
+     futures_module.Future, torch.cuda.nccl.version, c10d.batch_isend_irecv, dist.batch_isend_irecv) = saved
+
+
+_TORCH_BATCH_ISEND_IRECV = c10d.batch_isend_irecv
+
+
+def coalesced_batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
+    """``dist.batch_isend_irecv`` under a model whose backend coalesces a batch (NCCL,
+    :attr:`~simcluster.fake.backends.BackendModel.coalesces_p2p`): torch's own function
+    checks the list and posts each op (a simulated group takes its per-op path), and the
+    works come back as one, as ``cm.works`` holds one on a real NCCL group."""
+    works = _TORCH_BATCH_ISEND_IRECV(p2p_op_list)
+    return [CoalescedWork(works)] if works else []
 
 
 NCCL_VERSION_STAND_IN = (2, 27, 3)
