@@ -312,7 +312,7 @@ def test_overflow_hint_says_when_dividing_first_is_not_enough() -> None:
     two = [[torch.tensor([65504.0])]] * 2
     summed = P.averages([[torch.tensor([float("inf")])]] * 2, two, "fp16", dtypes=["float16"])
     assert summed is not None and "the ranks' sum there, 131008, exceeds float16's largest value 65504" in summed
-    assert "the hook sums before it divides" in summed and "dividing first is not enough" not in summed
+    assert "a hook that sums before it divides gets inf" in summed and "dividing first is not enough" not in summed
     mixed = P.overflow_cause([65504.0, 65504.0, 65500.0], torch.float16)  # 65500/3 = 21833.3 rounds up too
     assert "the shares x/3 round in float16 to [21840, 21840, 21840], and their sum 65520 rounds to inf" in mixed
     assert P.overflow_cause([65504.0, 65504.0, 65472.0], torch.float16).startswith("the ranks' sum")  # shares: 65504
@@ -374,6 +374,8 @@ def test_averages_says_when_a_subgroup_got_the_worlds_mean_or_was_divided_by_its
     on_world = P.averages([[world.float()]] * 4, x, "fp32", groups=[[0, 1], [2, 3]])
     assert on_world is not None and "every rank's result is the mean over the whole world's 4 ranks, not over its " \
         "DDP group's 2" in on_world
+    # the numbers, not the code: a gossip hook that never touched WORLD can give them too (round 17)
+    assert "what a hook gives that reduces on the default group" in on_world and "the hook reduced" not in on_world
     # each group's sum divided by the world's size
     quarter = [[((x[0][0] + x[1][0]) / 4)]] * 2 + [[((x[2][0] + x[3][0]) / 4)]] * 2
     divided = P.averages(quarter, x, "fp32", groups=[[0, 1], [2, 3]])

@@ -430,7 +430,7 @@ def test_a_float16_sum_that_overflows_says_the_hook_sums_first(capsys: pytest.Ca
     code, out, data = _replayed(capsys, tmp_path, "fp16_sum_then_divide", [65504.0, 65504.0], "--tolerance", "fp16")
     assert code == 1
     message = data["failures"][0]["message"]
-    assert "(the ranks' sum there, 131008, exceeds float16's largest value 65504: the hook sums before it divides" in message
+    assert "(the ranks' sum there, 131008, exceeds float16's largest value 65504: a hook that sums before it divides gets inf" in message
     assert "cast" not in message and "not enough" not in message
     code, out, _ = _replayed(capsys, tmp_path, "fp16_divide_then_cast", [65504.0, 65504.0], "--tolerance", "fp16")
     assert code == 0, out

@@ -216,16 +216,17 @@ def _world_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[
         return ""
     if _violation(results, inputs, tol, [list(range(world))], buckets) is None:
         return (f"\n(every rank's result is the mean over the whole world's {world} ranks, not over its DDP group's "
-                f"{len(ranks[0])}: the hook reduced on the default group — group=None, dist.group.WORLD — not on "
-                "the process group DDP was given (its state, or DDP's process_group))")
+                f"{len(ranks[0])}: what a hook gives that reduces on the default group — group=None, "
+                "dist.group.WORLD — not on the process group DDP was given (its state, or DDP's process_group); "
+                "a fact about the numbers, whatever groups the hook used)")
     scaled: list[Sequence[torch.Tensor]] = list(inputs)
     for g in ranks:
         for r in g:
             scaled[r] = [x.detach().to(torch.float64) * len(g) / world for x in inputs[r]]
     if _violation(results, scaled, tol, groups, buckets) is None:
         return (f"\n(every rank's result is its DDP group's sum divided by the world's size {world}, not by the "
-                f"group's {len(ranks[0])}: the hook divided by dist.get_world_size() or dist.group.WORLD.size(), "
-                "not by the size of the process group DDP was given)")
+                f"group's {len(ranks[0])}: what a hook gives that divides by dist.get_world_size() or "
+                "dist.group.WORLD.size(), not by the size of the process group DDP was given)")
     return ""
 
 
@@ -376,7 +377,7 @@ def overflow_cause(xs: Sequence[float], dtype: torch.dtype) -> str:
     the sentence says that the other order of operations is not enough either.
 
     >>> print(overflow_cause([65504.0, 65504.0], torch.float16))
-    the ranks' sum there, 131008, exceeds float16's largest value 65504: the hook sums before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then divides; divide first, as torch's allreduce_hook does
+    the ranks' sum there, 131008, exceeds float16's largest value 65504: a hook that sums before it divides gets inf — an all_reduce SUM then a division, gloo's ReduceOp.AVG (which sums then divides), or an add of values received from peers; divide first, as torch's allreduce_hook does
     >>> overflow_cause([65504.0, 1.0], torch.float16)
     ''
     """
@@ -413,9 +414,9 @@ def overflow_cause(xs: Sequence[float], dtype: torch.dtype) -> str:
                 f"— {share_text} ({rounding}) — and the ranks' sum there, {total:.9g}, is beyond {name}'s range; "
                 f"{clamp}")
     if sum_over:
-        return (f"the ranks' sum there, {total:.9g}, exceeds {name}'s largest value {largest:.9g}: the hook sums "
-                "before it divides — an all_reduce SUM then a division, or gloo's ReduceOp.AVG, which sums then "
-                "divides; divide first, as torch's allreduce_hook does")
+        return (f"the ranks' sum there, {total:.9g}, exceeds {name}'s largest value {largest:.9g}: a hook that sums "
+                "before it divides gets inf — an all_reduce SUM then a division, gloo's ReduceOp.AVG (which sums then "
+                "divides), or an add of values received from peers; divide first, as torch's allreduce_hook does")
     return ""
 
 
