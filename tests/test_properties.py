@@ -316,6 +316,12 @@ def test_overflow_hint_says_when_dividing_first_is_not_enough() -> None:
     mixed = P.overflow_cause([65504.0, 65504.0, 65500.0], torch.float16)  # 65500/3 = 21833.3 rounds up too
     assert "the shares x/3 round in float16 to [21840, 21840, 21840], and their sum 65520 rounds to inf" in mixed
     assert P.overflow_cause([65504.0, 65504.0, 65472.0], torch.float16).startswith("the ranks' sum")  # shares: 65504
+    # torch's fp16_compress_hook casts, then divides: 65488.0039 casts up to 65504 first, whose third rounds up
+    # (explain --range named only the sum, and told a hook that divides first to divide first: an audit, 2026-12-06)
+    edge = float(torch.tensor(65488.0039, dtype=torch.float32))
+    cast_first = P.overflow_cause([edge] * 3, torch.float16)
+    assert ("dividing first is not enough here — 65488.00390625 cast to float16 rounds to 65504, 65504/3 rounds to "
+            "21840, and 3 × 21840 = 65520 rounds to inf") in cast_first, cast_first
 
 
 def test_module_examples_run() -> None:

@@ -386,17 +386,28 @@ def overflow_cause(xs: Sequence[float], dtype: torch.dtype) -> str:
     limit = overflow_threshold(dtype)
     largest = torch.finfo(dtype).max
     total = math.fsum(xs)
-    shares = [_rounds(x / world, dtype) for x in xs]
+    # a hook divides first either before the cast (x/W, then cast) or after it, in the dtype (torch's
+    # fp16_compress_hook: cast, then div_): the cast can round up first (65488.0039 -> 65504)
+    direct = [_rounds(x / world, dtype) for x in xs]
+    casts = [_rounds(x, dtype) for x in xs]
+    after_cast = [_rounds(c / world, dtype) for c in casts]
+    cast_first = (all(map(math.isfinite, after_cast)) and abs(math.fsum(after_cast)) >= limit
+                  and not abs(math.fsum(direct)) >= limit and casts != list(xs))
+    shares = after_cast if cast_first else direct
     share_sum = math.fsum(shares)
     shares_over = all(map(math.isfinite, shares)) and abs(share_sum) >= limit
     sum_over = abs(total) >= limit
     rounding = f"{name}'s largest value is {largest:.9g}; every magnitude from {limit:.9g} up rounds to inf"
-    if len(set(xs)) == 1:
+    if cast_first and len(set(xs)) == 1:
+        share_text = (f"{_fmt(xs[0])} cast to {name} rounds to {casts[0]:.9g}, {casts[0]:.9g}/{world} rounds to "
+                      f"{shares[0]:.9g}, and {world} × {shares[0]:.9g} = {share_sum:.9g} rounds to inf")
+    elif len(set(xs)) == 1:
         share_text = (f"{_fmt(xs[0])}/{world} rounds to {shares[0]:.9g} in {name}, and {world} × {shares[0]:.9g} = "
                       f"{share_sum:.9g} rounds to inf")
     else:
         shown = ", ".join(f"{y:.9g}" for y in shares[:8]) + (", …" if world > 8 else "")
-        share_text = f"the shares x/{world} round in {name} to [{shown}], and their sum {share_sum:.9g} rounds to inf"
+        what = f"cast to {name} and divided by {world}" if cast_first else f"x/{world}"
+        share_text = f"the shares {what} round in {name} to [{shown}], and their sum {share_sum:.9g} rounds to inf"
     clamp = "round each share toward zero and clamp it, as simcluster.hooks.reference.compress_share does"
     cast = next((r for r, x in enumerate(xs) if abs(x) >= limit), None)
     if cast is not None:
