@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -495,6 +496,19 @@ def test_an_average_only_one_ranks_gradients_reach_names_that_rank(
     step = failure["details"]["step"]
     assert (f"(only rank 0's gradients reach the results at step {step}: every rank's result stays bit for bit the "
             "same when any other rank's gradients change — a broadcast from rank 0") in failure["message"]
+
+
+def test_a_mismatch_names_the_line_of_both_calls(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An extra call on rank 0: the mismatch is found at rank 1's innocent call, and the
+    report gave only that one's line; the culprit's is now there too (check and explain:
+    an audit of explain, 2026-12-06)."""
+    code, out, data = _check(capsys, tmp_path, "extra_call_on_rank0", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "liveness")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert "CollectiveMismatchError" in message
+    assert re.search(r"rank 0 posted it at tests/report_hooks\.py:\d+ in extra_call_on_rank0: "
+                     r"dist\.all_reduce\(torch\.ones\(1\), async_op=True\)", message), message
 
 
 def test_a_rank_whose_constant_changes_vanish_in_the_hook_is_not_said_unreached(

@@ -137,16 +137,20 @@ def _mismatch_problem(inst: Instance, call: Call) -> str | None:
 
 def mismatch_error(inst: Instance, call: Call, problem: str) -> CollectiveMismatchError:
     """The error for ``call`` disagreeing with ``inst``'s first call: both calls, the user
-    line that posted ``call`` (from the calling stack), and which ranks agree with the first."""
+    line that posted ``call`` (from the calling stack) and, when the run records posting
+    lines (``Call.posted_at``), the one that posted the first — either may be the culprit
+    (an extra call on one rank makes the *other* rank's innocent call the mismatched one) —
+    and which ranks agree with the first."""
     first = inst.first
     assert first is not None
     frames = stack_user_frames(sys._getframe(1))
     at = f" at {frames[-1]}" if frames else ""
+    first_at = f"\n    rank {first.rank} posted it at {first.posted_at}" if first.posted_at is not None else ""
     others = sorted(r for r in inst.calls if r != first.rank)
     agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
     error = CollectiveMismatchError(
         f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
-        f"  rank {first.rank}: {first.describe}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
+        f"  rank {first.rank}: {first.describe}{first_at}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
         "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."
     )
     error.simcluster_frames = frames  # type: ignore[attr-defined]
