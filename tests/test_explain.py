@@ -66,6 +66,11 @@ def test_a_hook_that_waits_inside_is_not_said_to_have_its_buckets_in_flight_toge
     step1 = step1[:step1.index("2. What each rank")]
     assert "they are in flight together" not in step1
     assert "one at a time" in step1 and "bucket 0's collective completed before" in step1
+    # its futures are done when it returns them; the line saying they are complete comes later, where DDP's
+    # own callback on them runs — the return says so (an audit of explain, 2026-12-06)
+    assert "rank 0: hook returns its future, already complete, for bucket 0" in out
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook"], capsys)
+    assert code == 0 and "rank 0: hook returns its future for bucket 0" in out and "already complete" not in out
 
 
 def test_params_and_cap_choose_the_layout(capsys: pytest.CaptureFixture[str]) -> None:

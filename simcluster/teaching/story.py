@@ -147,7 +147,9 @@ def _recording(hook: Callable[[Any, Any], Any], cluster: SimCluster, seen: list[
 def _returned(value: Any) -> str:
     """What a hook returned, in words: ``"its future"``, or e.g. ``"None, not a future"``."""
     if isinstance(value, torch._C.Future):  # every future, a simulated one too (torch.futures.Future is
-        return "its future"                  # patched to a per-cluster subclass during a run)
+        # patched to a per-cluster subclass during a run); one that is done already (a hook that waited, or set
+        # its result) is said to be: the line telling it complete comes later, where DDP's callback on it runs
+        return "its future, already complete," if value.done() else "its future"
     return f"{'None' if value is None else 'a ' + type(value).__name__}, not a future,"
 
 
