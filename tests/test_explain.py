@@ -79,6 +79,19 @@ def test_params_and_cap_choose_the_layout(capsys: pytest.CaptureFixture[str]) ->
     assert code == 0 and "bucket 0: params [0, 1, 2], float32[1025] (4100 B)" in out and "step 1" not in out
 
 
+def test_the_rebuild_says_the_first_bucket_has_its_own_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    """DDP's default caps the first rebuilt bucket at 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES),
+    the others at 25 MiB: explain said only 'closes once it reaches the cap' beside 'bucket cap
+    DDP's default', while a 1.2 MB first bucket closed early (an audit, 2026-12-06)."""
+    code, out, _ = run(["explain", TORCH_FP16, "--params", "4,4", "--steps", "2"], capsys)
+    assert code == 0
+    assert ("a bucket closes once it reaches the cap: 1048576 B for the first bucket (DDP's "
+            "dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, when bucket_cap_mb is left at its default), 26214400 B for "
+            "the others") in out
+    code, out, _ = run(["explain", TORCH_FP16, "--params", "4,4", "--steps", "2", "--bucket-cap-mb", "1"], capsys)
+    assert code == 0 and "a bucket closes once it reaches the cap, 1048576 B" in out
+
+
 def test_parse_shapes() -> None:
     assert parse_shapes("4x5,5,1000") == ((4, 5), (5,), (1000,))
     for bad in ("", "4x", "0", "4x-1", "a", "4,,5"):

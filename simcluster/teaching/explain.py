@@ -52,7 +52,7 @@ import torch
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
 from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
-from simcluster.ddp.layout import rebuild_iteration
+from simcluster.ddp.layout import cap_bytes, rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
 from simcluster.usercode.targets import format_shapes
@@ -190,8 +190,11 @@ def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> 
         lines.insert(0, "before the rebuild: one bucket, parameters in model.parameters() order")
     elif step.iteration == _REBUILD_ITERATION:
         same = " (the same buckets as before here)" if previous.bucket_params == step.bucket_params else ""
+        first, cap = cap_bytes(story.bucket_cap_mb)
+        caps = (f"the cap: {first} B for the first bucket (DDP's dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, when "
+                f"bucket_cap_mb is left at its default), {cap} B for the others" if first != cap else f"the cap, {cap} B")
         lines[:0] = [f"REBUILT after iteration {previous.iteration}{same}: parameters in gradient-ready order "
-                     "(reverse parameter order here), a bucket closes once it reaches the cap",
+                     f"(reverse parameter order here), a bucket closes once it reaches {caps}",
                      f"why: in iteration {previous.iteration} DDP recorded the order in which the gradients became "
                      "ready; buckets filled in that order are ready one after another during backward(), so each "
                      "bucket's communication can start while the rest of backward() runs",
