@@ -92,6 +92,15 @@ def test_the_rebuild_says_the_first_bucket_has_its_own_cap(capsys: pytest.Captur
     assert code == 0 and "a bucket closes once it reaches the cap, 1048576 B" in out
 
 
+def test_under_the_nccl_model_the_reading_notes_say_where_real_nccl_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A learner reading an NCCL-model story was not told that real NCCL completes a future at
+    enqueue (callbacks inline, grad mode off) and does not block the host on async_op=False."""
+    code, out, _ = run(["explain", TORCH_FP16, "--backend", "nccl", "--steps", "1"], capsys)
+    assert code == 0 and "Real NCCL on CUDA differs in timing (not modelled)" in out
+    code, out, _ = run(["explain", TORCH_FP16, "--steps", "1"], capsys)
+    assert code == 0 and "Real NCCL on CUDA" not in out
+
+
 def test_parse_shapes() -> None:
     assert parse_shapes("4x5,5,1000") == ((4, 5), (5,), (1000,))
     for bad in ("", "4x", "0", "4x-1", "a", "4,,5"):

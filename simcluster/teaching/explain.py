@@ -159,7 +159,11 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
                      "that waits on another collective holds that worker until it returns")
     else:
         callbacks = ("a callback attached with then() to a collective still in flight runs in the code that "
-                     "completes the collective (the NCCL model: the rank's own thread here)")
+                     "completes the collective (the NCCL model: the rank's own thread here). Real NCCL on CUDA "
+                     "differs in timing (not modelled): a collective's future is marked complete when its work is "
+                     "queued on the GPU stream, so a then() callback runs at once, inline in the hook with grad mode "
+                     "off, and async_op=False does not hold the host thread until the data has arrived; here a "
+                     "collective completes only once every rank posted it")
     legacy = ["--api legacy: the bucket is torch 1.7-1.9's (get_index(), get_tensors(), get_tensor() in 1.9) "
               "and the future's value a one-element list, as that era's DDP took it; the rest below was measured on "
               "torch 2.13"] if api == "legacy" else []
