@@ -32,9 +32,9 @@ from simcluster.fake.futures import DoneFlag, SimFuture
 from simcluster.fake.process_group import Runtime
 
 
-def inline_engine() -> Engine:
+def inline_engine(posting_lines: bool = False) -> Engine:
     return Engine(scheduler=make_scheduler("in_order", 0), trace=Trace(), switch=lambda old, new: None,
-                  workers_per_channel=None)
+                  workers_per_channel=None, posting_lines=posting_lines)
 
 
 def threaded_engine() -> ThreadedEngine:
@@ -103,9 +103,9 @@ def _post_line(engine: Any, call: Call) -> None:
     engine.post(call)  # the user line a mismatch points at
 
 
-def run_inline(calls: dict[int, Call]) -> CollectiveMismatchError:
+def run_inline(calls: dict[int, Call], posting_lines: bool = False) -> CollectiveMismatchError:
     """Rank 0 posts, then rank 1 (the in-order schedule runs tasks in spawn order)."""
-    engine = inline_engine()
+    engine = inline_engine(posting_lines)
     for rank in (0, 1):
         engine.spawn(rank, lambda rank=rank: _post_line(engine, calls[rank]), f"rank {rank}'s code")
     with pytest.raises(CollectiveMismatchError) as info:
@@ -139,9 +139,11 @@ def without_replay(error: BaseException) -> str:
 
 
 def test_a_mismatch_reads_the_same_on_both_engines() -> None:
+    """With posting lines recorded (always on the threaded engine; on the baton engine when a
+    run asks, as check's re-run of a reported failure and explain do), both calls' lines."""
     calls = {0: _call(0, "all_reduce", ("all_reduce", "float32", "SUM")),
              1: _call(1, "all_reduce", ("all_reduce", "float32", "MAX"))}
-    inline = run_inline(calls)
+    inline = run_inline(calls, posting_lines=True)
     calls = {r: _call(r, c.op, c.signature) for r, c in calls.items()}
     threaded = run_threaded(calls)
     line = inspect.getsourcelines(_post_line)[1] + 1
@@ -149,6 +151,8 @@ def test_a_mismatch_reads_the_same_on_both_engines() -> None:
         "mismatched collectives on WORLD (call #0 of that group): ranks issued different collectives at the same "
         "position of the group's sequence\n"
         "  rank 0: all_reduce(float32, SUM)\n"
+        f"    rank 0 posted it at tests/test_engine_contract.py:{line} in _post_line: engine.post(call)"
+        "  # the user line a mismatch points at\n"
         f"  rank 1: all_reduce(float32, MAX) at tests/test_engine_contract.py:{line} in _post_line: engine.post(call)"
         "  # the user line a mismatch points at\n"
         "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."
