@@ -65,6 +65,18 @@ def terngrad_like(state, bucket):
     return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
 
 
+def scales_by_python_and_numpy_draws(state, bucket):
+    """Scales each rank's bucket by a draw of Python's random and of numpy's global RNG (per
+    rank, unseeded: the rank's own streams), then averages. Correct on both sides."""
+    import random
+
+    import numpy
+
+    buf = bucket.buffer().mul_(random.random() + float(numpy.random.rand()))
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+
 def monitored_barrier_then_mean(state, bucket):
     """dist.monitored_barrier (gloo only; not modelled by the simulator), then the mean."""
     dist.monitored_barrier()

@@ -147,6 +147,18 @@ def test_a_hook_drawing_from_torchs_rng_agrees_with_real_gloo(census) -> None:
 
 
 
+def test_a_hook_drawing_from_python_and_numpy_rngs_agrees_with_real_gloo(census) -> None:
+    """The same for Python's random and numpy's global RNG (an e2e audit, 2026-12-06): the
+    real ranks reseeded both from OS entropy after forking (only torch's was seed + rank), and
+    the real reducer's rank threads shared the process's, unwatched — a FIDELITY BUG on every
+    run, with different numbers each time. Real ranks now seed all three with seed + rank, as
+    simulated ranks do, and a draw from any of them takes the DDP model's gradients."""
+    result = run_e2e(Scenario(3, ((4, 5), (5,)), steps=2), f"{HOOKS}:scales_by_python_and_numpy_draws", "none",
+                     timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+    assert "the hook draws from Python's random and numpy's global RNG" in result.format()
+
+
 def test_a_hook_reading_its_grad_mode_agrees_with_real_ddp(census) -> None:
     """Real DDP calls a hook inside backward(), grad mode off; the DDP model called it with
     the caller's (on), and e2e's own cross-check found the model and the real reducer

@@ -364,6 +364,44 @@ class Side:
 # --------------------------------------------------------------------------- one real rank
 
 
+def _global_rng_states() -> tuple[Any, ...]:
+    """The process's global generators' states: torch's, Python's ``random``, numpy's legacy one."""
+    import random
+
+    import numpy
+
+    return torch.get_rng_state(), random.getstate(), numpy.random.get_state()
+
+
+def _drawn_from(before: tuple[Any, ...]) -> list[str]:
+    """Which global generators moved since ``before`` (:func:`_global_rng_states`), by name."""
+    import numpy
+
+    now = _global_rng_states()
+    moved = []
+    if not torch.equal(now[0], before[0]):
+        moved.append("torch's global RNG")
+    if now[1] != before[1]:
+        moved.append("Python's random")
+    if now[2][0] != before[2][0] or not numpy.array_equal(now[2][1], before[2][1]) or now[2][2:] != before[2][2:]:
+        moved.append("numpy's global RNG")
+    return moved
+
+
+def _seed_rank_generators(seed: int) -> None:
+    """A real rank's generators, seeded as a simulated rank's are (``rng="per_rank"``: seed + rank,
+    :class:`~simcluster.usercode.rank_state.RankGenerators`): torch's, Python's ``random`` and
+    numpy's legacy one. A gloo child reseeds the latter two from OS entropy after it forks; left
+    so, a hook drawing from them could never be compared (a false FIDELITY BUG, an e2e audit)."""
+    import random
+
+    import numpy
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed % 2**32)
+
+
 def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = None,
              device: torch.device | None = None, emit: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """One real rank: real DDP over ``group`` (default: WORLD), the hook registered, every step.
@@ -378,7 +416,7 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
 
     os.environ[REAL_SIDE_ENV] = "real"
     scenario: Scenario = payload["scenario"]
-    torch.manual_seed(scenario.seed + rank)
+    _seed_rank_generators(scenario.seed + rank)
     emit = emit or _print_event
     with _announce_collectives(rank, emit):
         # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
@@ -756,7 +794,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     started = time.monotonic()
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
-    seeded = torch.get_rng_state()
+    seeded = _global_rng_states()
     hook_local, state_local = per_process(hook, state, isolate)
 
     def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:
@@ -780,19 +818,20 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         else:
             side.grads, side.params = run.grads, run.params
     side.calls = calls
-    drew = not torch.equal(torch.get_rng_state(), seeded)
+    drew = _drawn_from(seeded)
     with captured_output(output_fd) as printed:
         model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
     side.output = printed.text
     if drew and side.failure is None and model.failure is None:
-        # The hook drew from torch's global RNG. Real ranks each own a generator (seed +
-        # rank), as the DDP model's simulated ranks do; the real reducer's rank threads share
-        # the process's one, so their draws cannot match. The simulator's gradients are the
-        # model's; hook calls and failures are still the real reducer's, compared as ever.
+        # The hook drew from a global RNG (torch's, Python's random, numpy's). Real ranks each
+        # own their generators (seed + rank), as the DDP model's simulated ranks do; the real
+        # reducer's rank threads share the process's, so their draws cannot match. The
+        # simulator's gradients are the model's; hook calls and failures are still the real
+        # reducer's, compared as ever.
         side.grads, side.params = model.grads, model.params
-        side.note = ("the hook draws from torch's global RNG: gradients and parameters from the DDP model, whose simulated ranks "
-                     "own generators seeded like the real ranks (seed + rank); the real reducer's rank threads "
-                     "share one (docs/e2e.md)")
+        side.note = (f"the hook draws from {' and '.join(drew)}: gradients and parameters from the DDP model, whose "
+                     "simulated ranks own generators seeded like the real ranks (seed + rank); the real reducer's "
+                     "rank threads share the process's (docs/e2e.md)")
     if environ is not None and environ.read:
         # The hook read a launcher variable whose value differs between the real ranks. The
         # real reducer's rank threads share this process's one environment (rank 0's, under
