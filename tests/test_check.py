@@ -107,6 +107,20 @@ def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:
     assert "--properties liveness,contract,replicas_agree,keeps_nonfinite,schedule_independence)" in failure.message
 
 
+def test_an_error_feedback_failure_after_a_rebuild_names_the_rebuild_not_ef21() -> None:
+    """buggy.topk_residual_keyed_by_index keeps its residual by bucket index: after DDP's
+    rebuild puts other parameters at the same positions, the residual lands on them. The
+    report blamed an EF21-style estimator and offered the --properties that leaves the
+    property out — advice that switches off the check catching a real bug (an audit of
+    reports, 2026-12-06)."""
+    report = check_hook(buggy.topk_residual_keyed_by_index, state="simcluster.hooks.buggy:IndexedResidualState",
+                        tolerance="none", backends=("gloo",), database=None)
+    drains = [f for f in report.failures if f.property == "error_feedback" and "zero gradients" in f.message]
+    assert drains, report.format()
+    assert all("(likely cause: DDP rebuilt its buckets after step 0" in f.message for f in drains), drains[0].message
+    assert not any("check it without" in f.message for f in drains)
+
+
 def test_assert_hook_raises_the_formatted_report() -> None:
     assert_hook(reference.mean_allreduce_hook, **QUICK)
     with pytest.raises(AssertionError, match="FAILED averages"):

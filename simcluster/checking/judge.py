@@ -28,7 +28,7 @@ import torch
 
 from simcluster.checking import properties as P
 from simcluster.checking.options import EF_DRAIN_CAP, EF_DRAIN_MAX, Options
-from simcluster.checking.render import error_text, user_line
+from simcluster.checking.render import bucket_steps, error_text, rebuild_hint, user_line
 from simcluster.checking.replay import encode_example
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
@@ -191,7 +191,13 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
-        if msg and msg.startswith(P.NOT_DRAINED) and not opts.ef_forced:  # why it was checked, and how not to
+        moved = (rebuild_hint(bucket_steps(example, drain_from), drain_from)
+                 if msg and msg.startswith(P.NOT_DRAINED) else None)
+        if moved:  # memory kept by bucket index and position now lands on other parameters: the likely cause
+            msg += (f" (likely cause: {moved} — memory a hook keeps by bucket index and position, such as a residual "
+                    "keyed by bucket.index(), is added to other parameters' gradients from then on; key it by the "
+                    "parameters, or reset it when the layout changes)")
+        elif msg and msg.startswith(P.NOT_DRAINED) and not opts.ef_forced:  # why it was checked, and how not to
             others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
             msg += (f" (error_feedback is checked because the hook's state holds tensors named "
                     f"{', '.join(residual_names(states))}; if the hook does not promise to send, over time, everything "

@@ -872,7 +872,8 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
         return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
                 f"{end:.3g} away from the accumulated mean, {began:.3g} when they began (peak {peak:.3g} before): "
                 "the hook kept sending after its gradients stopped — more than it was given, not what it held "
-                "back (an estimator that resends its estimate, as EF21 does, or a residual sent twice)")
+                "back (an estimator that resends its estimate, as EF21 does, a residual sent twice, or one added to "
+                "other parameters' gradients)")
     if drain_from < len(outputs) and end > drained * peak + rounding:
         return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
                 f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
