@@ -118,6 +118,9 @@ def test_default_check_catches_a_hook_that_hides_the_overflow() -> None:
     assert message.startswith("step 0, bucket 0 (params [0, 1]): rank 1's gradient holds inf at param 0, element 1")
     assert "all finite on ranks 0, 1" in message and "1.7014117" in message  # float32's max, halved
     assert "hidden from GradScaler on every rank" in message
+    # the advice covers a hook with no nan_to_num too, whose inf never reached the result (an audit of reports:
+    # allgather_assumes_gloo_list on NCCL keeps rank 0's gradient only)
+    assert "or, if the hook has none, rank 1's gradient may never reach the result at all" in message
     assert [f.property for f in report.failures] == ["keeps_nonfinite"] * 2  # no averages/replicas alarm
 
 

@@ -622,8 +622,10 @@ def keeps_nonfinite(results: Grads, inputs: Grads, groups: Sequence[Sequence[int
             if len(hidden) == len(ranks):
                 return (f"{head}: the overflow was hidden from GradScaler on every rank "
                         "— torch.amp.GradScaler skips optimizer.step() only when a rank's own gradients hold an inf or "
-                        "NaN, so every rank steps on gradients built from an overflow; let it through (no nan_to_num "
-                        "or clamp of the bucket)")
+                        "NaN, so every rank steps on gradients built from an overflow; let it through: no nan_to_num "
+                        "or clamp of the bucket — or, if the hook has none, rank "
+                        f"{q}'s gradient may never reach the result at all (a broadcast or a gathered list read as "
+                        "one tensor: see an averages failure naming the ranks whose gradients reach the results)")
             kept = [r for r in ranks if r not in hidden]
             return (f"{head}: the overflow was hidden from GradScaler on {_ranks_text(hidden)} — torch.amp.GradScaler "
                     f"decides on each rank's own gradients, so {_ranks_text(hidden)} steps while {_ranks_text(kept)} "
