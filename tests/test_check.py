@@ -107,6 +107,17 @@ def test_error_feedback_is_checked_for_stateful_lossy_hooks() -> None:
     assert "--properties liveness,contract,replicas_agree,keeps_nonfinite,schedule_independence)" in failure.message
 
 
+def test_a_schedule_independence_failure_shows_the_layout_up_to_the_step_that_differs() -> None:
+    """The report showed the buckets and gradients of step 0 only (its step was set to 0),
+    while the runs parted at step 1, on buckets rebuilt after step 0 (an audit of reports)."""
+    report = check_hook(buggy.dp_noise_shared_generator, state="simcluster.hooks.buggy:NoiseState", tolerance="none",
+                        backends=("gloo",), database=None)
+    failure = next(f for f in report.failures if f.property == "schedule_independence")
+    step = int(failure.message.split(",")[0].removeprefix("step "))
+    assert step >= 1, failure.message
+    assert f"step {step}" in failure.format() and "(rebuilt)" in failure.format(), failure.format()
+
+
 def test_an_error_feedback_failure_after_a_rebuild_names_the_rebuild_not_ef21() -> None:
     """buggy.topk_residual_keyed_by_index keeps its residual by bucket index: after DDP's
     rebuild puts other parameters at the same positions, the residual lands on them. The

@@ -301,10 +301,13 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
     in_order, error_b, at_b, _ = simulate(opts, example, backend, "in_order", grads)
     if error_b is not None:
         fail("schedule_independence", f"in-order completion fails at step {at_b} where the drawn schedule "
-             f"completes:\n{error_text(error_b)}", error_b)
+             f"completes:\n{error_text(error_b)}", error_b, step=at_b)
     msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order], f"the schedule {taken}")
     if msg:
-        fail("schedule_independence", msg)
+        # the report's layout and gradients up to the step where the two runs part (not step 0's alone)
+        first = next((t for t, (a, b) in enumerate(zip(results, in_order))
+                      if not all(P.bits_equal(x, y) for ra, rb in zip(a.grads, b.grads) for x, y in zip(ra, rb))), 0)
+        fail("schedule_independence", msg, step=first)
 
 
 def order_hint(opts: Options, violation: Violation) -> str:
