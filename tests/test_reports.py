@@ -498,6 +498,21 @@ def test_an_average_only_one_ranks_gradients_reach_names_that_rank(
             "same when any other rank's gradients change — a broadcast from rank 0") in failure["message"]
 
 
+def test_the_gradients_line_keeps_the_ranks_the_report_names_and_those_holding_inf() -> None:
+    """At world 8 the gradients line showed ranks 0-3 and '(+4 ranks)': rank 7's inf, the
+    cause, was cut away (an audit of reports). Named and non-finite ranks are always shown."""
+    from simcluster.checking.render import render_gradients
+    from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
+
+    ranks = tuple(RankSpec("const", value=float(r)) for r in range(7)) + (
+        RankSpec("const", value=7.0, nonfinite=((1, "inf"),)),)
+    example = Example(8, Layout(((2,),), None, (0,)), StepSpec(ranks))
+    line = render_gradients(example, 0)
+    assert "r3: " in line and "r4: " not in line and "| … | r7: [7.0, inf] (+3 ranks)" in line, line
+    named = render_gradients(example, 0, named=[5])
+    assert "r3: [3.0 ×2] | … | r5: [5.0 ×2] | … | r7: [7.0, inf] (+2 ranks)" in named, named
+
+
 def test_a_mismatch_names_the_line_of_both_calls(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An extra call on rank 0: the mismatch is found at rank 1's innocent call, and the
     report gave only that one's line; the culprit's is now there too (check and explain:

@@ -616,7 +616,8 @@ def keeps_nonfinite(results: Grads, inputs: Grads, groups: Sequence[Sequence[int
             hidden = [r for r in ranks if bool(torch.isfinite(got[r]).all())]
             if not hidden:
                 continue
-            there = ", ".join(f"rank {r} {_fmt(float(got[r][flat_index]))}" for r in hidden[:4])
+            there = (", ".join(f"rank {r} {_fmt(float(got[r][flat_index]))}" for r in hidden[:4])
+                     + (f", … ({len(hidden) - 4} more)" if len(hidden) > 4 else ""))
             head = (f"bucket {b} (params {params}): rank {q}'s gradient holds {_fmt(value)} at param {k}, element {i}, "
                     f"but the result for that bucket is all finite on {_ranks_text(hidden)} (there: {there})")
             if len(hidden) == len(ranks):

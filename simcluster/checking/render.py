@@ -201,14 +201,24 @@ def _abridge(t: torch.Tensor, limit: int = 6) -> str:
     return f"[{shown}{', …' if len(flat) > limit else ''}]" + (f"({len(flat)})" if len(flat) > limit else "")
 
 
-def render_gradients(example: Example, upto: int, max_ranks: int = 4) -> str:
-    """Steps ``0..upto``, rank by rank, each parameter abridged to a few values."""
+def render_gradients(example: Example, upto: int, max_ranks: int = 4, named: Sequence[int] = ()) -> str:
+    """Steps ``0..upto``, rank by rank, each parameter abridged to a few values: the first
+    ``max_ranks`` ranks, and beyond them the ranks the message ``named`` and any rank whose
+    gradients hold an inf or NaN — the culprit is never the rank cut away (rank 7's inf at
+    world 8 was hidden behind ``(+4 ranks)``: an audit of reports); ``…`` marks a gap."""
     grads = example.grads()
     lines = []
     for t, step in enumerate(grads[: upto + 1]):
-        ranks = [f"r{r}: " + " ".join(_abridge(g) for g in rank) for r, rank in enumerate(step[:max_ranks])]
-        more = f" (+{len(step) - max_ranks} ranks)" if len(step) > max_ranks else ""
-        lines.append(f"step {t}: " + " | ".join(ranks) + more)
+        keep = set(range(min(max_ranks, len(step)))) | {r for r in named if 0 <= r < len(step)}
+        keep |= {r for r, rank in enumerate(step) if not all(bool(torch.isfinite(g).all()) for g in rank)}
+        shown, last = [], -1
+        for r in sorted(keep):
+            if r > last + 1:
+                shown.append("…")
+            shown.append(f"r{r}: " + " ".join(_abridge(g) for g in step[r]))
+            last = r
+        more = f" (+{len(step) - len(keep)} ranks)" if len(step) > len(keep) else ""
+        lines.append(f"step {t}: " + " | ".join(shown) + more)
     return "\n             ".join(lines)
 
 
@@ -264,7 +274,8 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
     frames = error_frames(error) if error is not None else []
     return PropertyFailure(
         property=prop, backend=backend, message=message, world_size=example.world_size,
-        layout=describe_layout(example, steps), gradients=render_gradients(example, at),
+        layout=describe_layout(example, steps),
+        gradients=render_gradients(example, at, named=[int(r) for r in re.findall(r"\brank (\d+)", message)]),
         schedule=list(info.get("schedule", [])),
         replay=replay_command(opts, backend, example.world_size, token, steps),
         error_type=info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
