@@ -103,11 +103,15 @@ def _post_line(engine: Any, call: Call) -> None:
     engine.post(call)  # the user line a mismatch points at
 
 
+def _rank_code(engine: Any, call: Call) -> None:
+    _post_line(engine, call)  # the rank's code, which called the line that posted
+
+
 def run_inline(calls: dict[int, Call], posting_lines: bool = False) -> CollectiveMismatchError:
     """Rank 0 posts, then rank 1 (the in-order schedule runs tasks in spawn order)."""
     engine = inline_engine(posting_lines)
     for rank in (0, 1):
-        engine.spawn(rank, lambda rank=rank: _post_line(engine, calls[rank]), f"rank {rank}'s code")
+        engine.spawn(rank, lambda rank=rank: _rank_code(engine, calls[rank]), f"rank {rank}'s code")
     with pytest.raises(CollectiveMismatchError) as info:
         engine.run()
     return info.value
@@ -123,7 +127,7 @@ def run_threaded(calls: dict[int, Call]) -> CollectiveMismatchError:
             if rank == 1:
                 assert posted.wait(10)
             try:
-                _post_line(engine, calls[rank])
+                _rank_code(engine, calls[rank])
             finally:
                 posted.set()
 
@@ -147,12 +151,14 @@ def test_a_mismatch_reads_the_same_on_both_engines() -> None:
     calls = {r: _call(r, c.op, c.signature) for r, c in calls.items()}
     threaded = run_threaded(calls)
     line = inspect.getsourcelines(_post_line)[1] + 1
+    caller = inspect.getsourcelines(_rank_code)[1] + 1
     expected = (
         "mismatched collectives on WORLD (call #0 of that group): ranks issued different collectives at the same "
         "position of the group's sequence\n"
         "  rank 0: all_reduce(float32, SUM)\n"
         f"    rank 0 posted it at tests/test_engine_contract.py:{line} in _post_line: engine.post(call)"
-        "  # the user line a mismatch points at\n"
+        f"  # the user line a mismatch points at (called from tests/test_engine_contract.py:{caller} in _rank_code: "
+        "_post_line(engine, call)  # the rank's code, which called the line that posted)\n"
         f"  rank 1: all_reduce(float32, MAX) at tests/test_engine_contract.py:{line} in _post_line: engine.post(call)"
         "  # the user line a mismatch points at\n"
         "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."

@@ -498,6 +498,20 @@ def test_an_average_only_one_ranks_gradients_reach_names_that_rank(
             "same when any other rank's gradients change — a broadcast from rank 0") in failure["message"]
 
 
+def test_a_deadlock_names_the_hook_line_that_called_the_posting_helper() -> None:
+    """buggy.skip_allreduce_if_zero posts through a helper (_mean_unless): the report named the
+    helper's line only, never the hook's line where a rank decided to skip (an audit of
+    reports). The direct caller is named beside it when it is user code too."""
+    from simcluster.checking.check import check_hook
+
+    report = check_hook("simcluster.hooks.buggy:skip_allreduce_if_zero", backends=("gloo",), world_sizes=(2,),
+                        database=None)
+    deadlocks = [f for f in report.failures if "posted it at" in f.message]
+    assert deadlocks, report.format()
+    assert re.search(r"posted it at \S*buggy\.py:\d+ in _mean_unless: .* \(called from \S*buggy\.py:\d+ in "
+                     r"skip_allreduce_if_zero: return _mean_unless\(", deadlocks[0].message), deadlocks[0].message
+
+
 def test_the_gradients_line_keeps_the_ranks_the_report_names_and_those_holding_inf() -> None:
     """At world 8 the gradients line showed ranks 0-3 and '(+4 ranks)': rank 7's inf, the
     cause, was cut away (an audit of reports). Named and non-finite ranks are always shown."""

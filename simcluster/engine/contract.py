@@ -26,12 +26,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from simcluster.engine.trace import Trace
-
-if TYPE_CHECKING:
-    from simcluster.engine.frames import Frame
 
 __all__ = ["Call", "EngineContract", "RunAborted", "Waitable", "when_all_done"]
 
@@ -90,7 +87,8 @@ class Call:
     hands a rank its result. ``after`` holds what this rank's part waits for before it
     executes (it holds its backend worker meanwhile): gloo's ``barrier`` waits for every
     earlier collective of its group on that rank to finish, callbacks included.
-    ``posted_at`` is the user line that posted it, recorded only by a run that asks for
+    ``posted_at`` is the user line that posted it (and the user line that called that one:
+    :func:`~simcluster.engine.frames.posting_site`), recorded only by a run that asks for
     posting lines (finding it walks the stack: never on the hot path); a deadlock report
     names it beside each call some rank never matched.
 
@@ -114,7 +112,7 @@ class Call:
     after: tuple[Waitable, ...] = ()
     seq: int = -1
     worker: int = -1
-    posted_at: "Frame | None" = None
+    posted_at: str | None = None
 
     @property
     def describe(self) -> str:

@@ -190,6 +190,28 @@ def stack_user_frames(frame: FrameType | None, limit: int = 3) -> list[Frame]:
     return _frames(traceback.extract_stack(frame))[-limit:]
 
 
+def posting_site(frame: FrameType | None) -> str | None:
+    """Where user code posted a collective, for a report: the innermost user frame of the
+    stack ending at ``frame``, and the user frame that called it when there is one —
+    ``hooks.py:559 in _mean_unless: … (called from hooks.py:577 in skip_if_zero: …)``: a
+    hook's helper that posts is rarely where the decision that broke the run was made
+    (an audit of reports: deadlocks named the helper's line only). ``None``: no user frame."""
+    while frame is not None and is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    here = _frame_of(frame)
+    caller = frame.f_back  # the direct caller only: a user frame further out (a test calling SimCluster.run) is not
+    if caller is None or is_internal(caller.f_code.co_filename):
+        return str(here)
+    return f"{here} (called from {_frame_of(caller)})"
+
+
+def _frame_of(frame: FrameType) -> Frame:
+    code = frame.f_code
+    return Frame(code.co_filename, frame.f_lineno, code.co_name, linecache.getline(code.co_filename, frame.f_lineno).strip())
+
+
 def format_frames(frames: Iterable[Frame], indent: str = "  ") -> list[str]:
     """One line per frame, innermost last, as ``at file:line in function: source``."""
     return [f"{indent}at {f}" for f in frames]

@@ -63,7 +63,7 @@ from operator import attrgetter
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
-from simcluster.engine.frames import stack_user_frames
+from simcluster.engine.frames import posting_site, stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure
 from simcluster.engine.scheduler import Scheduler
@@ -299,8 +299,7 @@ class Engine:
                 "(pass a factory called once per rank with that rank's process group)."
             )
         if self.posting_lines:
-            found = stack_user_frames(sys._getframe(1), limit=1)
-            call.posted_at = found[0] if found else None
+            call.posted_at = posting_site(sys._getframe(1))
         inst, mismatch = self._matcher.post(call)
         if mismatch is not None:
             self._fail(mismatch)

@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
-from simcluster.engine.frames import stack_user_frames
+from simcluster.engine.frames import posting_site
 from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_line
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.trace import Blocked, Resumed, Trace
@@ -229,8 +229,7 @@ class ThreadedEngine:
         # the user line that posted it, for a deadlock report's unmatched calls: always recorded
         # here (the inline engine records it only when a run is re-run to be reported; this
         # engine's runs, the real reducer's, cannot be re-run in the same order)
-        found = stack_user_frames(sys._getframe(1), limit=1)
-        call.posted_at = found[0] if found else None
+        call.posted_at = posting_site(sys._getframe(1))
         pending = [w for w in call.after if not w.done()] if call.after else None
         with self._lock:
             inst, mismatch = self._matcher.post(call)
