@@ -70,6 +70,7 @@ from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.errors import CollectiveMismatchError, DeadlockError, GlooRunError, UsageError, first_line
 from simcluster.real.gloo_runner import GlooCluster, first_failed_rank, resolve_target, run_gloo, target_name
 from simcluster.usercode.rank_local import RankLocal, own_copies
+from simcluster.usercode.rank_state import seed_process_generators
 
 __all__ = ["Raised", "Difference", "DifferentialReport", "compare_with_gloo", "compare_outcomes", "importable_name"]
 
@@ -205,11 +206,7 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> list[Any]:
     """One real gloo rank: every step of the comparison, state kept across steps."""
     import torch.distributed as dist
 
-    import random
-
-    torch.manual_seed(payload["seed"] + rank)
-    random.seed(payload["seed"] + rank)
-    _seed_numpy(payload["seed"] + rank)
+    seed_process_generators(payload["seed"] + rank)
     if payload.get("fresh"):
         hook, state_spec = _fresh_copies(payload)
     else:
@@ -241,14 +238,6 @@ def _settle(fut: torch.futures.Future) -> Any:
         return fut.value()
     except Exception as exc:  # noqa: BLE001
         return Raised.of(exc)
-
-
-def _seed_numpy(seed: int) -> None:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover
-        return
-    numpy.random.seed(seed % 2**32)
 
 
 def _run_sim(hook: Callable[..., Any], steps: list[list[torch.Tensor]], state_spec: StateSpec, world_size: int,

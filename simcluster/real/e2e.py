@@ -54,6 +54,7 @@ import torch
 
 from simcluster.errors import HookExited, SimClusterError, first_line, innermost_error
 from simcluster.usercode.output import captured_output
+from simcluster.usercode.rank_state import process_generator_states, seed_process_generators
 from simcluster.names import without_addresses
 from simcluster.usercode.stand_in import stand_in
 
@@ -364,42 +365,21 @@ class Side:
 # --------------------------------------------------------------------------- one real rank
 
 
-def _global_rng_states() -> tuple[Any, ...]:
-    """The process's global generators' states: torch's, Python's ``random``, numpy's legacy one."""
-    import random
-
-    import numpy
-
-    return torch.get_rng_state(), random.getstate(), numpy.random.get_state()
-
-
 def _drawn_from(before: tuple[Any, ...]) -> list[str]:
-    """Which global generators moved since ``before`` (:func:`_global_rng_states`), by name."""
+    """Which global generators moved since ``before``
+    (:func:`~simcluster.usercode.rank_state.process_generator_states`), by name."""
     import numpy
 
-    now = _global_rng_states()
+    now = process_generator_states()
     moved = []
     if not torch.equal(now[0], before[0]):
         moved.append("torch's global RNG")
     if now[1] != before[1]:
         moved.append("Python's random")
-    if now[2][0] != before[2][0] or not numpy.array_equal(now[2][1], before[2][1]) or now[2][2:] != before[2][2:]:
+    if now[2] is not None and (now[2][0] != before[2][0] or not numpy.array_equal(now[2][1], before[2][1])
+                               or now[2][2:] != before[2][2:]):
         moved.append("numpy's global RNG")
     return moved
-
-
-def _seed_rank_generators(seed: int) -> None:
-    """A real rank's generators, seeded as a simulated rank's are (``rng="per_rank"``: seed + rank,
-    :class:`~simcluster.usercode.rank_state.RankGenerators`): torch's, Python's ``random`` and
-    numpy's legacy one. A gloo child reseeds the latter two from OS entropy after it forks; left
-    so, a hook drawing from them could never be compared (a false FIDELITY BUG, an e2e audit)."""
-    import random
-
-    import numpy
-
-    torch.manual_seed(seed)
-    random.seed(seed)
-    numpy.random.seed(seed % 2**32)
 
 
 def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = None,
@@ -416,7 +396,10 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
 
     os.environ[REAL_SIDE_ENV] = "real"
     scenario: Scenario = payload["scenario"]
-    _seed_rank_generators(scenario.seed + rank)
+    # every generator a rank owns, as a simulated rank's (seed + rank): a gloo child reseeds
+    # random and numpy from OS entropy after it forks, and a hook drawing from them could never
+    # be compared (a false FIDELITY BUG on every run, an e2e audit)
+    seed_process_generators(scenario.seed + rank)
     emit = emit or _print_event
     with _announce_collectives(rank, emit):
         # fresh copies of the hook's module (and a state factory's, and the isolate modules): a
@@ -794,7 +777,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     started = time.monotonic()
     dtype = scenario.torch_dtype
     torch.manual_seed(scenario.seed)
-    seeded = _global_rng_states()
+    seeded = process_generator_states()
     hook_local, state_local = per_process(hook, state, isolate)
 
     def own_process(ddp: Any, group: Any) -> tuple[Callable[..., Any], Any, None]:

@@ -52,7 +52,8 @@ import torch
 
 from simcluster.errors import SharedSettingError
 
-__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators"]
+__all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
+           "process_generator_states", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
     import numpy.random as _np_random
@@ -104,6 +105,24 @@ class RankGenerators:
         if gen is None:
             gen = self._numpy[rank] = _np_random.RandomState(self.seeds[rank] % 2**32)
         return gen
+
+
+def process_generator_states() -> tuple[Any, Any, Any]:
+    """The states of a process's global generators — torch's default CPU one, Python's
+    ``random``, numpy's legacy one (``None`` without numpy): what a real rank owns, and what
+    a comparison with real processes watches for draws."""
+    return (torch.get_rng_state(), random.getstate(),
+            _np_random.get_state() if _np_random is not None else None)
+
+
+def seed_process_generators(seed: int) -> None:
+    """Seed a real process's global generators as a simulated rank's are seeded
+    (:class:`RankGenerators`: ``seed`` is the rank's, e.g. seed + rank): torch's, Python's
+    ``random`` and numpy's legacy one."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    if _np_random is not None:
+        _np_random.seed(seed % 2**32)
 
 
 def _python_generator() -> Any:
