@@ -191,20 +191,28 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
-        moved = (rebuild_hint(bucket_steps(example, drain_from), drain_from)
-                 if msg and msg.startswith(P.NOT_DRAINED) else None)
-        if moved:  # memory kept by bucket index and position now lands on other parameters: the likely cause
-            msg += (f" (likely cause: {moved} — memory a hook keeps by bucket index and position, such as a residual "
-                    "keyed by bucket.index(), is added to other parameters' gradients from then on; key it by the "
-                    "parameters, or reset it when the layout changes)")
-        elif msg and msg.startswith(P.NOT_DRAINED) and not opts.ef_forced:  # why it was checked, and how not to
-            others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
-            msg += (f" (error_feedback is checked because the hook's state holds tensors named "
-                    f"{', '.join(residual_names(states))}; if the hook does not promise to send, over time, everything "
-                    f"it was given — EF21's estimator tracks the gradient, not its sum — check it without: "
-                    f"--properties {others})")
+        if msg and msg.startswith(P.NOT_DRAINED):
+            msg += _drain_cause(opts, example, drain_from, states)
         if msg:
             fail("error_feedback", msg)
+
+
+def _drain_cause(opts: Options, example: Example, drain_from: int, states: Sequence[Any]) -> str:
+    """What to add to an *error_feedback* failure whose lag did not drain: a bucket rebuild that
+    put other parameters at the same positions (memory kept by bucket index now lands on them:
+    the likely cause), else — when the state's names chose the property — which names, and
+    the ``--properties`` that leave it out (EF21's estimator does not promise what it checks)."""
+    moved = rebuild_hint(bucket_steps(example, drain_from), drain_from)
+    if moved:
+        return (f" (likely cause: {moved} — memory a hook keeps by bucket index and position, such as a residual "
+                "keyed by bucket.index(), is added to other parameters' gradients from then on; key it by the "
+                "parameters, or reset it when the layout changes)")
+    if opts.ef_forced:
+        return ""
+    others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
+    return (f" (error_feedback is checked because the hook's state holds tensors named "
+            f"{', '.join(residual_names(states))}; if the hook does not promise to send, over time, everything it "
+            f"was given — EF21's estimator tracks the gradient, not its sum — check it without: --properties {others})")
 
 
 def _drain_longer(opts: Options, example: Example, backend: str, steps: list[Any], group: list[int]) -> str | None:
@@ -302,12 +310,10 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
     if error_b is not None:
         fail("schedule_independence", f"in-order completion fails at step {at_b} where the drawn schedule "
              f"completes:\n{error_text(error_b)}", error_b, step=at_b)
-    msg = P.schedule_independence([r.grads for r in results], [r.grads for r in in_order], f"the schedule {taken}")
-    if msg:
-        # the report's layout and gradients up to the step where the two runs part (not step 0's alone)
-        first = next((t for t, (a, b) in enumerate(zip(results, in_order))
-                      if not all(P.bits_equal(x, y) for ra, rb in zip(a.grads, b.grads) for x, y in zip(ra, rb))), 0)
-        fail("schedule_independence", msg, step=first)
+    drawn, ordered = [r.grads for r in results], [r.grads for r in in_order]
+    msg = P.schedule_independence(drawn, ordered, f"the schedule {taken}")
+    if msg:  # the report's layout and gradients run up to the step where the two runs part
+        fail("schedule_independence", msg, step=P.first_parting(drawn, ordered)[0])  # type: ignore[index]
 
 
 def order_hint(opts: Options, violation: Violation) -> str:

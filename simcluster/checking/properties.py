@@ -57,6 +57,7 @@ __all__ = [
     "result_problem",
     "liveness",
     "schedule_independence",
+    "first_parting",
     "error_feedback",
     "NOT_DRAINED",
     "bits_equal",
@@ -815,12 +816,21 @@ def schedule_independence(run_a: Sequence[Grads], run_b: Sequence[Grads], label_
     Completion order is the one thing a correct hook must not depend on: a real cluster
     completes collectives in a different order on every run (gloo's 2 worker threads).
     """
+    parted = first_parting(run_a, run_b)
+    if parted is None:
+        return None
+    t, r, k = parted
+    return (f"step {t}, rank {r}, param {k}: results under {label_a} and under {label_b} differ; "
+            f"{_first_diff(run_a[t][r][k], run_b[t][r][k])}")
+
+
+def first_parting(run_a: Sequence[Grads], run_b: Sequence[Grads]) -> tuple[int, int, int] | None:
+    """``(step, rank, param)`` of the first tensor whose bits differ between two runs, or None."""
     for t, (a_step, b_step) in enumerate(zip(run_a, run_b)):
         for r, (a_rank, b_rank) in enumerate(zip(a_step, b_step)):
             for k, (a, b) in enumerate(zip(a_rank, b_rank)):
                 if not bits_equal(a, b):
-                    return (f"step {t}, rank {r}, param {k}: results under {label_a} and under {label_b} differ; "
-                            f"{_first_diff(a, b)}")
+                    return t, r, k
     return None
 
 
@@ -870,14 +880,13 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
             began = now
     end = float(total.abs().max()) if total is not None and total.numel() else 0.0
     rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
-    if drain_from < len(outputs) and end > drained * peak + rounding and end > began + rounding:
-        # the lag grew while no gradient came: the hook sent what it was never given
-        return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
-                f"{end:.3g} away from the accumulated mean, {began:.3g} when they began (peak {peak:.3g} before): "
-                "the hook kept sending after its gradients stopped — more than it was given, not what it held "
-                "back (an estimator that resends its estimate, as EF21 does, a residual sent twice, or one added to "
-                "other parameters' gradients)")
     if drain_from < len(outputs) and end > drained * peak + rounding:
+        if end > began + rounding:  # the lag grew while no gradient came: the hook sent what it was never given
+            return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
+                    f"{end:.3g} away from the accumulated mean, {began:.3g} when they began (peak {peak:.3g} "
+                    "before): the hook kept sending after its gradients stopped — more than it was given, not what "
+                    "it held back (an estimator that resends its estimate, as EF21 does, a residual sent twice, or "
+                    "one added to other parameters' gradients)")
         return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is still "
                 f"{end:.3g} away from the accumulated mean (peak {peak:.3g}): what the hook held back is never "
                 "sent (error feedback lost)")
