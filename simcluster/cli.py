@@ -276,11 +276,8 @@ def _explain_command(args: argparse.Namespace) -> int:
 
     outcome = run_supervised(job, deadline=deadline)
     if isinstance(outcome.error, UnsupportedError):  # as check words it: no lesson rather than a wrong one
-        where = next((n.removeprefix("simcluster: raised in the supervised child").strip()
-                      for n in getattr(outcome.error, "__notes__", ())
-                      if n.startswith("simcluster: raised in the supervised child")), "")
-        print(f"simcluster: cannot explain {args.target}: not modelled by the simulator: "
-              f"{first_line(outcome.error)}{' ' + where if where else ''}", file=sys.stderr)
+        what = _unmodelled("\n".join(getattr(outcome.error, "__notes__", ()))) or first_line(outcome.error)
+        print(f"simcluster: cannot explain {args.target}: not modelled by the simulator: {what}", file=sys.stderr)
         return EXIT_INTERNAL
     if outcome.error is not None:
         raise outcome.error

@@ -391,7 +391,8 @@ class SimProcessGroup(dist.ProcessGroup):
             return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
-                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=_op_words(name, factor), error=error)
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=_op_words(name, factor),
+                          error=error)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None, *,
                root: Any = None) -> SimWork:
@@ -415,7 +416,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 collectives.copy_bits_(calls[r].payload, buffer)
             return {r: ([calls[r].payload], None) for r in ranks}
 
-        return self._post("reduce", t, (*sig, f"root={root}"), compute, t, detail=f"{_op_words(name, factor)}, root {root}", error=error)
+        return self._post("reduce", t, (*sig, f"root={root}"), compute, t,
+                          detail=f"{_op_words(name, factor)}, root {root}", error=error)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None,
                        timeout: Any = None, *, op: Any = None) -> SimWork:
@@ -730,7 +732,7 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
 
-wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")
+wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")  # as a real group is named
 
 
 def _op_words(name: str, factor: Any) -> str:
@@ -740,7 +742,7 @@ def _op_words(name: str, factor: Any) -> str:
         return name
     if isinstance(factor, torch.Tensor):
         factor = factor.item() if factor.numel() == 1 else factor.reshape(-1).tolist()
-    return f"{name}(factor {factor!r})"  # as a real group is named
+    return f"{name}(factor {factor!r})"
 
 
 def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
