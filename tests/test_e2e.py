@@ -922,9 +922,15 @@ def test_check_e2e_reports_a_wrong_backend_model_apart_from_the_hooks_verdict(ce
 
 
 def test_powersgd_one_bucket_with_a_state_factory_agrees_bitwise(census) -> None:
+    """PowerSGD seeds torch's global generator inside ``fork_rng`` and draws its random
+    projections there (step 2 here, its first compressed one): the state is put back, so the
+    draw left no trace at the end, and the real reducer's rank threads, sharing the one
+    generator, drew by thread timing — a FIDELITY BUG on some CI runs (2026-12-06). The
+    seeding is now seen, and the gradients compared are the DDP model's."""
     result = run_e2e(Scenario(2, ((8, 6),), steps=3, seed=4), POWERSGD, POWERSGD_STATE, timeout=120,
                      start_method="forkserver")
     assert result.verdict == "agree" and result.sim.failure is None, result.format()
+    assert "the hook draws from torch's global RNG" in result.format()
     assert [c[1] for c in result.real.calls[0]] == [0, 0, 0]  # one bucket, every step
 
 

@@ -382,6 +382,48 @@ def _drawn_from(before: tuple[Any, ...]) -> list[str]:
     return moved
 
 
+class _SetsRecorded:
+    """``torch.random``'s ``default_generator`` while the real reducer's rank threads run: it
+    forwards everything to torch's CPU generator, and notes when a thread other than
+    ``caller`` seeds it or sets its state. ``torch.manual_seed``, ``torch.seed`` and
+    ``torch.set_rng_state`` (so ``torch.random.fork_rng``'s restore) reach the generator
+    through that name. A draw moves the state (seen at the end, :func:`_drawn_from`); a
+    draw between a seed and ``fork_rng``'s restore does not, and is seen here — PowerSGD
+    seeds inside ``fork_rng`` before its random projections."""
+
+    _SETTERS = frozenset({"manual_seed", "seed", "set_state"})
+
+    def __init__(self, generator: Any, caller: Any) -> None:
+        self._generator = generator
+        self._caller = caller
+        self.set_by_ranks = False
+
+    def __getattr__(self, name: str) -> Any:
+        import threading
+
+        if name in self._SETTERS and threading.current_thread() is not self._caller:
+            self.set_by_ranks = True
+        return getattr(self._generator, name)
+
+
+@contextlib.contextmanager
+def _recording_sets() -> Iterator[_SetsRecorded]:
+    """Watch the global CPU generator's seeding through ``torch.random`` (:class:`_SetsRecorded`)
+    while inside; the calling thread's own (``run_real_ddp`` forks the RNG to build its
+    models) are not counted."""
+    import threading
+
+    import torch.random
+
+    original = torch.random.default_generator
+    recorded = _SetsRecorded(original, threading.current_thread())
+    torch.random.default_generator = recorded  # type: ignore[assignment]
+    try:
+        yield recorded
+    finally:
+        torch.random.default_generator = original
+
+
 def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = None,
              device: torch.device | None = None, emit: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """One real rank: real DDP over ``group`` (default: WORLD), the hook registered, every step.
@@ -790,7 +832,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     # What the hook prints is captured, as the search captures it: under the real reducer its
     # rank threads interleave their lines by timing (dropped); on the DDP model, one baton and
     # a fixed order, the text is the same on every run (kept, shown with a failure).
-    with captured_output(output_fd), _recording_reads(scenario) as environ:
+    with captured_output(output_fd), _recording_reads(scenario) as environ, _recording_sets() as seeds:
         try:
             run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
                                world_size=scenario.world_size, hook=None, setup=own_process,
@@ -802,6 +844,8 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
             side.grads, side.params = run.grads, run.params
     side.calls = calls
     drew = _drawn_from(seeded)
+    if seeds.set_by_ranks and "torch's global RNG" not in drew:
+        drew.insert(0, "torch's global RNG")
     with captured_output(output_fd) as printed:
         model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
     side.output = printed.text
