@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import pytest
@@ -360,6 +361,33 @@ def test_posting_lines_name_an_unmatched_send() -> None:
         SimCluster(2, posting_lines=True).run(rank_fn)
     assert "rank 1 never posted the matching recv from rank 0" in str(info.value)
     assert f"test_engine.py:{line} in rank_fn: dist.isend(" in str(info.value).split("is unmatched:")[1]
+
+
+def test_a_mismatch_names_the_earlier_collective_where_two_lines_met() -> None:
+    """Rank 0 all-reduces a one-element count rank 1 never sends; rank 1's own one-element
+    call meets it (collectives meet by position), and their next calls disagree. The
+    mismatch at call #1 begins at call #0: the report names it with both lines, and only
+    when the run records posting lines."""
+    from simcluster.errors import CollectiveMismatchError
+
+    def rank_fn(rank: int) -> None:
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))  # an extra count, rank 0 only
+        else:
+            dist.all_reduce(torch.zeros(1))  # rank 1's flag
+        dist.all_reduce(torch.ones(3) if rank == 0 else torch.ones(2))
+
+    extra, flag = _lines_of(rank_fn, "# an extra count", "# rank 1's flag")
+    with pytest.raises(CollectiveMismatchError) as plain:
+        SimCluster(2).run(rank_fn)
+    assert "earlier," not in str(plain.value)
+    with pytest.raises(CollectiveMismatchError) as info:
+        SimCluster(2, posting_lines=True).run(rank_fn)
+    text = str(info.value)
+    assert "(call #1 of that group)" in text
+    assert re.search(r"earlier, all_reduce\(float32, \(1,\), SUM\) \(call #0 on WORLD\) met calls posted at different "
+                     rf"lines.*\n +rank 0 posted it at \S*test_engine\.py:{extra} in rank_fn: .*\n +rank 1 posted it at "
+                     rf"\S*test_engine\.py:{flag} in rank_fn: ", text), text
 
 
 def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:

@@ -512,6 +512,30 @@ def test_a_deadlock_names_the_hook_line_that_called_the_posting_helper() -> None
                      r"skip_allreduce_if_zero: return _mean_unless\(", deadlocks[0].message), deadlocks[0].message
 
 
+def test_a_deadlock_names_the_earlier_collective_where_two_lines_met() -> None:
+    """buggy.rank0_logs_global_norm: only rank 0 all-reduces a one-element norm before the
+    bucket. With one-element buckets that call meets rank 1's bucket all_reduce — same
+    signature, another line — and rank 0's own bucket call is left unmatched. The report
+    named call #1 never posted by rank 1 and nothing else: rank 1 had posted its all_reduce,
+    and where it went was untold (an audit of reports). Now the earlier collective that met
+    two different lines is named, with both lines; a hook whose ranks all post from one line
+    (skips_on_local_overflow's deadlock) gets no such entry."""
+    from simcluster.checking.check import check_hook
+
+    report = check_hook("simcluster.hooks.buggy:rank0_logs_global_norm", backends=("gloo",), world_sizes=(2,),
+                        database=None)
+    (deadlock,) = [f for f in report.failures if f.error_type == "DeadlockError"]
+    message = deadlock.message
+    assert re.search(r"earlier, all_reduce\(float32, \(1,\), SUM\) \(call #0 on WORLD\) met calls posted at "
+                     r"different lines.*\n +rank 0 posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
+                     r"dist\.all_reduce\(norm_sq.*\n +rank 1 posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
+                     r"return dist\.all_reduce\(buffer", message), message
+    same_line = check_hook("simcluster.hooks.buggy:skips_on_local_overflow", backends=("gloo",), world_sizes=(2,),
+                           database=None)
+    (other,) = [f for f in same_line.failures if f.error_type == "DeadlockError"]
+    assert "never posted by ranks [1]" in other.message and "earlier," not in other.message
+
+
 def test_the_gradients_line_keeps_the_ranks_the_report_names_and_those_holding_inf() -> None:
     """At world 8 the gradients line showed ranks 0-3 and '(+4 ranks)': rank 7's inf, the
     cause, was cut away (an audit of reports). Named and non-finite ranks are always shown."""

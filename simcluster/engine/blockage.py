@@ -6,7 +6,9 @@ most :data:`~simcluster.engine.matching.MAX_LISTED` times:
 
 * each parked wait, with the user line it waits at (read from the parked thread's stack);
 * each expectation (a future the reducer waits on) that never completes;
-* each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_line`);
+* each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_line`),
+  then, for its group, an earlier collective that met calls from different user lines
+  (:attr:`~simcluster.engine.matching.Matcher.crossed`: where the ranks' sequences may have parted);
 * each call queued behind busy backend worker threads, or (gloo's barrier) waiting for its
   group's earlier collectives;
 * each thread rank code started (not a rank: its collectives are rejected).
@@ -40,9 +42,11 @@ def describe_blockage(
     instances: Iterable[Instance],
     workers_per_channel: int | None,
     started_threads: list[tuple[int, str]],
+    crossed: dict[str, str] | None = None,
 ) -> str:
     """The deadlock message: ``expected`` holds ``(rank, label, context)`` per pending
-    expectation, ``instances`` the open collectives, ``started_threads`` ``(rank, description)``."""
+    expectation, ``instances`` the open collectives, ``started_threads`` ``(rank, description)``,
+    ``crossed`` the lines of :attr:`~simcluster.engine.matching.Matcher.crossed` per channel."""
     current = sys._current_frames()
     waits = []
     for p in sorted(parked, key=lambda p: (p.rank, p.label)):
@@ -51,7 +55,7 @@ def describe_blockage(
         waits.append(f"  rank {p.rank}: blocked in wait() on {p.label} ({p.where}){at}")
     pending = [f"  rank {rank}: {context} waits on {label}, which never completes"
                for rank, label, context in sorted(expected)]
-    unmatched, starved = _unmatched_and_starved(instances, workers_per_channel)
+    unmatched, starved = _unmatched_and_starved(instances, workers_per_channel, crossed or {})
     lines = ["deadlock: no rank can make progress and work is still pending"]
     for group, what in ((waits, "blocked ranks"), (pending, "pending results"),
                         (unmatched, "unmatched calls"), (starved, "starved calls")):
@@ -64,12 +68,17 @@ def describe_blockage(
     return "\n".join(lines)
 
 
-def _unmatched_and_starved(instances: Iterable[Instance], workers_per_channel: int | None) -> tuple[list[str], list[str]]:
+def _unmatched_and_starved(instances: Iterable[Instance], workers_per_channel: int | None,
+                           crossed: dict[str, str]) -> tuple[list[str], list[str]]:
     unmatched: list[str] = []
     starved: list[str] = []
+    told: set[str] = set()  # channels whose crossing is listed (once, after its first unmatched call)
     for inst in sorted(instances, key=lambda i: (i.channel, i.seq)):
         line = unmatched_line(inst)
         if line is not None:
+            if inst.channel in crossed and inst.channel not in told:
+                told.add(inst.channel)
+                line = f"{line}\n{crossed[inst.channel]}"
             unmatched.append(line)
         desc = inst.first.describe if inst.first else "?"
         if inst.gated:

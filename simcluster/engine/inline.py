@@ -556,4 +556,4 @@ class Engine:
         (see :func:`simcluster.engine.blockage.describe_blockage`)."""
         parked = [Parked(slot.thread.ident, rank, label, where) for slot, rank, label, where in self._parked.values()]
         return describe_blockage(parked, self._expected.values(), self._matcher.open.values(),
-                                 self._workers_per_channel, self.started_threads)
+                                 self._workers_per_channel, self.started_threads, self._matcher.crossed)

@@ -17,7 +17,11 @@ The messages built here:
   (e.g. ``all_to_all`` split sizes that do not fit);
 * :func:`unmatched_line` — a collective some ranks never posted (deadlock reports), with
   the user line each rank that did post it posted it at, when the run recorded them
-  (``Call.posted_at``).
+  (``Call.posted_at``);
+* :attr:`Matcher.crossed` — when the run records posting lines, the first completed
+  collective of each channel whose calls came from different user lines: matching goes by
+  position alone (as on a real cluster), so a deadlock or mismatch later on that channel
+  may have begun there — one rank's extra call met another rank's intended one.
 
 Example (a two-rank group where rank 1 posts a different reduce op)::
 
@@ -37,8 +41,8 @@ from simcluster.engine.trace import Completed, Posted, Trace
 from simcluster.errors import CollectiveMismatchError
 
 __all__ = [
-    "Instance", "Matcher", "MAX_LISTED", "compute_failure", "mismatch_error", "posted_at_lines", "rank_list",
-    "unmatched_line",
+    "Instance", "Matcher", "MAX_LISTED", "compute_failure", "crossed_lines", "mismatch_error", "posted_at_lines",
+    "rank_list", "unmatched_line",
 ]
 
 MAX_LISTED = 8
@@ -80,6 +84,10 @@ class Matcher:
         self.completions = 0
         self._seq: dict[tuple[int, str], int] = {}
         self._issued: dict[int, int] = {}
+        self.crossed: dict[str, str] = {}
+        """Per channel, the report lines of its first completed collective whose calls were
+        posted at different user lines (:func:`crossed_lines`; only when the run records
+        posting lines, ``Call.posted_at``)."""
 
     def post(self, call: Call) -> tuple[Instance, CollectiveMismatchError | None]:
         """Number ``call`` (its ``seq`` on its channel), trace it, and file it.
@@ -102,7 +110,7 @@ class Matcher:
         elif call.signature != inst.first.signature or call.ranks != inst.first.ranks or call.rank in inst.calls:  # type: ignore[union-attr]
             problem = _mismatch_problem(inst, call)  # the agreeing case, the common one, is decided above
             if problem is not None:
-                return inst, mismatch_error(inst, call, problem)
+                return inst, mismatch_error(inst, call, problem, self.crossed.get(inst.channel))
         inst.calls[call.rank] = call
         return inst, None
 
@@ -110,6 +118,11 @@ class Matcher:
         """``inst`` completes now: forget it and trace the completion (``choice`` of ``options``
         is the scheduler's pick that completed it; the free-running engine has no choice)."""
         del self.open[(inst.channel, inst.seq)]
+        first = inst.first
+        if first is not None and first.posted_at is not None and inst.channel not in self.crossed:
+            lines = crossed_lines(inst)
+            if lines is not None:
+                self.crossed[inst.channel] = lines
         self.trace.log((Completed, (op, inst.channel, inst.seq, inst.ranks, self.completions, choice, options)))
         self.completions += 1
 
@@ -135,12 +148,13 @@ def _mismatch_problem(inst: Instance, call: Call) -> str | None:
     return None
 
 
-def mismatch_error(inst: Instance, call: Call, problem: str) -> CollectiveMismatchError:
+def mismatch_error(inst: Instance, call: Call, problem: str, crossed: str | None = None) -> CollectiveMismatchError:
     """The error for ``call`` disagreeing with ``inst``'s first call: both calls, the user
     line that posted ``call`` (from the calling stack) and, when the run records posting
     lines (``Call.posted_at``), the one that posted the first — either may be the culprit
     (an extra call on one rank makes the *other* rank's innocent call the mismatched one) —
-    and which ranks agree with the first."""
+    and which ranks agree with the first; then ``crossed``, an earlier collective of the
+    channel that met calls from different lines (:attr:`Matcher.crossed`), if any."""
     first = inst.first
     assert first is not None
     frames = stack_user_frames(sys._getframe(1))
@@ -151,6 +165,7 @@ def mismatch_error(inst: Instance, call: Call, problem: str) -> CollectiveMismat
     error = CollectiveMismatchError(
         f"mismatched collectives on {inst.channel} (call #{inst.seq} of that group): {problem}\n"
         f"  rank {first.rank}: {first.describe}{first_at}\n  rank {call.rank}: {call.describe}{at}{agree}\n"
+        f"{crossed + chr(10) if crossed else ''}"
         "On a real cluster this hangs, aborts a process (gloo: SIGABRT when sizes differ) or silently mixes up data."
     )
     error.simcluster_frames = frames  # type: ignore[attr-defined]
@@ -185,6 +200,22 @@ def unmatched_line(inst: Instance) -> str | None:
     else:
         return None
     return "\n".join([line, *posted_at_lines(inst.calls)])
+
+
+def crossed_lines(inst: Instance) -> str | None:
+    """The report lines for a completed collective whose calls were posted at different
+    user lines (``Call.posted_at``), else None: collectives are matched by their position
+    in each rank's sequence alone, on a real cluster as here, so these met; when they were
+    not meant to (one rank's extra call met another's intended one), a later deadlock or
+    mismatch on the channel began here. Point-to-point calls (a send meets a recv at
+    another line by design) are never listed."""
+    first = inst.first
+    if first is None or first.op in ("send", "recv") or len({str(c.posted_at) for c in inst.calls.values()}) < 2:
+        return None
+    return "\n".join([f"  earlier, {first.describe} (call #{inst.seq} on {inst.channel}) met calls posted at "
+                      "different lines — collectives meet by their order alone, on a real cluster too; if these "
+                      "were not meant to meet, the ranks' sequences parted here:",
+                      *posted_at_lines(inst.calls)])
 
 
 def posted_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:

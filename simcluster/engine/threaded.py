@@ -437,10 +437,14 @@ class ThreadedEngine:
                     lines.append(f"  rank {rank}: {status}")
                 elif status != "idle":
                     lines.append(f"  rank {rank}, {where}: {status}")
+            told: set[str] = set()
             for inst in sorted(self._matcher.open.values(), key=lambda i: (i.channel, i.seq)):
                 line = unmatched_line(inst)
                 if line is not None:
                     lines.append(line)
+                    if inst.channel in self._matcher.crossed and inst.channel not in told:
+                        told.add(inst.channel)
+                        lines.append(self._matcher.crossed[inst.channel])
         return "\n".join(lines)
 
 
