@@ -295,20 +295,28 @@ def test_range_on_the_command_line_for_the_legacy_hook(capsys: pytest.CaptureFix
 
 
 def test_what_the_hook_prints_is_shown_with_its_step(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """Prints land in their step's section, in order, not scattered above the explanation."""
+    """Prints land in their step's section, in order, not scattered above the explanation,
+    each line with the rank whose code printed it — the hook's and its callback's, which
+    runs after the other rank's hook (the lines had no rank: an audit of explain)."""
     (tmp_path / "hook.py").write_text(
+        "import sys\n"
         "import torch.distributed as dist\n"
         "def h(state, bucket):\n"
-        "    print(f'hello from rank {dist.get_rank()}')\n"
+        "    print(f'hello from {dist.get_rank()}')\n"
         "    t = bucket.buffer().div_(dist.get_world_size())\n"
-        "    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])\n")
+        "    def done(f):\n"
+        "        sys.stderr.write(f'done on {dist.get_rank()}\\n')\n"
+        "        return f.value()[0]\n"
+        "    return dist.all_reduce(t, async_op=True).get_future().then(done)\n")
     code = main(["explain", f"{tmp_path}/hook.py:h", "--steps", "2", "--params", "3"])
     out, err = capfd.readouterr()
     assert code == 0 and err == ""
     assert out.startswith("simcluster explain:")
     for step in (0, 1):
         section = out[out.index(f"What the hook printed during step {step}"):]
-        assert section.splitlines()[1:3] == ["   hello from rank 0", "   hello from rank 1"]
+        lines = section.splitlines()[1:5]
+        assert lines[:2] == ["   rank 0: hello from 0", "   rank 1: hello from 1"], section
+        assert sorted(lines[2:]) == ["   rank 0: done on 0", "   rank 1: done on 1"], section
 
 
 def test_explain_runs_a_legacy_hook(capsys: pytest.CaptureFixture[str]) -> None:

@@ -187,6 +187,13 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
     ]
 
 
+def _printed_lines(parts: list[tuple[int | None, str]]) -> list[str]:
+    """``rank 0: text`` per non-blank printed line (:attr:`StepStory.printed_by`); a line
+    written outside every rank's code has no rank."""
+    return [f"rank {rank}: {line.rstrip()}" if rank is not None else line.rstrip()
+            for rank, text in parts for line in text.splitlines() if line.strip()]
+
+
 def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> list[str]:
     lines = [f"bucket {k}: params {ps}, float32[{n}] ({4 * n} B)"
              for k, (ps, n) in enumerate(zip(step.bucket_params, step.bucket_numel))]
@@ -344,8 +351,8 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
         futures = _returned_futures(step.events)
         out += _section(title, [event_line(e, futures) for e in step.events] or ["(no events)"])
         if step.printed.strip():
-            out += _section(f"What the hook printed during step {step.step} (stdout and stderr, in order):",
-                            [line.rstrip() for line in step.printed.splitlines() if line.strip()])
+            out += _section(f"What the hook printed during step {step.step} (stdout and stderr, in order, each "
+                            "line with the rank whose code wrote it):", _printed_lines(step.printed_by))
         if step.error is not None:
             out += _section(f"4. The hook failed at step {step.step}:",
                             format_failure(step.error) + _open_calls(step.events))

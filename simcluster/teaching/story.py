@@ -20,8 +20,9 @@ clock: equal arguments give equal stories.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,8 @@ from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES, UnsupportedError, UsageError
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
-from simcluster.usercode.output import captured_output
+from simcluster.usercode.output import Captured, captured_output
+from simcluster.usercode.rank_state import CURRENT
 from simcluster.usercode.rank_local import as_rank_local, rank_local_state
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
@@ -61,12 +63,34 @@ class HookCall:
     WORLD"``), so the reducer's wait on it can be told as that bucket's."""
 
 
+@contextlib.contextmanager
+def _marking_ranks(printed: Captured) -> Iterator[None]:
+    """Mark ``printed`` at every hand-over to a rank's code (``CURRENT.announce``, which
+    :meth:`~simcluster.fake.rank_context.RankContexts.switch` calls; a supervising
+    monitor's announcement, if any, still made), so each printed line is told with its rank."""
+    previous = CURRENT.announce
+
+    def announce(rank: int) -> None:
+        printed.mark(rank)
+        if previous is not None:
+            previous(rank)
+
+    CURRENT.announce = announce
+    try:
+        yield
+    finally:
+        CURRENT.announce = previous
+
+
 @dataclass
 class StepStory:
     """One DDP step. ``inputs[r][i]``: rank ``r``'s gradient of parameter ``i``;
     ``events``: the trace with the :class:`HookCall` events; ``result``: the step's
     :class:`StepResult`, None when it failed with ``error``; ``printed``: what the hook
-    (and its callbacks) printed during the step, stdout and stderr in order."""
+    (and its callbacks) printed during the step, stdout and stderr in order;
+    ``printed_by``: the same text in ``(rank, text)`` pieces — the rank whose code was
+    running when it was written (``None``: outside every rank), as each real rank's
+    process prints its own."""
 
     step: int
     iteration: int
@@ -77,6 +101,7 @@ class StepStory:
     result: StepResult | None = None
     error: BaseException | None = None
     printed: str = ""
+    printed_by: list[tuple[int | None, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -206,14 +231,14 @@ def record(
         one = StepStory(k, ddp.iteration, [list(c.params) for c in calls], numel, grads, [])
         story.steps.append(one)
         seen.clear()
-        with captured_output(getattr(monitor, "output_fd", None)) as printed:
+        with captured_output(getattr(monitor, "output_fd", None)) as printed, _marking_ranks(printed):
             try:
                 one.result = ddp.step(grads)
             except (UsageError, UnsupportedError):  # not the hook's failure: what it used is not modelled
                 raise
             except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
                 one.error = exc
-        one.printed = printed.text
+        one.printed, one.printed_by = printed.text, printed.parts()
         if one.result is None:
             one.events = list(seen[0].events) if seen else []
             break

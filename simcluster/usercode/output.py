@@ -22,16 +22,37 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["Captured", "captured_output"]
 
 
 class Captured:
-    """The text written while :func:`captured_output` was active (``""`` until it ends)."""
+    """The text written while :func:`captured_output` was active (``""`` until it ends),
+    and who wrote which part when the block said so (:meth:`mark`, :meth:`parts`)."""
 
     def __init__(self) -> None:
         self.text = ""
+        self._data = b""
+        self._marks: list[tuple[int, Any]] = []
+
+    def mark(self, owner: Any) -> None:
+        """From now on, what is written is ``owner``'s (a rank, say): called inside the block,
+        each time the writer changes. Python's streams are flushed first, so what was
+        written before lands before the mark (C++ buffered writes may not)."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        self._marks.append((os.lseek(1, 0, os.SEEK_CUR), owner))
+
+    def parts(self) -> list[tuple[Any, str]]:
+        """The captured text in ``(owner, text)`` pieces, in the order written: each piece
+        is what was written after a :meth:`mark` (owner ``None``: before the first); empty
+        pieces are left out. Without marks, one piece: ``[(None, text)]``."""
+        cuts = [(0, None), *self._marks, (len(self._data), None)]
+        pieces = [(owner, self._data[start:end].decode("utf-8", errors="replace"))
+                  for (start, owner), (end, _) in zip(cuts, cuts[1:])]
+        return [(owner, text) for owner, text in pieces if text]
 
 
 _STREAM: TextIO | None = None
@@ -89,4 +110,5 @@ def captured_output(sink_fd: int | None = None) -> Iterator[Captured]:
             os.close(saved[0])
             os.close(saved[1])
             sink.seek(0)
-            box.text = sink.read().decode("utf-8", errors="replace")
+            box._data = sink.read()
+            box.text = box._data.decode("utf-8", errors="replace")
