@@ -512,6 +512,23 @@ def test_a_deadlock_names_the_hook_line_that_called_the_posting_helper() -> None
                      r"skip_allreduce_if_zero: return _mean_unless\(", deadlocks[0].message), deadlocks[0].message
 
 
+def test_replicas_apart_by_rounding_alone_are_told_so() -> None:
+    """buggy.allgather_own_first: each rank adds its own gathered part first, so ranks sum the
+    same values in different orders: every result is a good average, yet the replicas differ
+    in the last bits. The report said only that they differ (an audit of reports). Now it
+    says the averages hold there and the replicas differ by rounding alone; ranks adding
+    different noise (dp_noise_per_rank_rng) are apart beyond rounding and get no such line."""
+    from simcluster.checking.check import check_hook
+
+    rounding = "the replicas differ by rounding alone"
+    report = check_hook("simcluster.hooks.buggy:allgather_own_first", backends=("gloo",), database=None)
+    apart = [f for f in report.failures if f.property == "replicas_agree"]
+    assert apart and all(rounding in f.message for f in apart), report.format()
+    noisy = check_hook("simcluster.hooks.buggy:dp_noise_per_rank_rng", backends=("gloo",), database=None)
+    apart = [f for f in noisy.failures if f.property == "replicas_agree"]
+    assert apart and not any(rounding in f.message for f in apart), noisy.format()
+
+
 def test_a_deadlock_names_the_earlier_collective_where_two_lines_met() -> None:
     """buggy.rank0_logs_global_norm: only rank 0 all-reduces a one-element norm before the
     bucket. With one-element buckets that call meets rank 1's bucket all_reduce — same

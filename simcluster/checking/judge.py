@@ -379,6 +379,30 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
             f"used{p_grad}, or a future completed with the local buffer)")
 
 
+def rounding_hint(opts: Options, violation: Violation) -> str:
+    """For a reported *replicas_agree* failure at a step where every rank's result is a
+    good average — the *averages* property holds there (within the tolerance of the float64
+    mean; never under tolerance ``none``) — a line saying the replicas differ by rounding
+    alone: the ranks combined the same values in different orders or groupings (each rank
+    adding its own part first: ``buggy.allgather_own_first``). Otherwise ``''``. One more
+    simulation of the example up to the failing step, once per reported failure."""
+    if violation.prop != "replicas_agree" or violation.info.get("error") or opts.tolerance == "none":
+        return ""
+    rerun = _failing_step_again(opts, violation)
+    if rerun is None:
+        return ""
+    example, _, t, grads, step = rerun
+    groups = groups_of(example)
+    if example.nonfinite or P.replicas_agree(step.grads, groups) is None \
+            or _step_problem(opts, "averages", step, grads[t], groups, example.nonfinite) is not None:
+        return ""
+    return ("\n(every rank's result is within the tolerance of the float64 mean — the averages property holds at "
+            "this step — so the replicas differ by rounding alone: the ranks combined the same values in different "
+            "orders or groupings, e.g. each adding its own part first, and float addition is not associative "
+            "(in float32, (1 + 1e-08) - 1 is 0, (1 - 1) + 1e-08 is not); combine in one order on every rank — rank "
+            "order, as all_reduce does — and the replicas stay bitwise equal)")
+
+
 def sources_hint(opts: Options, violation: Violation) -> str:
     """For a reported *averages* failure: when the results at the failing step are moved
     by some ranks' gradients only — every rank's result stays bit for bit the same however
