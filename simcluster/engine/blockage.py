@@ -6,7 +6,7 @@ most :data:`~simcluster.engine.matching.MAX_LISTED` times:
 
 * each parked wait, with the user line it waits at (read from the parked thread's stack);
 * each expectation (a future the reducer waits on) that never completes;
-* each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_line`),
+* each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_lines`),
   then, for its group, an earlier collective that met calls from different user lines
   (:attr:`~simcluster.engine.matching.Matcher.crossed`: where the ranks' sequences may have parted);
 * each call queued behind busy backend worker threads, or (gloo's barrier) waiting for its
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simcluster.engine.frames import stack_user_frames
-from simcluster.engine.matching import MAX_LISTED, Instance, rank_list, unmatched_line
+from simcluster.engine.matching import MAX_LISTED, Instance, rank_list, unmatched_lines
 
 __all__ = ["Parked", "describe_blockage"]
 
@@ -55,7 +55,8 @@ def describe_blockage(
         waits.append(f"  rank {p.rank}: blocked in wait() on {p.label} ({p.where}){at}")
     pending = [f"  rank {rank}: {context} waits on {label}, which never completes"
                for rank, label, context in sorted(expected)]
-    unmatched, starved = _unmatched_and_starved(instances, workers_per_channel, crossed or {})
+    instances = list(instances)
+    unmatched, starved = unmatched_lines(instances, crossed or {}), _starved(instances, workers_per_channel)
     lines = ["deadlock: no rank can make progress and work is still pending"]
     for group, what in ((waits, "blocked ranks"), (pending, "pending results"),
                         (unmatched, "unmatched calls"), (starved, "starved calls")):
@@ -68,18 +69,9 @@ def describe_blockage(
     return "\n".join(lines)
 
 
-def _unmatched_and_starved(instances: Iterable[Instance], workers_per_channel: int | None,
-                           crossed: dict[str, str]) -> tuple[list[str], list[str]]:
-    unmatched: list[str] = []
+def _starved(instances: Iterable[Instance], workers_per_channel: int | None) -> list[str]:
     starved: list[str] = []
-    told: set[str] = set()  # channels whose crossing is listed (once, after its first unmatched call)
     for inst in sorted(instances, key=lambda i: (i.channel, i.seq)):
-        line = unmatched_line(inst)
-        if line is not None:
-            if inst.channel in crossed and inst.channel not in told:
-                told.add(inst.channel)
-                line = f"{line}\n{crossed[inst.channel]}"
-            unmatched.append(line)
         desc = inst.first.describe if inst.first else "?"
         if inst.gated:
             starved.append(
@@ -92,4 +84,4 @@ def _unmatched_and_starved(instances: Iterable[Instance], workers_per_channel: i
                 f"  {desc} (call #{inst.seq} on {inst.channel}): queued on ranks {rank_list(waiting)} behind "
                 f"{workers_per_channel} busy backend worker threads of that group"
             )
-    return unmatched, starved
+    return starved

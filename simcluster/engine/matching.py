@@ -33,6 +33,7 @@ Example (a two-rank group where rank 1 posts a different reduce op)::
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from simcluster.engine.contract import Call
@@ -42,7 +43,7 @@ from simcluster.errors import CollectiveMismatchError
 
 __all__ = [
     "Instance", "Matcher", "MAX_LISTED", "compute_failure", "crossed_lines", "mismatch_error", "posted_at_lines",
-    "rank_list", "unmatched_line",
+    "rank_list", "unmatched_line", "unmatched_lines",
 ]
 
 MAX_LISTED = 8
@@ -200,6 +201,23 @@ def unmatched_line(inst: Instance) -> str | None:
     else:
         return None
     return "\n".join([line, *posted_at_lines(inst.calls)])
+
+
+def unmatched_lines(instances: Iterable[Instance], crossed: dict[str, str]) -> list[str]:
+    """:func:`unmatched_line` for each of ``instances`` some rank never posted, in (group,
+    position) order; after a group's first, that group's entry of ``crossed``
+    (:attr:`Matcher.crossed`), where the ranks' sequences may have parted."""
+    lines: list[str] = []
+    told: set[str] = set()
+    for inst in sorted(instances, key=lambda i: (i.channel, i.seq)):
+        line = unmatched_line(inst)
+        if line is None:
+            continue
+        if inst.channel in crossed and inst.channel not in told:
+            told.add(inst.channel)
+            line = f"{line}\n{crossed[inst.channel]}"
+        lines.append(line)
+    return lines
 
 
 def crossed_lines(inst: Instance) -> str | None:

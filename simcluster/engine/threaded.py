@@ -56,7 +56,7 @@ from typing import Any
 
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site
-from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_line
+from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_lines
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
 from simcluster.engine.trace import Blocked, Resumed, Trace
 
@@ -437,14 +437,7 @@ class ThreadedEngine:
                     lines.append(f"  rank {rank}: {status}")
                 elif status != "idle":
                     lines.append(f"  rank {rank}, {where}: {status}")
-            told: set[str] = set()
-            for inst in sorted(self._matcher.open.values(), key=lambda i: (i.channel, i.seq)):
-                line = unmatched_line(inst)
-                if line is not None:
-                    lines.append(line)
-                    if inst.channel in self._matcher.crossed and inst.channel not in told:
-                        told.add(inst.channel)
-                        lines.append(self._matcher.crossed[inst.channel])
+            lines += unmatched_lines(self._matcher.open.values(), self._matcher.crossed)
         return "\n".join(lines)
 
 
