@@ -386,8 +386,8 @@ def test_a_mismatch_names_the_earlier_collective_where_two_lines_met() -> None:
     text = str(info.value)
     assert "(call #1 of that group)" in text
     assert re.search(r"earlier, all_reduce\(float32, \(1,\), SUM\) \(call #0 on WORLD\) met calls posted at different "
-                     rf"lines.*\n +rank 0 posted it at \S*test_engine\.py:{extra} in rank_fn: .*\n +rank 1 posted it at "
-                     rf"\S*test_engine\.py:{flag} in rank_fn: ", text), text
+                     rf"lines.*\n +rank 0 posted it at \S*test_engine\.py:{extra} in rank_fn: .*"
+                     rf"\n +rank 1 posted it at \S*test_engine\.py:{flag} in rank_fn: ", text), text
 
 
 def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:
