@@ -300,7 +300,8 @@ def test_a_failure_whatever_the_order_gets_no_order_hint(capsys: pytest.CaptureF
 # --------------------------------------------------------------------------- the hook's own output
 def test_what_the_hook_prints_is_kept_out_of_the_run_and_shown_with_its_failure(capfd, tmp_path: Path) -> None:
     """A search runs the hook hundreds of times: its prints are captured per example, and the
-    failing example's are shown under ``output:`` (the report's own lines stay readable)."""
+    failing example's are shown under ``output:`` (the report's own lines stay readable),
+    each line with the rank whose code printed it (since 2026-12-06: they had none)."""
     out_json = tmp_path / "report.json"
     code = main(["check", f"{HOOKS}:prints_and_forgets_division", f"{HOOKS}:prints_and_averages", "--no-database",
                  "--quiet", "--backend", "gloo", "--world-sizes", "2", "--examples", "20", "--json", str(out_json)])
@@ -310,10 +311,11 @@ def test_what_the_hook_prints_is_kept_out_of_the_run_and_shown_with_its_failure(
     assert passing["passed"] and failing["failures"]
     printed = failing["failures"][0]["output"].splitlines()
     gradients = failing["failures"][0]["gradients"]  # e.g. "step 0: r0: [0.0] | r1: [-1.0]"
-    assert printed[:2] == [f"printing hook: rank {r} bucket 0 holds [{v}]" for r, v in enumerate(_first_values(gradients))]
+    assert printed[:2] == [f"rank {r}: printing hook: rank {r} bucket 0 holds [{v}]"
+                           for r, v in enumerate(_first_values(gradients))]
     report_lines = out.splitlines()
-    start = report_lines.index(next(l for l in report_lines if l.startswith("  output:    printing hook: rank 0")))
-    assert report_lines[start + 1].startswith("             printing hook: rank 1")
+    start = report_lines.index(next(l for l in report_lines if l.startswith("  output:    rank 0: printing hook: rank 0")))
+    assert report_lines[start + 1].startswith("             rank 1: printing hook: rank 1")
     assert "replay:" in report_lines[start + len(printed)]
     # everything else the hooks printed (hundreds of examples) was kept out of the output
     assert sum("printing hook:" in line for line in (out + err).splitlines()) == len(printed)

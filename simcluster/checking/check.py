@@ -63,7 +63,7 @@ from simcluster.checking.supervisor import DEFAULT_DEADLINE, Monitor, run_superv
 from simcluster.errors import HookExited, UsageError, Violation
 from simcluster.limits import BACKEND_NAMES, check_database_dir
 from simcluster.names import loadable_spec, target_spec
-from simcluster.usercode.output import captured_output
+from simcluster.usercode.output import captured_output, marking_ranks, rank_lines
 from simcluster.usercode.rank_local import RankLocal, parse_isolate
 
 __all__ = ["check_hook", "assert_hook", "encode_example", "decode_example", "run_example", "keeps_residual", "Violation"]
@@ -309,7 +309,8 @@ def _run_one(opts: Options, example: Example, backend: str, report: CheckReport,
     ``seen`` (the distinct bugs reported so far), only a new one, within :data:`MAX_BUGS`."""
     report.examples += 1
     try:
-        with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed:
+        with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed, \
+                marking_ranks(printed) if capture else contextlib.nullcontext():
             run_example(opts, example, backend)
     except Violation as v:
         if seen is not None:
@@ -318,7 +319,7 @@ def _run_one(opts: Options, example: Example, backend: str, report: CheckReport,
                 return
             seen.add(key)
         if printed is not None:
-            v.info["output"] = printed.text
+            v.info["output"] = "\n".join(rank_lines(printed.parts()))
         report.failures.append(_failure(opts, v, steps))
 
 
@@ -376,13 +377,15 @@ def _hypothesis_test(opts: Options, backend: str, examples: int, count: list[int
             if spent[0] > max(30, SHRINK_BUDGET * examples) and example not in failing:
                 return
         count[0] += 1
+        final = _is_final_run()  # the run Hypothesis reports: its output is told line by line with each rank
         try:
-            with captured_output(opts.monitor.output_fd) as printed:
+            with captured_output(opts.monitor.output_fd) as printed, \
+                    marking_ranks(printed) if final else contextlib.nullcontext():
                 run_example(opts, example, backend)
         except Violation as violation:
             failing.add(example)
-            if _is_final_run():
-                violation.info["output"] = printed.text
+            if final:
+                violation.info["output"] = "\n".join(rank_lines(printed.parts()))
             raise
 
     return test

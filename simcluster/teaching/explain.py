@@ -55,6 +55,7 @@ from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
 from simcluster.ddp.layout import cap_bytes, rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
+from simcluster.usercode.output import rank_lines
 from simcluster.usercode.targets import format_shapes
 from simcluster.teaching.wire import DEFAULT_NETWORK, PRESETS, Network, allreduce_baseline, wire_rows
 
@@ -185,13 +186,6 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
         "same p.grad tensors the hook saw (each parameter gets its slice of the result)",
         "every rank's parameters start as rank 0's: DDP's constructor broadcasts them",
     ]
-
-
-def _printed_lines(parts: list[tuple[int | None, str]]) -> list[str]:
-    """``rank 0: text`` per non-blank printed line (:attr:`StepStory.printed_by`); a line
-    written outside every rank's code has no rank."""
-    return [f"rank {rank}: {line.rstrip()}" if rank is not None else line.rstrip()
-            for rank, text in parts for line in text.splitlines() if line.strip()]
 
 
 def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> list[str]:
@@ -352,7 +346,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
         out += _section(title, [event_line(e, futures) for e in step.events] or ["(no events)"])
         if step.printed.strip():
             out += _section(f"What the hook printed during step {step.step} (stdout and stderr, in order, each "
-                            "line with the rank whose code wrote it):", _printed_lines(step.printed_by))
+                            "line with the rank whose code wrote it):", rank_lines(step.printed_by))
         if step.error is not None:
             out += _section(f"4. The hook failed at step {step.step}:",
                             format_failure(step.error) + _open_calls(step.events))

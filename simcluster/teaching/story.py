@@ -20,9 +20,8 @@ clock: equal arguments give equal stories.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,7 @@ from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
 from simcluster.errors import HOOK_RAISES, UnsupportedError, UsageError
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
-from simcluster.usercode.output import Captured, captured_output
-from simcluster.usercode.rank_state import CURRENT
+from simcluster.usercode.output import captured_output, marking_ranks
 from simcluster.usercode.rank_local import as_rank_local, rank_local_state
 
 __all__ = ["HookCall", "StepStory", "Story", "record", "DEFAULT_SHAPES", "DEFAULT_CAP_MB", "step_gradients"]
@@ -61,25 +59,6 @@ class HookCall:
     future: str = ""
     """For ``"return"`` of a simulated future: its trace label (``"then(f) of all_reduce#0 on
     WORLD"``), so the reducer's wait on it can be told as that bucket's."""
-
-
-@contextlib.contextmanager
-def _marking_ranks(printed: Captured) -> Iterator[None]:
-    """Mark ``printed`` at every hand-over to a rank's code (``CURRENT.announce``, which
-    :meth:`~simcluster.fake.rank_context.RankContexts.switch` calls; a supervising
-    monitor's announcement, if any, still made), so each printed line is told with its rank."""
-    previous = CURRENT.announce
-
-    def announce(rank: int) -> None:
-        printed.mark(rank)
-        if previous is not None:
-            previous(rank)
-
-    CURRENT.announce = announce
-    try:
-        yield
-    finally:
-        CURRENT.announce = previous
 
 
 @dataclass
@@ -231,7 +210,7 @@ def record(
         one = StepStory(k, ddp.iteration, [list(c.params) for c in calls], numel, grads, [])
         story.steps.append(one)
         seen.clear()
-        with captured_output(getattr(monitor, "output_fd", None)) as printed, _marking_ranks(printed):
+        with captured_output(getattr(monitor, "output_fd", None)) as printed, marking_ranks(printed):
             try:
                 one.result = ddp.step(grads)
             except (UsageError, UnsupportedError):  # not the hook's failure: what it used is not modelled

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-__all__ = ["Captured", "captured_output"]
+__all__ = ["Captured", "captured_output", "marking_ranks", "rank_lines"]
 
 
 class Captured:
@@ -75,6 +75,37 @@ def _fd1_stream() -> TextIO:
     if _STREAM is None or _STREAM.closed:
         _STREAM = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)
     return _STREAM
+
+
+def rank_lines(parts: list[tuple[Any, str]]) -> list[str]:
+    """The non-blank lines of :meth:`Captured.parts`, each as ``rank r: text`` (a line
+    written outside every rank's code, owner ``None``, as it is)."""
+    return [f"rank {owner}: {line.rstrip()}" if owner is not None else line.rstrip()
+            for owner, text in parts for line in text.splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def marking_ranks(printed: Captured) -> Iterator[None]:
+    """Mark ``printed`` (:meth:`Captured.mark`) at every hand-over to a rank's code while
+    inside, so each line it captured is told with the rank that wrote it, as each real
+    rank's process prints its own: through ``CURRENT.announce``, which
+    :meth:`~simcluster.fake.rank_context.RankContexts.switch` calls on entering a rank (a
+    supervising monitor's announcement, if any, is still made). Two system calls per
+    hand-over: for a run that is told (explain, a reported example), not for a search."""
+    from simcluster.usercode.rank_state import CURRENT
+
+    previous = CURRENT.announce
+
+    def announce(rank: int) -> None:
+        printed.mark(rank)
+        if previous is not None:
+            previous(rank)
+
+    CURRENT.announce = announce
+    try:
+        yield
+    finally:
+        CURRENT.announce = previous
 
 
 @contextlib.contextmanager
