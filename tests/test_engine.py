@@ -390,6 +390,30 @@ def test_a_mismatch_names_the_earlier_collective_where_two_lines_met() -> None:
                      rf"\n +rank 1 posted it at \S*test_engine\.py:{flag} in rank_fn: ", text), text
 
 
+@pytest.mark.parametrize("posting_lines", [False, True])
+def test_a_run_leaves_nothing_for_the_cyclic_garbage_collector(posting_lines: bool) -> None:
+    """When a run ends, its engine (and the futures, calls and tasks it holds) is freed by
+    reference counting. An engine attribute that kept the last task run (a completion: its
+    call, whose future holds the engine) made every step's objects a cycle, ~200 objects a
+    step for the collector to walk: +70 % instructions per W=2 step (found by
+    benchmarks/count_instructions.py, 2026-12-06)."""
+    import gc
+
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    cluster = SimCluster(2, posting_lines=posting_lines)
+    grads = [torch.ones(4), torch.arange(4.0)]
+    cluster.run_hook(allreduce_hook, grads)  # first-use caches and imports
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            cluster.run_hook(allreduce_hook, grads)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:
     import copy
     import pickle

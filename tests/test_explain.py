@@ -674,6 +674,6 @@ def test_explain_names_the_line_that_posted_an_unmatched_call() -> None:
     made = start + next(i for i, line in enumerate(source) if "torch.futures.Future()" in line)
     text, ran = explain(_skips_on_rank_1, world_size=2, shapes=((4,),), bucket_cap_mb=None, steps=1)
     assert not ran
-    assert f"rank 0 posted it at {here}:{posted} in _skips_on_rank_1" in text
+    assert f"rank 0, in DDP iteration 0, bucket 0's hook call, posted it at {here}:{posted} in _skips_on_rank_1" in text
     assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() "
             f"#0 made by rank 1 at {here}:{made}, which has completed") in text

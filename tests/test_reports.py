@@ -546,8 +546,8 @@ def test_a_deadlock_names_the_earlier_collective_where_two_lines_met() -> None:
     (deadlock,) = [f for f in report.failures if f.error_type == "DeadlockError"]
     message = deadlock.message
     assert re.search(r"earlier, all_reduce\(float32, \(1,\), SUM\) \(call #0 on WORLD\) met calls posted at "
-                     r"different lines.*\n +rank 0 posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
-                     r"dist\.all_reduce\(norm_sq.*\n +rank 1 posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
+                     r"different lines.*\n +rank 0, in DDP iteration 0, bucket 0's hook call, posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
+                     r"dist\.all_reduce\(norm_sq.*\n +rank 1, in DDP iteration 0, bucket 0's hook call, posted it at \S*buggy\.py:\d+ in rank0_logs_global_norm: "
                      r"return dist\.all_reduce\(buffer", message), message
     same_line = check_hook("simcluster.hooks.buggy:skips_on_local_overflow", backends=("gloo",), world_sizes=(2,),
                            database=None)
@@ -579,8 +579,26 @@ def test_a_mismatch_names_the_line_of_both_calls(capsys: pytest.CaptureFixture[s
     assert code == 1
     message = data["failures"][0]["message"]
     assert "CollectiveMismatchError" in message
-    assert re.search(r"rank 0 posted it at tests/report_hooks\.py:\d+ in extra_call_on_rank0: "
-                     r"dist\.all_reduce\(torch\.ones\(1\), async_op=True\)", message), message
+    assert re.search(r"rank 0, in DDP iteration 0, bucket 0's hook call, posted it at tests/report_hooks\.py:\d+ in "
+                     r"extra_call_on_rank0: dist\.all_reduce\(torch\.ones\(1\), async_op=True\)", message), message
+    assert "\n    rank 1 posted it in DDP iteration 0, bucket 0's hook call\n" in message, message
+
+
+def test_a_mismatch_names_the_hook_call_or_callback_each_call_was_posted_in() -> None:
+    """tests/race_hooks.py:callback_broadcast_hook: rank 0's callback for bucket 0 broadcasts
+    while rank 1's hook call for bucket 1 all-reduces. The report named both lines and the
+    step, never which bucket each call belonged to, nor that the broadcast ran in a callback
+    of the bucket-0 all_reduce (an audit of reports): both are said now."""
+    from simcluster.checking.check import check_hook
+
+    report = check_hook("tests/race_hooks.py:callback_broadcast_hook", backends=("gloo",), world_sizes=(2,),
+                        database=None)
+    (race,) = [f for f in report.failures if "CollectiveMismatchError" in f.message]
+    assert re.search(r"rank 1, in DDP iteration 1, bucket 1's hook call, posted it at \S*race_hooks\.py:\d+ in "
+                     r"_skip_nonfinite_mean: future = dist\.all_reduce\(buffer", race.message), race.message
+    assert re.search(r"rank 0: broadcast\(float32, \(3,\), root=0\) at \S*race_hooks\.py:\d+ in done: .*\n +rank 0 posted "
+                     r"it in a callback of all_reduce#\d+ on WORLD \(posted in DDP iteration 1, bucket 0's hook call\)",
+                     race.message), race.message
 
 
 def test_a_rank_whose_constant_changes_vanish_in_the_hook_is_not_said_unreached(
@@ -845,7 +863,8 @@ def test_a_deadlock_report_names_the_line_that_posted_the_unmatched_call_and_wha
     (failure,) = [f for f in data["failures"] if f["error_type"] == "DeadlockError"]
     message = failure["message"]
     assert ("all_reduce(float32, (40,), SUM) (call #0 on WORLD): posted by ranks [0], never posted by ranks [1]\n"
-            f"    rank 0 posted it at {path}:{posted} in _mean_unless: return dist.all_reduce(") in message
+            f"    rank 0, in DDP iteration 0, bucket 0's hook call, posted it at {path}:{posted} in _mean_unless: "
+            "return dist.all_reduce(") in message
     assert ("rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() "
             f"#0 made by rank 1 at {path}:{made}, which has completed") in message
     assert f"{path}:{posted} in _mean_unless" in out
@@ -885,7 +904,7 @@ def test_a_deadlock_the_reporting_rerun_does_not_reproduce_keeps_its_first_repor
     first = caught.value
     assert first.info["error_type"] == "DeadlockError" and "posted it at" not in str(first)
     found = with_posting_lines(opts, first)
-    assert found is not first and "rank 0 posted it at tests/test_reports.py:" in str(found)
+    assert found is not first and "rank 0, in DDP iteration 0, bucket 0's hook call, posted it at tests/test_reports.py:" in str(found)
     assert str(found).startswith(str(first).splitlines()[0])
     skip[0] = False  # the re-run no longer deadlocks
     assert with_posting_lines(opts, first) is first

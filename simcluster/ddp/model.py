@@ -379,6 +379,9 @@ class SimDDP:
             where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
             if self.on_hook_call is not None:
                 self.on_hook_call(rank, it, call.index)
+            engine = self.cluster.engine
+            if engine is not None and engine.posting_lines:  # a reported run: posts say which hook call made them
+                engine.doing[rank] = f"in DDP iteration {it}, bucket {call.index}'s hook call"
             try:
                 future = call_hook(self.hook, state, bucket)
             except Exception as exc:
@@ -386,6 +389,8 @@ class SimDDP:
                 if (launcher := launcher_environment_note(exc)) is not None:
                     add_context_note(exc, launcher)
                 raise
+            if engine is not None and engine.posting_lines:
+                engine.doing.pop(rank, None)
             check_future(future, self.hook, rank, where, self.config.api)
             futures.append(future)
         for call, future in zip(calls, futures):

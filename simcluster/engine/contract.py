@@ -90,7 +90,11 @@ class Call:
     ``posted_at`` is the user line that posted it (and the user line that called that one:
     :func:`~simcluster.engine.frames.posting_site`), recorded only by a run that asks for
     posting lines (finding it walks the stack: never on the hot path); a deadlock report
-    names it beside each call some rank never matched.
+    names it beside each call some rank never matched. ``posted_in`` (recorded with it) is
+    what the rank's code was doing: ``in DDP iteration 1, bucket 0's hook call`` (the layer
+    above says so: :attr:`~simcluster.engine.inline.Engine.doing`), or ``in a callback of
+    all_reduce#0 on WORLD (posted in …)`` when a completion's callback posted it; ``""``
+    when unknown.
 
     The process group builds one per collective and rank *positionally* (a class called with
     keywords costs a dict per call): a new field goes after ``after``, or every builder changes.
@@ -113,6 +117,7 @@ class Call:
     seq: int = -1
     worker: int = -1
     posted_at: str | None = None
+    posted_in: str = ""
 
     @property
     def describe(self) -> str:

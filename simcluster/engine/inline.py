@@ -88,6 +88,8 @@ class _Task:
     arg: object = _NO_ARG
     pool: "_Workers | None" = None
     worker: int = -1
+    call: Call | None = None
+    """For a completion: the call it completes (what its callbacks' posts were posted in)."""
 
 
 @dataclass(slots=True)
@@ -125,7 +127,8 @@ class Engine:
         "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_finished_seq",
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
-        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines",
+        "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
+        "_task",
     )
 
     def __init__(
@@ -144,6 +147,10 @@ class Engine:
     ) -> None:
         self.scheduler = scheduler
         self.posting_lines = posting_lines
+        self.doing: dict[int, str] = {}
+        """What each rank's code is doing, in words, as the layer above says — SimDDP: ``in
+        DDP iteration 1, bucket 0's hook call`` — for the posting lines (``Call.posted_in``)."""
+        self._task: _Task | None = None  # the task whose code runs now (kept across a wait)
         """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
         named by the deadlock report): a walk of the stack per call, so off unless a run is
         re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
@@ -300,6 +307,7 @@ class Engine:
             )
         if self.posting_lines:
             call.posted_at = posting_site(sys._getframe(1))
+            call.posted_in = self._posted_in(call.rank)
         inst, mismatch = self._matcher.post(call)
         if mismatch is not None:
             self._fail(mismatch)
@@ -330,6 +338,17 @@ class Engine:
         self._expected[key] = (rank, waitable.label, context)
         waitable.on_done(partial(self._expected.pop, key, None))  # a C call when it completes, no Python frame
 
+    def _posted_in(self, rank: int) -> str:
+        """What ``rank``'s code is doing now (:attr:`Call.posted_in`): a completion's
+        callbacks, named by the call they complete and what that call was posted in; else
+        what the layer above said (:attr:`doing`)."""
+        task = self._task
+        origin = task.call if task is not None else None
+        if origin is None:
+            return self.doing.get(rank, "")
+        posted = f" (posted {origin.posted_in})" if origin.posted_in else ""
+        return f"in a callback of {origin.op}#{origin.seq} on {origin.channel}{posted}"
+
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
         self.check_thread(f"wait() on pending {waitable.label}")
@@ -340,7 +359,7 @@ class Engine:
                 f"wait() on pending {waitable.label} from a thread simcluster does not run; "
                 "simulated futures can only be waited on by hook code inside a run"
             )
-        rank, where = self._rank, self._where
+        rank, where, task = self._rank, self._where, self._task
         assert rank is not None
         self.trace.add(Blocked(rank, waitable.label, context or where))
         self._parked[slot.index] = (slot, rank, waitable.label, context or where)
@@ -354,6 +373,7 @@ class Engine:
         else:
             slot.park()
         self._current = slot
+        self._task = task
         self._parked.pop(slot.index, None)
         if slot.abort or self._dead:
             raise RunAborted()
@@ -433,9 +453,9 @@ class Engine:
                 if where is None:
                     where = self._worker_names[(inst.channel, call.worker)] = self._worker_name(inst.channel, call.worker)
                 tasks.append(_Task(rank, call.deliver, label, where, results[rank],
-                                   self._workers[(rank, inst.channel)], call.worker))
+                                   self._workers[(rank, inst.channel)], call.worker, call))
             else:
-                tasks.append(_Task(rank, call.deliver, label, f"rank {rank}", results[rank]))
+                tasks.append(_Task(rank, call.deliver, label, f"rank {rank}", results[rank], None, -1, call))
         if self._per_rank_delivery and len(tasks) > 1:
             self._deliveries.extend(tasks)  # each rank sees the completion when the scheduler says
         else:
@@ -486,6 +506,7 @@ class Engine:
             return
 
     def _run_task(self, task: _Task) -> None:
+        self._task = task
         self._enter(task.rank, task.where)
         try:
             if task.arg is _NO_ARG:
@@ -502,6 +523,7 @@ class Engine:
             else:
                 self.failures.append((task.rank, task.label, exc))
         finally:
+            self._task = None  # not kept past its task: it holds its call, whose future holds this engine (a cycle)
             pool = task.pool
             if pool is not None and not self._aborting:  # the worker is free: it takes the next queued call
                 pool.busy[task.worker] = False

@@ -160,7 +160,10 @@ def mismatch_error(inst: Instance, call: Call, problem: str, crossed: str | None
     assert first is not None
     frames = stack_user_frames(sys._getframe(1))
     at = f" at {frames[-1]}" if frames else ""
-    first_at = f"\n    rank {first.rank} posted it at {first.posted_at}" if first.posted_at is not None else ""
+    if call.posted_in:  # the run records posting lines: what the rank's code was doing, on a line of its own
+        at = f"{at}\n    rank {call.rank} posted it {call.posted_in}"
+    first_in = f", {first.posted_in}," if first.posted_in else ""
+    first_at = f"\n    rank {first.rank}{first_in} posted it at {first.posted_at}" if first.posted_at is not None else ""
     others = sorted(r for r in inst.calls if r != first.rank)
     agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
     error = CollectiveMismatchError(
@@ -238,15 +241,18 @@ def crossed_lines(inst: Instance) -> str | None:
 
 def posted_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
     """``rank 0 posted it at hooks.py:12 in hook: source`` for ``calls`` (rank -> call), ranks
-    that posted at the same line together, in rank order; none for calls whose line was not
+    that posted at the same line (and in the same hook call or callback) together, in rank
+    order, with what their code was doing when known (``rank 0, in DDP iteration 1, bucket 0's
+    hook call, posted it at …``: ``Call.posted_in``); none for calls whose line was not
     recorded (``Call.posted_at``: only a run that asks for posting lines records them).
     At most :data:`MAX_LISTED` lines, then a count."""
-    ranks_at: dict[str, list[int]] = {}
+    ranks_at: dict[tuple[str, str], list[int]] = {}
     for rank in sorted(calls):
-        frame = calls[rank].posted_at
-        if frame is not None:
-            ranks_at.setdefault(str(frame), []).append(rank)
-    lines = [f"{indent}{_ranks(ranks)} posted it at {where}" for where, ranks in ranks_at.items()]
+        call = calls[rank]
+        if call.posted_at is not None:
+            ranks_at.setdefault((call.posted_in, str(call.posted_at)), []).append(rank)
+    lines = [f"{indent}{_ranks(ranks)}{f', {doing},' if doing else ''} posted it at {where}"
+             for (doing, where), ranks in ranks_at.items()]
     if len(lines) > MAX_LISTED:
         lines = lines[:MAX_LISTED] + [f"{indent}… and {len(lines) - MAX_LISTED} more lines it was posted at"]
     return lines
