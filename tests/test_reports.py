@@ -531,6 +531,28 @@ def test_replicas_apart_by_rounding_alone_are_told_so() -> None:
     assert apart and not any(rounding in f.message for f in apart), noisy.format()
 
 
+def test_a_shape_error_between_two_buckets_in_flight_is_told_so() -> None:
+    """buggy.inflight_shared_compressor keeps "the" bucket's buffer in its state; after the
+    rebuild, bucket 0's callback copies its 4 elements into bucket 1's 1-element buffer and
+    raises. The report's only hint was the rebuild (an audit of reports); now the error's
+    two sizes are named as the two buckets' of that step. A shape error whose sizes are not
+    two buckets' of the step, or a step with one bucket, gets no such line."""
+    from simcluster.checking.check import check_hook
+    from simcluster.checking.render import bucket_mixup_hint
+
+    report = check_hook("simcluster.hooks.buggy:inflight_shared_compressor", backends=("gloo",),
+                        state="simcluster.hooks.buggy:CompressorState", tolerance="fp16", database=None)
+    (raised,) = [f for f in report.failures if f.property == "contract"]
+    assert re.search(r"\(the error names the sizes of bucket \d's \(\d+ elements?\) and bucket \d's \(\d+ elements?\) "
+                     r"at step \d+, where \d+ buckets are in flight at once", raised.message), raised.format()
+    steps = [{"step": 0, "buckets": [{"index": 0, "numel": 4}]},
+             {"step": 1, "buckets": [{"index": 0, "numel": 4}, {"index": 1, "numel": 1}]}]
+    error = RuntimeError("output with shape [1] doesn't match the broadcast shape [4]")
+    assert "bucket 0's (4 elements) and bucket 1's (1 element) at step 1" in bucket_mixup_hint(error, steps, 1)
+    assert bucket_mixup_hint(error, steps, 0) == ""  # one bucket at step 0
+    assert bucket_mixup_hint(RuntimeError("output with shape [3] doesn't match the broadcast shape [4]"), steps, 1) == ""
+
+
 def test_a_deadlock_names_the_earlier_collective_where_two_lines_met() -> None:
     """buggy.rank0_logs_global_norm: only rank 0 all-reduces a one-element norm before the
     bucket. With one-element buckets that call meets rank 1's bucket all_reduce — same

@@ -22,6 +22,7 @@ step 0: bucket 0 = params [0, 1, 2] (6 elements)
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -172,6 +173,38 @@ def describe_steps(steps: Sequence[dict[str, Any]], indent: str = " " * 13) -> s
     return f"\n{indent}".join(lines)
 
 
+_SIZES = (re.compile(r"shape \[([\d, ]*)\]"), re.compile(r"size of tensor \w \((\d+)\)"),
+          re.compile(r"input of size (\d+)"))
+"""Where torch's shape errors name a tensor's size: ``output with shape [1] doesn't match the
+broadcast shape [4]``, ``The size of tensor a (4) must match the size of tensor b (1)``,
+``shape '[4]' is invalid for input of size 1``."""
+
+
+def bucket_mixup_hint(error: BaseException, steps: Sequence[dict[str, Any]], at: int) -> str:
+    """When ``error`` (a shape error raised at step ``at``) names tensors whose sizes are two
+    different buckets' of that step, and the step has several buckets in flight: a line
+    saying so — hook state holding "the" bucket (a compressor keeping the buffer in
+    ``self``) meets the next bucket's while this one's collective is in flight
+    (``buggy.inflight_shared_compressor``). Else ``""``."""
+    if at >= len(steps) or len(steps[at]["buckets"]) < 2:
+        return ""
+    text = str(error)
+    sizes: list[int] = []
+    for pattern in _SIZES:
+        for found in pattern.findall(text):
+            dims = [int(d) for d in found.replace(" ", "").split(",") if d]
+            sizes.append(math.prod(dims))
+    numel = {b["numel"]: b["index"] for b in reversed(steps[at]["buckets"])}  # the lowest index per size
+    named = sorted({size for size in sizes if size in numel}, key=lambda size: numel[size])
+    if len(named) < 2:
+        return ""
+    which = " and ".join(f"bucket {numel[size]}'s ({size} element{'s' * (size != 1)})" for size in named[:2])
+    return (f"\n(the error names the sizes of {which} at step {steps[at]['step']}, where "
+            f"{len(steps[at]['buckets'])} buckets are in flight at once: one bucket's data met another's — hook "
+            "state holding \"the\" bucket while DDP calls the hook for the next one before this one's collective "
+            "completed?)")
+
+
 def rebuild_hint(steps: Sequence[dict[str, Any]], at: int) -> str | None:
     """When the failing step ``at`` runs on a rebuilt layout: which bucket changed
     parameters, e.g. ``bucket 0 held params [0, 1, 2] at step 0 and [2, 1] from step 1``."""
@@ -272,6 +305,8 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
     hint = rebuild_hint(ddp_steps, at)
     error = info.get("error")
     frames = error_frames(error) if error is not None else []
+    if error is not None:
+        message += bucket_mixup_hint(error, ddp_steps, at)
     return PropertyFailure(
         property=prop, backend=backend, message=message, world_size=example.world_size,
         layout=describe_layout(example, steps),
