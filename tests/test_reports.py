@@ -531,6 +531,23 @@ def test_replicas_apart_by_rounding_alone_are_told_so() -> None:
     assert apart and not any(rounding in f.message for f in apart), noisy.format()
 
 
+def test_replicas_apart_by_each_ranks_own_random_draws_are_told_so() -> None:
+    """buggy.dp_noise_per_rank_rng adds noise drawn from each rank's global generator after
+    the all_reduce: the report said only that the replicas differ (an audit of reports).
+    Run again with every rank's generators seeded alike, they agree: the report says each
+    rank's result depends on its own draws. Replicas apart by rounding (allgather_own_first)
+    draw nothing and get no such line."""
+    from simcluster.checking.check import check_hook
+
+    own_draws = "each rank's result depends on its own random draws"
+    report = check_hook("simcluster.hooks.buggy:dp_noise_per_rank_rng", backends=("gloo",), database=None)
+    apart = [f for f in report.failures if f.property == "replicas_agree"]
+    assert apart and all(own_draws in f.message for f in apart), report.format()
+    rounding = check_hook("simcluster.hooks.buggy:allgather_own_first", backends=("gloo",), database=None)
+    apart = [f for f in rounding.failures if f.property == "replicas_agree"]
+    assert apart and not any(own_draws in f.message for f in apart), rounding.format()
+
+
 def test_a_shape_error_between_two_buckets_in_flight_is_told_so() -> None:
     """buggy.inflight_shared_compressor keeps "the" bucket's buffer in its state; after the
     rebuild, bucket 0's callback copies its 4 elements into bucket 1's 1-element buffer and

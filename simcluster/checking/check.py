@@ -50,8 +50,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from simcluster.checking import properties as P
 from simcluster.checking.explicit import explicit_examples
 from simcluster.checking.judge import (
-    ORDER, exit_head, keeps_residual, order_hint, rounding_hint, run_example, sources_hint, unreached_hint,
-    with_posting_lines,
+    ORDER, exit_head, keeps_residual, order_hint, rng_hint, rounding_hint, run_example, sources_hint,
+    unreached_hint, with_posting_lines,
 )
 from simcluster.checking.options import Options, make_options
 from simcluster.checking.render import death_failure, failure
@@ -298,7 +298,8 @@ def prepare_to_fork() -> None:
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
     with captured_output():  # the hints re-run the example: its prints are not the reported run's
         v = with_posting_lines(opts, v)
-        hint = order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + sources_hint(opts, v)
+        hint = (order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + rng_hint(opts, v)
+                + sources_hint(opts, v))
     return failure(opts, v.prop, str(v) + hint, v.info, steps)
 
 

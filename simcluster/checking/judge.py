@@ -403,6 +403,28 @@ def rounding_hint(opts: Options, violation: Violation) -> str:
             "order, as all_reduce does — and the replicas stay bitwise equal)")
 
 
+def rng_hint(opts: Options, violation: Violation) -> str:
+    """For a reported *replicas_agree* failure under per-rank generators (each simulated
+    rank's torch, Python ``random`` and numpy global generators seeded apart, as real ranks'
+    are): when the same example, run again up to the failing step with every rank's
+    generators seeded alike (``rng="same"``), gives replicas that agree there — a line
+    saying each rank's result depends on its own random draws (``buggy.dp_noise_per_rank_rng``).
+    Otherwise ``''``. One more simulation, once per reported failure."""
+    if violation.prop != "replicas_agree" or violation.info.get("error") or opts.rng != "per_rank":
+        return ""
+    info = violation.info
+    example, backend, t = info["example"], info["backend"], info.get("step", 0)
+    grads = _inputs(opts, example)[0][: t + 1]
+    alike, error, _, _ = simulate(dataclasses.replace(opts, rng="same"), example, backend,
+                                  ScheduleChoices(example.schedule), grads)
+    if error is not None or len(alike) <= t or P.replicas_agree(alike[t].grads, groups_of(example)) is not None:
+        return ""
+    return ("\n(with every rank's global generators seeded alike — torch's, Python's random, numpy's — the replicas "
+            "agree at this step: each rank's result depends on its own random draws, and real ranks' generators "
+            "differ (scripts seed them with seed + rank, or not at all); draw from a torch.Generator seeded the same "
+            "on every rank, or let one rank draw and broadcast what it drew)")
+
+
 def sources_hint(opts: Options, violation: Violation) -> str:
     """For a reported *averages* failure: when the results at the failing step are moved
     by some ranks' gradients only — every rank's result stays bit for bit the same however
