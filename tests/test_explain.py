@@ -677,3 +677,19 @@ def test_explain_names_the_line_that_posted_an_unmatched_call() -> None:
     assert f"rank 0, in DDP iteration 0, bucket 0's hook call, posted it at {here}:{posted} in _skips_on_rank_1" in text
     assert (f"rank 1: DDP's reducer (iteration 0, bucket 0) waits on nothing: the hook returned torch.futures.Future() "
             f"#0 made by rank 1 at {here}:{made}, which has completed") in text
+
+
+def test_a_large_bucket_is_shown_by_its_ends_and_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """One 400,000-element parameter: explain printed every value of every rank's bucket and
+    of the mean — ~11 MB for one step (an audit of explain). A bucket of more than 64
+    elements is shown by its first 8 and last 4 values and its count; a small one whole."""
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook",
+                        "--params", "1000x400", "--steps", "1"], capsys)
+    assert code == 0 and len(out) < 20_000, len(out)
+    line = next(l for l in out.splitlines() if l.startswith("   rank 0, bucket 0: "))
+    values = line.removeprefix("   rank 0, bucket 0: ")
+    assert values.endswith("] (400,000 values)") and values.count(", ") == 12 and ", …, " in values  # 8, …, 4
+    code, out, _ = run(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook",
+                        "--params", "8x8", "--steps", "1"], capsys)
+    values = next(l for l in out.splitlines() if l.startswith("   rank 0, bucket 0: ")).split(": ", 1)[1]
+    assert code == 0 and "…" not in values and values.count(", ") == 63

@@ -70,10 +70,26 @@ def small_gradients(world_size: int, numel: int, seed: int) -> list[torch.Tensor
     return [torch.randint(-8, 9, (numel,), generator=gen).to(torch.float32) for _ in range(world_size)]
 
 
+SHOWN_WHOLE = 64
+"""Tensors of at most this many elements are printed whole; larger ones as their first
+and last few values and a count (:func:`values`): a 400,000-element bucket printed whole
+made one explained step ~11 MB of text."""
+
+
+def values(t: torch.Tensor) -> str:
+    """``t``'s values, flat: every one up to :data:`SHOWN_WHOLE` elements, else the first 8,
+    ``…``, the last 4 and how many there are, e.g. ``[-1.0, -5.0, …, 3.0] (400,000 values)``."""
+    flat = t.detach().reshape(-1)
+    if flat.numel() <= SHOWN_WHOLE:
+        return str(flat.tolist())
+    head, tail = flat[:8].tolist(), flat[-4:].tolist()
+    return f"[{', '.join(map(repr, head))}, …, {', '.join(map(repr, tail))}] ({flat.numel():,} values)"
+
+
 def _fmt(t: Any) -> str:
     if isinstance(t, torch.Tensor):
         dtype = str(t.dtype).removeprefix("torch.")
-        return f"{t.detach().reshape(-1).tolist()}  ({dtype}{list(t.shape)})"
+        return f"{values(t)}  ({dtype}{list(t.shape)})"
     if isinstance(t, (list, tuple)):
         return f"a {type(t).__name__} of {len(t)}: [{', '.join(_fmt(x) for x in t)}]"
     return f"{type(t).__name__}: {t!r}"
@@ -264,7 +280,7 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
     for k in range(len(step.bucket_params)):
         inputs = [_bucket_flat(step, r, k) for r in range(story.world_size)]
         mean = torch.stack([g.to(torch.float64) for g in inputs]).mean(0)
-        lines.append(f"bucket {k}: the inputs' float64 mean: {mean.tolist()}")
+        lines.append(f"bucket {k}: the inputs' float64 mean: {values(mean)}")
         tensors = []
         for r in range(story.world_size):
             value = step.result.outputs[r][k]
@@ -339,7 +355,7 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
         out += _section("1. The buckets:", _layout_lines(story, step, previous))
         flat = "bucket.buffer()" if story.api == "current" else "bucket.get_tensors()[0], get_tensor() in 1.9"
         out += _section(f"2. What each rank's hook receives ({flat}: its local gradients):", [
-            f"rank {r}, bucket {k}: {_bucket_flat(step, r, k).tolist()}"
+            f"rank {r}, bucket {k}: {values(_bucket_flat(step, r, k))}"
             for r in range(story.world_size) for k in range(len(step.bucket_params))])
         title = "3. What happened, in order (the trace" + (", up to the failure):" if step.error else "):")
         futures = _returned_futures(step.events)
