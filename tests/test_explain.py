@@ -693,3 +693,22 @@ def test_a_large_bucket_is_shown_by_its_ends_and_count(capsys: pytest.CaptureFix
                         "--params", "8x8", "--steps", "1"], capsys)
     values = next(l for l in out.splitlines() if l.startswith("   rank 0, bucket 0: ")).split(": ", 1)[1]
     assert code == 0 and "…" not in values and values.count(", ") == 63
+
+
+def test_powersgd_explained_before_it_compresses_says_how_to_see_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The project's PowerSGD state compresses from iteration 2; `explain` runs 2 steps by
+    default, so a learner saw two plain all_reduce steps and no compression, without a word
+    (an audit of explain). Now a note names start_powerSGD_iter and the --steps that reach it;
+    with those steps, the compressed iteration is there and the note is not."""
+    target = ["explain", "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:powerSGD_hook",
+              "--state", "simcluster.checking.defaults:powersgd_state"]
+    code, out, _ = run(target, capsys)
+    assert code == 0
+    assert ("note: the state's start_powerSGD_iter is 2: PowerSGD all-reduces the bucket uncompressed before DDP "
+            "iteration 2, and these steps ended at iteration 1 — run with --steps 3 to see it compress") in out
+    # with 3 steps iteration 2 compresses — and on the gloo model, with 3 buckets in flight, its callbacks'
+    # waits hold both worker threads: the deadlock real gloo has too (docs/gloo-facts.md); NCCL's model runs it
+    code, out, _ = run([*target, "--steps", "3"], capsys)
+    assert code == 1 and "start_powerSGD_iter" not in out and "4. The hook failed at step 2:" in out
+    code, out, _ = run([*target, "--steps", "3", "--backend", "nccl"], capsys)
+    assert code == 0 and "start_powerSGD_iter" not in out and "== step 2 (DDP iteration 2) ==" in out

@@ -372,8 +372,23 @@ def explain_story(story: Story, *, label: str, network: Network | None = None) -
         previous = step
     last = story.steps[-1].result
     assert last is not None
+    out += _not_reached(story)
     out.append(f"replay: {last.replay}")
     return "\n".join(out) + "\n", True
+
+
+def _not_reached(story: Story) -> list[str]:
+    """A note when the state says the hook changes what it does at an iteration the steps
+    never reached: PowerSGD's ``start_powerSGD_iter`` (plain all_reduce before it), which a
+    learner explaining torch's ``powerSGD_hook`` at the default 2 steps never saw compress."""
+    state = story.states[0] if story.states else None
+    start = getattr(state, "start_powerSGD_iter", None)
+    last = story.steps[-1].iteration
+    if not isinstance(start, int) or last >= start:
+        return []
+    return [f"note: the state's start_powerSGD_iter is {start}: PowerSGD all-reduces the bucket uncompressed before "
+            f"DDP iteration {start}, and these steps ended at iteration {last} — run with --steps {start + 1} to see "
+            "it compress", ""]
 
 
 def explain(
