@@ -409,3 +409,24 @@ def divides_by_launcher_world_size(state, bucket):
     """The mean, dividing by torchrun's WORLD_SIZE (alike on every rank) instead of the group's size."""
     buf = bucket.buffer().div_(int(os.environ["WORLD_SIZE"]))
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def polls_its_work(state, bucket):
+    """Waits by polling (a Horovod ``hvd.poll`` port): ``while not work.is_completed()``, then
+    a completed future. Correct on real gloo; the simulator completed a collective only when
+    a rank waited or returned, so the poll never ended (a false alarm: hooks from the wild, round 18)."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    work = dist.all_reduce(buf, async_op=True)
+    while not work.is_completed():
+        time.sleep(0.0005)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def polls_its_future(state, bucket):
+    """The same with ``while not fut.done()``, then that future's ``then``."""
+    fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+    while not fut.done():
+        pass
+    return fut.then(lambda f: f.value()[0])

@@ -147,6 +147,17 @@ def test_a_hook_drawing_from_torchs_rng_agrees_with_real_gloo(census) -> None:
 
 
 
+def test_a_hook_that_waits_by_polling_agrees_with_real_gloo(census) -> None:
+    """``while not work.is_completed(): sleep`` (and ``while not fut.done()``): real gloo's
+    threads complete the collective while the rank polls; the simulator's ranks now let the
+    others run when a poll finds their work pending (round 18 of hooks from the wild: a
+    liveness FAIL, exit 1, on a correct hook; real gloo finished every step)."""
+    for hook in ("polls_its_work", "polls_its_future"):
+        result = run_e2e(Scenario(2, ((4, 3), (3,)), steps=2), f"{HOOKS}:{hook}", "none", timeout=60,
+                         start_method="forkserver")
+        assert result.verdict == "agree" and result.sim.failure is None, result.format()
+
+
 def test_a_hook_drawing_from_python_and_numpy_rngs_agrees_with_real_gloo(census) -> None:
     """The same for Python's random and numpy's global RNG (an e2e audit, 2026-12-06): the
     real ranks reseeded both from OS entropy after forking (only torch's was seed + rank), and

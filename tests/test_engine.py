@@ -414,6 +414,46 @@ def test_a_run_leaves_nothing_for_the_cyclic_garbage_collector(posting_lines: bo
         gc.enable()
 
 
+def test_a_rank_polling_its_work_lets_the_others_complete_it() -> None:
+    """``while not work.is_completed()`` / ``while not fut.done()``: on a real rank the
+    backend's threads complete the collective while the loop polls. The simulator completed
+    one only when a rank waited or returned, so such a loop spun until the supervisor's
+    deadline (round 18 of hooks from the wild). A poll that finds its work pending now lets
+    the other ranks run and the ready collectives complete first; the run is the same on
+    every run (the trace, the results)."""
+    def rank_fn(rank: int) -> list[float]:
+        work = dist.all_reduce(torch.full((2,), float(rank + 1)), async_op=True)
+        while not work.is_completed():
+            pass
+        fut = dist.all_reduce(torch.ones(1) * rank, async_op=True).get_future()
+        while not fut.done():
+            pass
+        return [*work.result()[0].tolist(), *fut.value()[0].tolist()]
+
+    runs = [SimCluster(3, seed=4).run(rank_fn) for _ in range(2)]
+    assert runs[0].values == [[6.0, 6.0, 3.0]] * 3
+    assert runs[0].trace.events == runs[1].trace.events
+
+
+def test_a_rank_polling_a_collective_no_one_completes_is_a_deadlock() -> None:
+    """Rank 1 never posts the all_reduce rank 0 polls: polls that see nothing posted or
+    completed for POLL_ROUNDS rounds end the run as a deadlock naming the poll and its line
+    (the loop would otherwise spin until the supervisor's deadline, with no story)."""
+    def rank_fn(rank: int) -> None:
+        if rank == 0:
+            work = dist.all_reduce(torch.ones(2), async_op=True)
+            while not work.is_completed():  # polls
+                pass
+
+    (line,) = _lines_of(rank_fn, "# polls")
+    with pytest.raises(DeadlockError) as info:
+        SimCluster(2).run(rank_fn)
+    text = str(info.value)
+    assert re.search(r"rank 0: polls work of all_reduce#0 on WORLD \(its callbacks\), which never completes "
+                     rf"\(rank 0\) at \S*test_engine\.py:{line} in rank_fn", text), text
+    assert "never posted by ranks [1]" in text
+
+
 def test_a_copied_or_unpickled_trace_logs_into_its_own_events() -> None:
     import copy
     import pickle

@@ -4,7 +4,8 @@ When nothing can run, nothing is ready and work is still pending
 (:mod:`simcluster.engine.inline`, rule 4), :func:`describe_blockage` lists, each kind at
 most :data:`~simcluster.engine.matching.MAX_LISTED` times:
 
-* each parked wait, with the user line it waits at (read from the parked thread's stack);
+* each parked wait, with the user line it waits at (read from the parked thread's stack), and
+  each rank polling a pending work or future (``Work.is_completed()``, ``Future.done()``);
 * each expectation (a future the reducer waits on) that never completes;
 * each collective some rank never posted (:func:`~simcluster.engine.matching.unmatched_lines`),
   then, for its group, an earlier collective that met calls from different user lines
@@ -52,7 +53,9 @@ def describe_blockage(
     for p in sorted(parked, key=lambda p: (p.rank, p.label)):
         frames = stack_user_frames(current.get(p.thread_ident or -1))
         at = f" at {frames[-1]}" if frames else ""
-        waits.append(f"  rank {p.rank}: blocked in wait() on {p.label} ({p.where}){at}")
+        polled = p.label.removeprefix("polling ")
+        how = f"polls {polled}, which never completes" if polled != p.label else f"blocked in wait() on {p.label}"
+        waits.append(f"  rank {p.rank}: {how} ({p.where}){at}")
     pending = [f"  rank {rank}: {context} waits on {label}, which never completes"
                for rank, label, context in sorted(expected)]
     instances = list(instances)

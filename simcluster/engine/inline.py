@@ -92,6 +92,31 @@ class _Task:
     """For a completion: the call it completes (what its callbacks' posts were posted in)."""
 
 
+POLL_ROUNDS = 1000
+"""How many rounds of polls (:meth:`Engine.let_others_run`) in a row, with nothing posted or
+completed between them, before the run is a deadlock: a loop that polls a collective no
+rank can complete would spin forever (the supervisor's deadline would stop it, without the
+story). A hook that polls a bounded number of times and then goes another way gets that many
+rounds, up to this."""
+
+
+class _PollTurn:
+    """What a polling rank parks on (:meth:`Engine.let_others_run`): done when the engine
+    next lets the pollers look again; named after what it polls."""
+
+    __slots__ = ("_pollers", "label")
+
+    def __init__(self, pollers: list[Callable[[], None]], polled: Waitable) -> None:
+        self._pollers = pollers
+        self.label = f"polling {polled.label}"
+
+    def done(self) -> bool:
+        return False
+
+    def on_done(self, resume: Callable[[], None]) -> None:
+        self._pollers.append(resume)
+
+
 @dataclass(slots=True)
 class _Resume:
     slot: Slot
@@ -128,7 +153,7 @@ class Engine:
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
         "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
-        "_task",
+        "_task", "_pollers", "_poll_mark", "_poll_rounds",
     )
 
     def __init__(
@@ -151,6 +176,9 @@ class Engine:
         """What each rank's code is doing, in words, as the layer above says — SimDDP: ``in
         DDP iteration 1, bucket 0's hook call`` — for the posting lines (``Call.posted_in``)."""
         self._task: _Task | None = None  # the task whose code runs now (kept across a wait)
+        self._pollers: list[Callable[[], None]] = []  # ranks polling a pending work or future (let_others_run)
+        self._poll_mark: tuple[int, int] | None = None
+        self._poll_rounds = 0
         """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
         named by the deadlock report): a walk of the stack per call, so off unless a run is
         re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
@@ -349,8 +377,24 @@ class Engine:
         posted = f" (posted {origin.posted_in})" if origin.posted_in else ""
         return f"in a callback of {origin.op}#{origin.seq} on {origin.channel}{posted}"
 
+    def let_others_run(self, polled: Waitable) -> None:
+        """The running rank's code polls ``polled`` — ``Work.is_completed()`` or
+        ``Future.done()`` answered False — as a loop does that waits by polling (a Horovod
+        ``poll`` port, an asyncio gather). On a real rank the backend's threads complete
+        collectives meanwhile; here a collective completes only when the ranks let it, so
+        the poller parks until nothing else can run — every other rank waits, returns or
+        polls, every collective that can complete has — and then looks again. Polls that
+        see nothing move for :data:`POLL_ROUNDS` rounds end the run as a deadlock. Not
+        traced: a spinning poller would fill the trace."""
+        if not self.running or self._current is None or self._current.thread is not threading.current_thread():
+            return  # outside the run, or a thread simcluster does not run (its own check reports it)
+        self._park(_PollTurn(self._pollers, polled), "", traced=False)
+
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
+        self._park(waitable, context, traced=True)
+
+    def _park(self, waitable: Waitable, context: str, *, traced: bool) -> None:
         self.check_thread(f"wait() on pending {waitable.label}")
         self._check_alive()
         slot = self._current
@@ -361,7 +405,8 @@ class Engine:
             )
         rank, where, task = self._rank, self._where, self._task
         assert rank is not None
-        self.trace.add(Blocked(rank, waitable.label, context or where))
+        if traced:
+            self.trace.add(Blocked(rank, waitable.label, context or where))
         self._parked[slot.index] = (slot, rank, waitable.label, context or where)
         waitable.on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
         driver = self._pool.take_idle()
@@ -378,7 +423,8 @@ class Engine:
         if slot.abort or self._dead:
             raise RunAborted()
         self._enter(rank, where)
-        self.trace.add(Resumed(rank, waitable.label))
+        if traced:
+            self.trace.add(Resumed(rank, waitable.label))
 
     # ------------------------------------------------------------- matching
     def _start_queued(self, pool: _Workers) -> None:
@@ -492,6 +538,8 @@ class Engine:
                 return
             if not self._aborting and self._complete_one():
                 continue
+            if self._pollers and not self._aborting and self._poll_again():
+                continue
             if not self._aborting and (self._parked or self._matcher.open or self._expected or self._deliveries):
                 self._on_deadlock()
                 continue
@@ -548,10 +596,28 @@ class Engine:
         if self._fatal is None:
             self._fatal = error.with_replay(self.replay())
 
+    def _poll_again(self) -> bool:
+        """Nothing else can run: the ranks polling a pending work or future look again
+        (:meth:`let_others_run`), in the order they began to poll — unless nothing was
+        posted or completed for :data:`POLL_ROUNDS` rounds of polls, when nothing they
+        poll can ever complete (False: the caller reports the deadlock, the pollers
+        listed as parked)."""
+        mark = (self._matcher.completions, self._matcher.posted())
+        if mark != self._poll_mark:
+            self._poll_mark, self._poll_rounds = mark, 0
+        self._poll_rounds += 1
+        if self._poll_rounds > POLL_ROUNDS:
+            return False
+        pollers, self._pollers = self._pollers, []
+        for resume in pollers:
+            resume()
+        return True
+
     def _begin_abort(self) -> None:
         """Drop queued tasks and resume every parked thread with ``abort`` set, so each
         unwinds (``RunAborted`` out of its wait) one at a time, in slot order."""
         self._aborting = True
+        self._pollers.clear()  # a poller is parked: resumed below like every parked thread
         self._runnable = deque(item for item in self._runnable if isinstance(item, _Resume))
         pending = {item.slot.index for item in self._runnable if isinstance(item, _Resume)}
         for index in sorted(self._parked):

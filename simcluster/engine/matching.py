@@ -115,6 +115,10 @@ class Matcher:
         inst.calls[call.rank] = call
         return inst, None
 
+    def posted(self) -> int:
+        """How many calls every rank posted so far (a measure of progress)."""
+        return sum(self._issued.values())
+
     def close(self, inst: Instance, op: str, choice: int = 0, options: int = 1) -> None:
         """``inst`` completes now: forget it and trace the completion (``choice`` of ``options``
         is the scheduler's pick that completed it; the free-running engine has no choice)."""

@@ -270,6 +270,11 @@ class ThreadedEngine:
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""
 
+    def let_others_run(self, polled: Waitable) -> None:
+        """A poll of a pending ``polled``: the other rank threads and the workers run on their
+        own here, as a real backend's do; only the interpreter is handed to them."""
+        time.sleep(0)
+
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Block the calling thread until ``waitable`` is done (other threads run on)."""
         rank, where = self.current_rank, self.where

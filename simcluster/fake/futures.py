@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -43,11 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.engine.frames import is_simcluster_code
+from simcluster.engine.frames import is_internal, is_simcluster_code
 from simcluster.engine.trace import CallbackRan
 from simcluster.names import MASKED_ADDRESS, callable_name, wear_torchs_name
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from simcluster.engine.contract import EngineContract
 
 __all__ = ["SimFuture", "DoneFlag", "collect_all", "wait_all", "callback_error", "callback_exception", "CALLBACK_ERROR",
@@ -77,6 +80,17 @@ def _fresh_guard_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_fresh_guard_after_fork)
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled  # per thread, C calls
+
+
+def polled_by_user(engine: "EngineContract", waitable: Any, caller: FrameType | None) -> None:
+    """``waitable`` was found pending by a poll — ``Future.done()``, ``Work.is_completed()``
+    — called from ``caller``: when that is the code under test, inside its run, the other
+    ranks and the backend make progress before it looks again
+    (:meth:`~simcluster.engine.contract.EngineContract.let_others_run`), as a real backend's
+    threads complete collectives while a rank polls. The simulator's own polls (DDP's
+    reducer model, the contract checks) and torch's do not: they look, and go on."""
+    if engine.running and caller is not None and not is_internal(caller.f_code.co_filename):
+        engine.let_others_run(waitable)
 
 
 def in_grad_mode(mode: bool, fn: Callable[..., Any], *args: Any) -> Any:
@@ -212,6 +226,9 @@ class SimFuture(torch.futures.Future):
 
     # -- completion -----------------------------------------------------------
     def done(self) -> bool:
+        if self._complete:
+            return True
+        polled_by_user(self._engine, self, sys._getframe(1))
         return self._complete
 
     # A future may be completed only by code the engine runs (not by a thread a hook

@@ -36,7 +36,7 @@ from simcluster.engine.contract import Call, EngineContract
 from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, UnsupportedError, UsageError
-from simcluster.fake.futures import DoneFlag, SimFuture
+from simcluster.fake.futures import DoneFlag, SimFuture, polled_by_user
 from simcluster.names import MASKED_ADDRESS, wear_torchs_name
 
 if TYPE_CHECKING:
@@ -123,7 +123,15 @@ class SimWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._finished.done()
+        return self.polled(sys._getframe(1))
+
+    def polled(self, caller: Any) -> bool:
+        """:meth:`is_completed` as ``caller`` (a frame) asked it: a pending work polled by
+        the code under test lets the others make progress first (:func:`polled_by_user`)."""
+        finished = self._finished
+        if not finished.done():
+            polled_by_user(self._future.engine, finished, caller)
+        return finished.done()
 
     def is_success(self) -> bool:
         if not self._future.done():
@@ -171,7 +179,8 @@ class CoalescedWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
+        caller = sys._getframe(1)
+        return all(work.polled(caller) if isinstance(work, SimWork) else work.is_completed() for work in self._works)
 
     def is_success(self) -> bool:
         return all(work.is_success() for work in self._works)
