@@ -436,6 +436,22 @@ def test_error_feedback_waits_for_a_top1_percent_hook_to_drain() -> None:
     assert any(f.property == "error_feedback" for f in lost.failures), lost.format()
 
 
+def test_error_feedback_allows_for_a_sum_rounded_on_a_bfloat16_wire() -> None:
+    """bfloat16 compression with float32 error feedback, summed in bfloat16 (hooks from the
+    wild, round 18): the sum rounds on the wire after the residual was taken, which no error
+    feedback sends back; the check called the correct hook's lag — two bf16 roundings of the
+    sum — 'kept sending more than it was given' (a false alarm; e2e agreed on the numbers).
+    The rounding floor now grows with the coarsest dtype the collectives carried. The same
+    hook whose residual mixes share and gradient units is still caught."""
+    kept = check_hook("tests/user_hooks.py:bf16_feedback_hook", state="tests/user_hooks.py:bf16_residual_state",
+                      tolerance="none", **{**QUICK, "examples": 40})
+    assert "error_feedback" in kept.properties
+    assert not kept.failures, kept.format()
+    mixed = check_hook("tests/user_hooks.py:bf16_feedback_in_share_units",
+                       state="tests/user_hooks.py:bf16_residual_state", tolerance="none", **{**QUICK, "examples": 40})
+    assert any(f.property == "error_feedback" for f in mixed.failures), mixed.format()
+
+
 def test_error_feedback_drains_longer_while_the_lag_shrinks() -> None:
     """A correct top-0.1% hook (DGC's ratio) on a 300-entry model sends one entry per step:
     256 zero steps left ~44 entries unsent, every one as large as the peak, and the check said

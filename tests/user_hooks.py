@@ -240,3 +240,51 @@ def averaged_sgd_step_hook(process_group: dist.ProcessGroup | None,
         return fut.value()
 
     return _mean_allreduce(process_group, bucket).then(step)
+
+
+class BF16ResidualState:
+    """Per rank: each parameter's residual (what bf16 compression did not send), in float32."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None) -> None:
+        self.process_group = process_group
+        self.residuals: dict[Any, torch.Tensor] = {}
+
+
+def bf16_residual_state(process_group: dist.ProcessGroup | None) -> BF16ResidualState:
+    return BF16ResidualState(process_group)
+
+
+def _bf16_with_feedback(state: BF16ResidualState, bucket: dist.GradBucket, *, wire: torch.dtype,
+                        residual_in_shares: bool) -> torch.futures.Future[torch.Tensor]:
+    """Add each parameter's residual, send the bfloat16 share (summed on the wire in ``wire``),
+    keep what it did not send: the whole gradient's (correct), or, with ``residual_in_shares``,
+    the share's units mixed with the gradient's (the bug)."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    size = group.size()
+    buffer = bucket.buffer()
+    slices = []
+    offset = 0
+    for param, grad in zip(bucket.parameters(), bucket.gradients()):
+        slices.append((param, slice(offset, offset + grad.numel())))
+        offset += grad.numel()
+    for param, where in slices:
+        if param in state.residuals:
+            buffer[where].add_(state.residuals[param])
+    share = (buffer / size).to(torch.bfloat16)
+    sent = share.float() if residual_in_shares else share.float() * size
+    left = buffer - sent
+    for param, where in slices:
+        state.residuals[param] = left[where].clone()
+    fut = dist.all_reduce(share.to(wire), group=group, async_op=True).get_future()
+    return fut.then(lambda f: buffer.copy_(f.value()[0]))
+
+
+def bf16_feedback_hook(state: BF16ResidualState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """bfloat16 compression with float32 error feedback, summed in bfloat16 (hooks from the wild, round 18)."""
+    return _bf16_with_feedback(state, bucket, wire=torch.bfloat16, residual_in_shares=False)
+
+
+def bf16_feedback_in_share_units(state: BF16ResidualState,
+                                 bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same, but the residual subtracts the share (gradient / W) from the gradient: the bug."""
+    return _bf16_with_feedback(state, bucket, wire=torch.bfloat16, residual_in_shares=True)

@@ -187,7 +187,8 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         info["step"] = 0
         _judge_schedule(opts, example, backend, results, grads, taken, fail)
     if check_ef and not example.nonfinite:  # inputs holding inf/NaN have no finite mean for a lag to track
-        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0])
+        msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0],
+                               carried=_carried(results))
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
@@ -244,13 +245,18 @@ def _drain_longer(opts: Options, example: Example, backend: str, steps: list[Any
         if error is not None:
             return ""
         outputs = [res.grads[0] for res in results]
-        msg = P.error_feedback(outputs, grads, drain_from=len(steps), ranks=group)
+        msg = P.error_feedback(outputs, grads, drain_from=len(steps), ranks=group, carried=_carried(results))
         if msg is None or n >= most:
             return msg
         began, left = P.drain_progress(outputs, grads, drain_from=len(steps), ranks=group)
         if not left < began * (1 - 1e-9):  # nothing of the residual was sent: more steps send nothing either
             return msg
         n = min(most, max(2 * n, math.ceil(1.25 * n * began / (began - left))))
+
+
+def _carried(results: list[Any]) -> tuple[str, ...]:
+    """The dtypes every step's collectives carried (each step's trace's ``dtypes()``), each once."""
+    return tuple(dict.fromkeys(d for res in results for d in res.trace.dtypes()))
 
 
 def _judge_steps(opts: Options, example: Example, results: list[Any], grads: list[Any], drain_from: int,

@@ -838,9 +838,14 @@ def first_parting(run_a: Sequence[Grads], run_b: Sequence[Grads]) -> tuple[int, 
 NOT_DRAINED = "after"
 """How :func:`error_feedback`'s message begins when the lag did not drain (not when it grew)."""
 
+_CARRIED_ROUNDOFF = {"float16": _ARITH["fp16"][0], "bfloat16": _ARITH["bf16"][0]}
+"""The unit roundoff of each collective dtype coarser than float32 (a trace's ``dtypes()``
+names): a SUM carried in it rounds on the wire, which no error feedback sees."""
+
+
 def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[Grads], *, drain_from: int,
                    lag: float | None = None, drained: float = 0.5, floor: float | None = None,
-                   ranks: Sequence[int] | None = None) -> str | None:
+                   ranks: Sequence[int] | None = None, carried: Sequence[str] = ()) -> str | None:
     """A hook with error feedback sends, over time, everything it was given.
 
     ``outputs[t][param]``: one replica's result at step ``t``; ``inputs[t][rank][param]``
@@ -855,18 +860,27 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
        residual sends it then, so at the end ``max|D|`` is at most ``drained`` × its peak
        (plus the rounding ``floor``, default 2^-20·G·steps). A hook that *drops* what it
        did not send keeps its lag forever; one whose memory goes astray grows it.
+
+    ``carried``: the dtypes the collectives carried. A SUM carried in float16 or bfloat16
+    rounds on the wire — after the residual was taken, so no error feedback can send it
+    back — by up to ``u·(W−1)`` times the largest value summed, ``u`` the dtype's unit
+    roundoff: the default floor then grows to ``2·u·(W−1)·Σ_t G_t`` (``G_t`` the largest
+    ``|gradient|`` of step ``t``). Measured on a bf16 hook with fp32 error feedback (hooks
+    from the wild, round 18): its lag after the drain was exactly two bf16 roundings of the
+    sum, and the same hook summing in float32 drains to zero.
     """
     group = list(ranks) if ranks is not None else list(range(len(inputs[0])))
     n_params = len(outputs[0]) if outputs else 0
     numel = sum(int(outputs[0][k].numel()) for k in range(n_params)) if outputs else 0
     lag = float(max(numel, 1)) if lag is None else lag
     total: torch.Tensor | None = None
-    peak, g_max, began = 0.0, 0.0, 0.0
+    peak, g_max, began, g_sum = 0.0, 0.0, 0.0, 0.0
     for t in range(len(outputs)):
         out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
         mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
-        g_max = max(g_max, max((float(inputs[t][r][k].detach().abs().max()) if inputs[t][r][k].numel() else 0.0)
-                               for r in group for k in range(n_params)))
+        g_step = max((float(inputs[t][r][k].detach().abs().max()) if inputs[t][r][k].numel() else 0.0)
+                     for r in group for k in range(n_params))
+        g_max, g_sum = max(g_max, g_step), g_sum + g_step
         total = (out - mean) if total is None else total + (out - mean)
         now = float(total.abs().max()) if total.numel() else 0.0
         if not math.isfinite(now):
@@ -879,7 +893,9 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
         if t == drain_from - 1:
             began = now
     end = float(total.abs().max()) if total is not None and total.numel() else 0.0
-    rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
+    wire = max((_CARRIED_ROUNDOFF.get(d, 0.0) for d in carried), default=0.0)
+    rounding = floor if floor is not None else max(2.0**-20 * g_max * len(outputs),
+                                                   2 * wire * (len(group) - 1) * g_sum)
     if drain_from < len(outputs) and end > drained * peak + rounding:
         if end > began + rounding:  # the lag grew while no gradient came: the hook sent what it was never given
             return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
