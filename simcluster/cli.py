@@ -7,7 +7,7 @@
                      [--api current|legacy] [--json PATH] [--database DIR | --no-database]
                      [--properties P,Q] [--params SHAPES] [--subgroups] [--gradient-as-bucket-view] [--deadline SECONDS]
                      [--rng per_rank|same] [--launcher none|torchrun] [--isolate MOD[,MOD]] [--jobs N] [--quiet]
-                     [--e2e [--e2e-examples N]]
+                     [--e2e [--e2e-examples N] [--e2e-timeout SECONDS]]
     simcluster e2e TARGET [--state SPEC] [--world-size N] [--params SHAPES] [--steps K]
                    [--bucket-cap-mb X] [--seed S] [--backend gloo|nccl] [--timeout SECONDS]
                    [--isolate MOD[,MOD]]
@@ -148,6 +148,9 @@ def _add_check_parser(sub: Any) -> None:
                             "the simulator disagrees)")
     check.add_argument("--e2e-examples", type=int, default=None, metavar="N",
                        help="drawn scenarios per row for --e2e, besides every counterexample and edge case (default 2)")
+    check.add_argument("--e2e-timeout", default=None, metavar="SECONDS",
+                       help="for --e2e: seconds each side of a scenario may take before it is reported hung "
+                            "(default 120; a hook that hangs real DDP costs this twice per scenario)")
 
 
 def add_isolate_option(parser: argparse.ArgumentParser) -> None:
@@ -326,6 +329,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
                              f"{args.world_sizes}")
     if args.e2e_examples is not None and not args.e2e:
         raise UsageError("--e2e-examples N: only with --e2e")
+    if args.e2e_timeout is not None and not args.e2e:
+        raise UsageError("--e2e-timeout SECONDS: only with --e2e")
     extra: dict[str, Any] = {"params": parse_shapes(args.params)} if args.params is not None else {}
     if args.subgroups:
         extra["subgroups"] = True
@@ -415,9 +420,11 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
     options = _options(args)
     _jobs(args)  # a bad --jobs is exit 2 before any work
     if args.e2e:
-        from simcluster.limits import check_int
+        from simcluster.limits import E2E_TIMEOUT, check_deadline, check_int
 
         args.e2e_examples = 2 if args.e2e_examples is None else check_int("--e2e-examples", args.e2e_examples, 0, 100)
+        args.e2e_timeout = E2E_TIMEOUT if args.e2e_timeout is None else check_deadline(args.e2e_timeout,
+                                                                                        "--e2e-timeout")
     rows = _rows(args)
     _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
     if check is None:
@@ -436,7 +443,7 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         from simcluster.real.e2e_check import e2e_for_rows
 
         try:
-            e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress)
+            e2e = e2e_for_rows(rows, reports, options, args.e2e_examples, progress, timeout=args.e2e_timeout)
         finally:  # Ctrl-C while real processes run: every world is closed by then
             progress.clear()
             if e2e is None:

@@ -60,6 +60,11 @@ world 1024 with ``allreduce_hook``: its world, process groups, generator states,
 bucket and future objects)."""
 
 
+E2E_TIMEOUT = 120.0
+"""Seconds one end-to-end run may take, each side (start-up of its gloo world included):
+``simcluster e2e --timeout``'s and ``check --e2e-timeout``'s default."""
+
+
 def check_int(name: str, value: Any, low: int, high: int) -> int:
     """``value`` if it is an int in ``low..high``; else a one-line :class:`UsageError`."""
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:

@@ -1125,6 +1125,24 @@ def test_check_e2e_examples_out_of_range_is_a_usage_error_before_any_work(capsys
     assert "--e2e-examples" in capsys.readouterr().err
 
 
+def test_check_e2e_timeout_bounds_each_side_of_a_scenario(capsys) -> None:
+    """A hook that hangs real DDP made `check --e2e` wait out 120 s per side and scenario — a
+    CI job killed after 10 minutes (round 18 of hooks from the wild); `check` had no way to
+    say less. `--e2e-timeout SECONDS` bounds each side: the real run here is stopped at 10 s
+    (its reproduce line carries it), and the verdict is the fidelity bug it is (this test hook
+    hangs on real ranks only). Bad values, or the option without --e2e, are exit 2 first."""
+    assert main(["check", MEAN, "--e2e-timeout", "10"]) == 2
+    assert "--e2e-timeout SECONDS: only with --e2e" in capsys.readouterr().err
+    for bad in ("0", "-1", "soon"):
+        assert main(["check", MEAN, "--e2e", "--e2e-timeout", bad]) == 2
+        assert "--e2e-timeout" in capsys.readouterr().err
+    code = main(["check", f"{HOOKS}:hangs_at_step_1_on_rank_1", "--e2e", "--e2e-examples", "0", "--e2e-timeout", "10",
+                 "--world-sizes", "2", "--backend", "gloo", "--examples", "5", "--no-database", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 4, out
+    assert "timeout=10)" in out and "timeout=120" not in out
+
+
 # --------------------------------------------------------------------------- the DDP model side
 # run_sim also runs the scenario under SimDDP (the model the property search runs) and
 # compares it with torch's real reducer on the same simulated groups: no real processes

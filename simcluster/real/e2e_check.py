@@ -34,13 +34,12 @@ from typing import Any
 import torch
 
 from simcluster.errors import SimulatorFidelityError
+from simcluster.limits import E2E_TIMEOUT
 from simcluster.real.e2e import E2EResult, Scenario, run_e2e, with_launcher
 
 __all__ = ["E2ESummary", "SimulatorFidelityError", "confirm_report", "e2e_for_rows", "raise_fidelity",
            "scenarios_for_row", "scenario_from_example"]
 
-E2E_TIMEOUT = 120.0
-"""Seconds one real run may take (start-up of its gloo world included)."""
 MAX_DRAWN_WORLD = 4
 
 

@@ -35,11 +35,11 @@ import sys
 from typing import Any
 
 from simcluster.errors import UsageError
-from simcluster.limits import BACKEND_NAMES
+from simcluster.limits import BACKEND_NAMES, E2E_TIMEOUT
 
 __all__ = ["add_parser", "e2e_command", "scenario_from_args", "exit_code"]
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = E2E_TIMEOUT
 
 START_METHOD = "forkserver"
 """How the CLI starts real ranks: multiprocessing's fork server with torch and torch._dynamo
@@ -78,14 +78,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def scenario_from_args(args: argparse.Namespace, world_size: int) -> Any:
     """The :class:`~simcluster.real.e2e.Scenario` the options describe (UsageError if invalid)."""
-    from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
+    from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_deadline, check_int
     from simcluster.real.e2e import Scenario
     from simcluster.usercode.targets import parse_shapes
 
     if args.bucket_cap_mb is not None and not args.bucket_cap_mb > 0:
         raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb!r} must be > 0")
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout {args.timeout!r} must be > 0 seconds")
+    check_deadline(args.timeout, "--timeout")
     shapes = parse_shapes(args.params)
     return Scenario(world_size=check_int("--world-size", world_size, *WORLD_SIZES),
                     shapes=shapes, steps=check_int("--steps", args.steps, *STEPS),
