@@ -343,3 +343,17 @@ def extra_call_on_rank0(state, bucket):
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(1), async_op=True)
     return _mean(bucket)
+
+
+def divides_but_not_every_seventh_time(process_group, bucket):
+    """Forgets the division on one call in seven — counted process-wide, in ``sys``, outside
+    every rank's module copy (as a clock or OS entropy would decide): an example that failed
+    passes when run again, and no experiment re-running it can say why."""
+    import sys
+
+    calls = getattr(sys, "_simcluster_report_hooks_calls", 0)
+    sys._simcluster_report_hooks_calls = calls + 1
+    buffer = bucket.buffer()
+    if (calls // dist.get_world_size()) % 7 != 3:
+        buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])

@@ -50,7 +50,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from simcluster.checking import properties as P
 from simcluster.checking.explicit import explicit_examples
 from simcluster.checking.judge import (
-    ORDER, exit_head, keeps_residual, order_hint, rng_hint, rounding_hint, run_example, sources_hint,
+    ORDER, exit_head, keeps_residual, order_hint, repeat_hint, rng_hint, rounding_hint, run_example, sources_hint,
     unreached_hint, with_posting_lines,
 )
 from simcluster.checking.options import Options, make_options
@@ -298,8 +298,10 @@ def prepare_to_fork() -> None:
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
     with captured_output():  # the hints re-run the example: its prints are not the reported run's
         v = with_posting_lines(opts, v)
-        hint = (order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + rng_hint(opts, v)
-                + sources_hint(opts, v))
+        hint = repeat_hint(opts, v)  # a failure that does not repeat makes every re-running experiment moot
+        if not hint:
+            hint = (order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + rng_hint(opts, v)
+                    + sources_hint(opts, v))
     return failure(opts, v.prop, str(v) + hint, v.info, steps)
 
 

@@ -322,6 +322,31 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
         fail("schedule_independence", msg, step=P.first_parting(drawn, ordered)[0])  # type: ignore[index]
 
 
+def repeat_hint(opts: Options, violation: Violation) -> str:
+    """The reported failure's example run once more, as it was (its schedule, its
+    properties): ``''`` when it fails the same way (property, error type, step); else a
+    line saying it did not — the hook's behaviour depends on something outside the example
+    (a clock, OS entropy, thread timing, state kept in the process from an earlier run), so
+    the verdict and its replay may not repeat, and no experiment that re-runs it
+    (:func:`order_hint`, :func:`unreached_hint`, …) can be trusted: the caller then runs none.
+    One more simulation per reported failure."""
+    info = violation.info
+    try:
+        _judge_example(dataclasses.replace(opts, props=(violation.prop,)), info["example"], info["backend"])
+    except Violation as again:
+        if (again.prop, again.info.get("error_type"), again.info.get("step")) == (
+                violation.prop, info.get("error_type"), info.get("step")):
+            return ""
+        outcome = f"failed {again.prop} at step {again.info.get('step')} instead"
+    except Exception:  # noqa: BLE001 - the re-run went another way (a usage error, say): nothing to say
+        return ""
+    else:
+        outcome = "passed"
+    return (f"\n(run once more, the same example {outcome}: what the hook does depends on something outside the "
+            "example — a clock, OS entropy, thread timing, or state kept in the process from an earlier run (a "
+            "module every rank shares, sys, builtins) — so this verdict and its replay may not repeat)")
+
+
 def order_hint(opts: Options, violation: Violation) -> str:
     """For a reported *replicas_agree* or *averages* failure found under a drawn schedule:
     if the same example passes that step with every collective completing in order, a line
