@@ -436,6 +436,19 @@ def test_error_feedback_waits_for_a_top1_percent_hook_to_drain() -> None:
     assert any(f.property == "error_feedback" for f in lost.failures), lost.format()
 
 
+def test_error_feedback_lost_to_a_tuple_key_is_told_as_orphaned() -> None:
+    """A residual keyed by the bucket's tuple of parameters is orphaned by the rebuild (round
+    18 of hooks from the wild: a 1-bit port). The likely cause spoke only of memory kept by
+    bucket index and position landing on other parameters, and advised resetting the memory
+    at a layout change — what loses it. It now names the tuple key and says: per parameter."""
+    report = check_hook("tests/user_hooks.py:sign_with_tuple_keyed_residual",
+                        state="tests/user_hooks.py:tuple_keyed_state", tolerance="none", **QUICK)
+    lost = [f for f in report.failures if f.property == "error_feedback"]
+    assert lost and "one keyed by the bucket's tuple of parameters is orphaned; keep it per parameter" in \
+        lost[0].message, report.format()
+    assert "reset it when the layout changes" not in lost[0].message
+
+
 def test_error_feedback_allows_for_a_sum_rounded_on_a_bfloat16_wire() -> None:
     """bfloat16 compression with float32 error feedback, summed in bfloat16 (hooks from the
     wild, round 18): the sum rounds on the wire after the residual was taken, which no error

@@ -288,3 +288,33 @@ def bf16_feedback_in_share_units(state: BF16ResidualState,
                                  bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The same, but the residual subtracts the share (gradient / W) from the gradient: the bug."""
     return _bf16_with_feedback(state, bucket, wire=torch.bfloat16, residual_in_shares=True)
+
+
+class TupleKeyedState:
+    """Per rank: residuals keyed by the bucket's tuple of parameters (DeepSpeed 1-bit style
+    ports, round 18 of hooks from the wild): a rebuild makes new tuples, and the memory of the
+    old buckets is never found again."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None) -> None:
+        self.process_group = process_group
+        self.residuals: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def tuple_keyed_state(process_group: dist.ProcessGroup | None) -> TupleKeyedState:
+    return TupleKeyedState(process_group)
+
+
+def sign_with_tuple_keyed_residual(state: TupleKeyedState,
+                                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Sends each element's sign times the mean magnitude, keeps the rest as residual, keyed
+    by ``tuple(bucket.parameters())``."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    key = tuple(bucket.parameters())
+    buffer = bucket.buffer()
+    if key in state.residuals:
+        buffer.add_(state.residuals[key])
+    scale = buffer.abs().mean()
+    sent = buffer.sign() * scale
+    state.residuals[key] = buffer - sent
+    fut = dist.all_reduce(sent.div_(group.size()), group=group, async_op=True).get_future()
+    return fut.then(lambda f: buffer.copy_(f.value()[0]))

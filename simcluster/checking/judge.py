@@ -205,9 +205,10 @@ def _drain_cause(opts: Options, example: Example, drain_from: int, states: Seque
     the ``--properties`` that leave it out (EF21's estimator does not promise what it checks)."""
     moved = rebuild_hint(bucket_steps(example, drain_from), drain_from)
     if moved:
-        return (f" (likely cause: {moved} — memory a hook keeps by bucket index and position, such as a residual "
-                "keyed by bucket.index(), is added to other parameters' gradients from then on; key it by the "
-                "parameters, or reset it when the layout changes)")
+        return (f" (likely cause: {moved} — memory a hook keys by what the rebuild changes is added to other "
+                "parameters' gradients from then on, or never found again: a residual keyed by bucket.index() or "
+                "by its position in the buffer lands on other parameters, one keyed by the bucket's tuple of "
+                "parameters is orphaned; keep it per parameter, e.g. a dict from each parameter to its slice)")
     if opts.ef_forced:
         return ""
     others = ",".join(p for p in ORDER if p in opts.props and p != "error_feedback")
