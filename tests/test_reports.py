@@ -531,6 +531,20 @@ def test_replicas_apart_by_rounding_alone_are_told_so() -> None:
     assert apart and not any(rounding in f.message for f in apart), noisy.format()
 
 
+def test_an_overflow_under_a_lossy_tolerance_is_explained_too() -> None:
+    """Under a lossy tolerance (scale=, norm=: judged per bucket) the report named the
+    element that went inf but never why — the float16 share overflow that an element-wise
+    tolerance's report explains (round 18 of hooks from the wild, a stochastic-rounding fp16
+    hook; torch's fp16_compress_hook here)."""
+    from simcluster.checking.check import check_hook
+
+    report = check_hook("torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook",
+                        backends=("gloo",), tolerance="scale=0.01,atol=6e-8", database=None)
+    overflow = [f for f in report.failures if f.property == "averages" and "got inf" in f.message]
+    assert overflow, report.format()
+    assert all("the float16 sum overflows" in f.message for f in overflow), overflow[0].message
+
+
 def test_a_failure_that_does_not_repeat_says_so_and_no_experiment_is_believed(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A hook whose behaviour hangs on process-wide state (round 18 of hooks from the wild: a

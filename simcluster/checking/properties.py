@@ -298,6 +298,24 @@ Spot = tuple[float, float, list[float], torch.dtype]
 input there, the result's dtype)."""
 
 
+def _nonfinite_spot(results: Grads, inputs: Grads, judged: Sequence[Sequence[int]]) -> Spot | None:
+    """Under a lossy tolerance (judged per bucket, so no element is named): the first
+    non-finite result element of a group whose inputs are finite, as a :data:`Spot` — so an
+    overflow there is explained as under an element-wise tolerance (:func:`_overflow_hint`);
+    None when every result is finite."""
+    for ranks in judged:
+        for k in range(len(inputs[ranks[0]])):
+            for r in ranks:
+                got = results[r][k].detach().reshape(-1)
+                bad = ~torch.isfinite(got)
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0, 0])
+                    mean = group_mean(inputs, ranks, k)[0].reshape(-1)
+                    xs = [float(inputs[q][k].reshape(-1)[i]) for q in ranks]
+                    return float(got[i]), float(mean[i]), xs, results[r][k].dtype
+    return None
+
+
 def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[Sequence[int]] | None,
                buckets: Sequence[Sequence[int]] | None) -> tuple[str, Spot | None] | None:
     """The first violation of :func:`averages` under ``tol`` (not ``none``): its sentence,
@@ -305,7 +323,7 @@ def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[S
     if tol.lossy:
         judged = [g for g in _groups_of(len(inputs), groups) if not _nonfinite_in(inputs, g)]
         lossy = lossy_averages(results, inputs, tol, judged, buckets) if judged else None
-        return None if lossy is None else (lossy, None)
+        return None if lossy is None else (lossy, _nonfinite_spot(results, inputs, judged))
     for ranks in _groups_of(len(inputs), groups):
         means = [group_mean(inputs, ranks, k) for k in range(len(inputs[ranks[0]]))]
         # an input that is inf/NaN makes its mean of |x| so (cheap to ask); float64 inputs near
