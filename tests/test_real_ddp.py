@@ -190,6 +190,39 @@ def test_torch_state_is_restored_and_no_thread_is_left() -> None:
     assert sim_threads() == []
 
 
+class _MeetsInForward(torch.nn.Module):
+    """Each rank's forward waits for the other's to begin, then notes which DDP module torch
+    says is in its forward (what torch.compile's DDPOptimizer reads), and waits again so both
+    look while both are inside."""
+
+    def __init__(self, barrier: threading.Barrier, seen: list[bool]) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        self.barrier, self.seen = barrier, seen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.barrier.wait()  # both ranks are inside their forwards
+        active = torch.nn.parallel.DistributedDataParallel._get_active_ddp_module()
+        self.seen.append(active is not None and active.module is self)
+        self.barrier.wait()  # both looked before either leaves its forward (and puts a mark back)
+        return self.linear(x)
+
+
+def test_each_rank_thread_has_its_own_inside_ddp_forward_mark() -> None:
+    """DDP marks "inside forward" in one class attribute — one per process on a cluster, one
+    for every rank thread here: with two forwards at once each rank saw the other's module,
+    and the mark outlived the run (4 runs in 30), so a later torch.compile in the process
+    failed DDPOptimizer's assertion (a flaky test_rank_state failure, 2026-12-06). Each rank
+    thread now has its own mark, and the class attribute is what it was before the run."""
+    DDP = torch.nn.parallel.DistributedDataParallel
+    barrier, seen = threading.Barrier(2, timeout=30), []
+    before = DDP._active_ddp_module
+    run_real_ddp(lambda: _MeetsInForward(barrier, seen), [[torch.ones(3, 4)], [torch.ones(3, 4)]], world_size=2,
+                 hook=allreduce_hook, iterations=1)
+    assert seen == [True, True]
+    assert DDP._active_ddp_module is before and DDP._get_active_ddp_module() is before
+
+
 # --------------------------------------------------------------------- broken hooks
 def test_mismatched_collectives_across_ranks_are_reported() -> None:
     def fp16_on_rank_1(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -36,7 +36,9 @@ Per-rank process state while the run lasts (all restored afterwards):
   rank, as torch's threaded test process group does;
 * autograd multithreading is disabled in every rank thread (a thread-local flag in
   torch: a new thread starts with it on — measured), so ``backward()`` runs entirely
-  in the rank's thread.
+  in the rank's thread;
+* DDP's "inside forward" mark (``DistributedDataParallel._active_ddp_module``, read by
+  ``torch.compile``) is each rank thread's own (:func:`_per_rank_ddp_forward`).
 
 Where this differs from a real cluster: ranks share the process-wide CPU generator
 (``torch.manual_seed`` in one rank moves every rank's stream); the interleaving of
@@ -51,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,6 +187,43 @@ def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def _per_rank_ddp_forward() -> Iterator[None]:
+    """DDP's "inside forward" mark per rank thread, for the run only. Real DDP keeps it in one
+    class attribute, ``DistributedDataParallel._active_ddp_module`` — one per process, so one
+    per rank on a cluster — that ``torch.compile`` reads to split a compiled region at bucket
+    boundaries (its DDPOptimizer). The rank threads here share the class: each forward set it
+    to its own module and put back the one it found, so two forwards at once left it naming a
+    finished run's module for the rest of the process — 4 runs in 30 measured — and a later
+    ``torch.compile`` anywhere in the process failed DDPOptimizer's assertion ("First bucket
+    should be smaller/equal to other buckets"). During the run each thread has its own
+    mark; after it, the class attribute is what it was."""
+    cls = torch.nn.parallel.DistributedDataParallel
+    local = threading.local()
+    saved = {name: cls.__dict__[name] for name in ("_inside_ddp_forward", "_get_active_ddp_module",
+                                                  "_active_ddp_module")}
+
+    @contextlib.contextmanager
+    def inside_ddp_forward(self: Any) -> Iterator[None]:
+        old = getattr(local, "module", None)
+        local.module = self
+        try:
+            yield
+        finally:
+            local.module = old
+
+    def get_active_ddp_module(_cls: Any) -> Any:
+        return getattr(local, "module", None)
+
+    cls._inside_ddp_forward = torch._disable_dynamo(inside_ddp_forward, recursive=False)  # as torch's is
+    cls._get_active_ddp_module = classmethod(get_active_ddp_module)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cls, name, value)
 
 
 def _recording(hook: Callable[[Any, Any], Any], params: list[torch.nn.Parameter], calls: list[HookCall],
@@ -320,7 +360,8 @@ def run_real_ddp(
                          gradient_as_bucket_view=gradient_as_bucket_view))
     engine.on_abort(lambda: _fail_pending(run.returned))
 
-    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend):
+    with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend), \
+            _per_rank_ddp_forward():
         try:
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:
