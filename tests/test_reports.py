@@ -520,15 +520,19 @@ def test_replicas_apart_by_rounding_alone_are_told_so() -> None:
     in the last bits. The report said only that they differ (an audit of reports). Now it
     says the averages hold there and the replicas differ by rounding alone; ranks adding
     different noise (dp_noise_per_rank_rng) are apart beyond rounding and get no such line."""
+    rounding = "the replicas differ by rounding alone"
+    assert all(rounding in m for m in _replicas_apart("simcluster.hooks.buggy:allgather_own_first"))
+    assert not any(rounding in m for m in _replicas_apart("simcluster.hooks.buggy:dp_noise_per_rank_rng"))
+
+
+def _replicas_apart(hook: str) -> list[str]:
+    """The messages of ``hook``'s *replicas_agree* failures under a gloo check (at least one)."""
     from simcluster.checking.check import check_hook
 
-    rounding = "the replicas differ by rounding alone"
-    report = check_hook("simcluster.hooks.buggy:allgather_own_first", backends=("gloo",), database=None)
-    apart = [f for f in report.failures if f.property == "replicas_agree"]
-    assert apart and all(rounding in f.message for f in apart), report.format()
-    noisy = check_hook("simcluster.hooks.buggy:dp_noise_per_rank_rng", backends=("gloo",), database=None)
-    apart = [f for f in noisy.failures if f.property == "replicas_agree"]
-    assert apart and not any(rounding in f.message for f in apart), noisy.format()
+    report = check_hook(hook, backends=("gloo",), database=None)
+    messages = [f.message for f in report.failures if f.property == "replicas_agree"]
+    assert messages, report.format()
+    return messages
 
 
 def test_an_overflow_under_a_lossy_tolerance_is_explained_too() -> None:
@@ -566,15 +570,9 @@ def test_replicas_apart_by_each_ranks_own_random_draws_are_told_so() -> None:
     Run again with every rank's generators seeded alike, they agree: the report says each
     rank's result depends on its own draws. Replicas apart by rounding (allgather_own_first)
     draw nothing and get no such line."""
-    from simcluster.checking.check import check_hook
-
     own_draws = "each rank's result depends on its own random draws"
-    report = check_hook("simcluster.hooks.buggy:dp_noise_per_rank_rng", backends=("gloo",), database=None)
-    apart = [f for f in report.failures if f.property == "replicas_agree"]
-    assert apart and all(own_draws in f.message for f in apart), report.format()
-    rounding = check_hook("simcluster.hooks.buggy:allgather_own_first", backends=("gloo",), database=None)
-    apart = [f for f in rounding.failures if f.property == "replicas_agree"]
-    assert apart and not any(own_draws in f.message for f in apart), rounding.format()
+    assert all(own_draws in m for m in _replicas_apart("simcluster.hooks.buggy:dp_noise_per_rank_rng"))
+    assert not any(own_draws in m for m in _replicas_apart("simcluster.hooks.buggy:allgather_own_first"))
 
 
 def test_a_shape_error_between_two_buckets_in_flight_is_told_so() -> None:
