@@ -172,16 +172,16 @@ class Engine:
     ) -> None:
         self.scheduler = scheduler
         self.posting_lines = posting_lines
+        """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
+        named by the deadlock report): a walk of the stack per call, so off unless a run is
+        re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
         self.doing: dict[int, str] = {}
         """What each rank's code is doing, in words, as the layer above says — SimDDP: ``in
         DDP iteration 1, bucket 0's hook call`` — for the posting lines (``Call.posted_in``)."""
         self._task: _Task | None = None  # the task whose code runs now (kept across a wait)
         self._pollers: list[Callable[[], None]] = []  # ranks polling a pending work or future (let_others_run)
-        self._poll_mark: tuple[int, int] | None = None
-        self._poll_rounds = 0
-        """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
-        named by the deadlock report): a walk of the stack per call, so off unless a run is
-        re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
+        self._poll_mark: tuple[int, int] | None = None  # (completions, posts) when the pollers last looked
+        self._poll_rounds = 0  # rounds of polls since either moved
         self.trace = trace
         self.choices: list[tuple[int, int]] = []
         self._replay = replay
