@@ -84,8 +84,20 @@ def local_mean_grads(spec: dict[str, Any], inputs: list[list[torch.Tensor]], ite
     return [None if gs[0] is None else torch.stack(gs).mean(0) for gs in zip(*per_rank)]
 
 
+_THREADS_BEFORE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before() -> None:
+    """The threads alive when each test starts: another test's abandoned thread, still ending
+    (the stuck in-process run of test_hostile ends its own within a bound), is not this one's."""
+    _THREADS_BEFORE.clear()
+    _THREADS_BEFORE.update(threading.enumerate())
+
+
 def sim_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("simcluster")]
+    """simcluster's threads started during this test and still alive."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("simcluster") and t not in _THREADS_BEFORE]
 
 
 # ------------------------------------------------------------------------- the tests

@@ -743,8 +743,13 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
     ``sys.exit`` or ends its process makes this side ``hung`` (after ``timeout`` seconds),
     ``raised SystemExit`` or ``died`` — as a real rank reports it — and never ends or hangs
     the caller. ``isolate``: modules every simulated rank copies with the hook's (:func:`per_process`)."""
+    import importlib
+
     from simcluster.checking.supervisor import format_stack, run_supervised, stuck_in
 
+    # DDP's constructor imports torch._dynamo on first use (2-5 s cold, under load): here, before
+    # the fork, so the deadline bounds the scenario, not a one-off import (the forked child has it)
+    importlib.import_module("torch._dynamo.utils")
     outcome = run_supervised(lambda monitor: _simulate(scenario, hook, state, backend, timeout, isolate, monitor),
                              deadline=timeout)
     if outcome.value is not None:

@@ -149,3 +149,24 @@ def compresses_on_a_pool_thread(state, bucket):
     buf = bucket.buffer()
     buf.copy_(_pool().submit(lambda: buf.to(torch.float16)).result())
     return _allreduce(type("B", (), {"buffer": lambda self: buf.div_(dist.get_world_size())})())
+
+
+def _announce(name: str) -> None:
+    """Tell a test that this hook's code is running: a file ``name.<pid>`` in the folder
+    ``SIMCLUSTER_TEST_STARTED`` names (nothing without it). A test that signals a run waits
+    for it, not for processes to exist: a checking process forks before it draws its example,
+    builds the cluster and loads the hook, and a signal sent then finds none of this code."""
+    folder = os.environ.get("SIMCLUSTER_TEST_STARTED")
+    if folder:
+        open(os.path.join(folder, f"{name}.{os.getpid()}"), "w").close()
+
+
+def spins_announced(state, bucket):
+    _announce("spins")
+    while True:  # spins here
+        pass
+
+
+def sleeps_announced(state, bucket):
+    _announce("sleeps")
+    time.sleep(10_000)  # sleeps here
