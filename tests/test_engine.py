@@ -124,7 +124,7 @@ def test_manual_seed_inside_a_rank_does_not_leak() -> None:
 def test_no_threads_and_no_default_group_left_after_blocking_runs() -> None:
     before = set(threading.enumerate())
     SimCluster(4, seed=1).run(two_buckets)
-    assert set(threading.enumerate()) == before
+    assert not set(threading.enumerate()) - before  # none started and left (another test's may end meanwhile)
     assert dist.group.WORLD is None
 
 
