@@ -430,3 +430,9 @@ def polls_its_future(state, bucket):
     while not fut.done():
         pass
     return fut.then(lambda f: f.value()[0])
+
+
+def returns_a_future_nobody_completes(state, bucket):
+    """Defers every bucket to a flush that never comes (a deferred-flush hook that flushes at
+    the wrong bucket): the future it returns never completes, on every rank alike."""
+    return torch.futures.Future()

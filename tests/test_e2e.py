@@ -612,6 +612,18 @@ def test_a_hung_simulation_says_where_the_hooks_code_was() -> None:
     assert re.match(r"    \S*hooks\.py:3[23] in spins\n +(while True:|pass)", where), text
 
 
+def test_a_hung_simulation_with_no_hook_code_running_says_so() -> None:
+    """A hook whose future never completes leaves no hook code on any stack: the report's
+    'where the hook's code was at the deadline' showed simcluster's own frames as if they
+    were the hook's (round 18 of hooks from the wild). It now says no hook code was running
+    and what the ranks waited on."""
+    sim = run_sim(Scenario(2, ((4,),), steps=1), f"{HOOKS}:returns_a_future_nobody_completes", timeout=8)
+    failure = sim.failure
+    assert failure is not None and failure.kind == "hung", failure
+    assert "with no hook code running: every rank waited in DDP or simcluster" in failure.line(), failure.line()
+    assert failure.detail.startswith("no hook code was on any thread's stack at the deadline")
+
+
 def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census) -> None:
     with GlooCluster(2, timeout=120, start_timeout=120, start_method="forkserver") as cluster:
         warm = run_real(Scenario(2, ((4,),), steps=1), MEAN, cluster=cluster, timeout=120)

@@ -409,12 +409,19 @@ def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
     """faulthandler's dump as a list of threads, each a list of (file, line, function),
-    innermost frame first (faulthandler's order)."""
+    innermost frame first (faulthandler's order). A forked child's main thread stops at
+    :func:`fork_child`: the frames outside it are the parent's caller (a CLI, or a test
+    function — which, being user code, was once named as where a hung hook was stuck)."""
     threads: list[list[tuple[str, int, str]]] = []
+    cut = False
     for line in dump.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
             threads.append([])
-        elif threads and (match := _FRAME.match(line)):
+            cut = False
+        elif threads and not cut and (match := _FRAME.match(line)):
+            if match["func"] == "fork_child" and match["file"] == __file__:
+                cut = True
+                continue
             threads[-1].append((match["file"], int(match["line"]), match["func"]))
     return threads
 

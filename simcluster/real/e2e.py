@@ -761,9 +761,16 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
             # which rank's code spins or blocks is thread timing under the real reducer: not named;
             # where the code was is (the function, stable run to run; the stack sampled at the deadline)
             function = stuck_in(death.stacks)
-            inside = f", stuck in {function}" if function else ""
-            side.failure = SideFailure("hung", -1, "hung", f"the simulation {death.detail}{inside}", None,
-                                       format_stack(death.stacks) or death.stacks)
+            if function:
+                side.failure = SideFailure("hung", -1, "hung", f"the simulation {death.detail}, stuck in {function}",
+                                           None, format_stack(death.stacks) or death.stacks)
+            else:  # every thread waited in DDP, torch or simcluster: the sampled frames are not the hook's
+                side.failure = SideFailure(
+                    "hung", -1, "hung", f"the simulation {death.detail}, with no hook code running: every rank "
+                    "waited in DDP or simcluster — on a future the hook returned that never completes, or a "
+                    "collective some rank never posted", None,
+                    "no hook code was on any thread's stack at the deadline; the threads' stacks:\n"
+                    + (format_stack(death.stacks) or death.stacks))
         else:
             side.failure = _located_death(scenario, hook, state, backend, timeout, isolate, death.detail)
     else:
