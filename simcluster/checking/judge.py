@@ -444,12 +444,8 @@ def rng_hint(opts: Options, violation: Violation) -> str:
     Otherwise ``''``. One more simulation, once per reported failure."""
     if violation.prop != "replicas_agree" or violation.info.get("error") or opts.rng != "per_rank":
         return ""
-    info = violation.info
-    example, backend, t = info["example"], info["backend"], info.get("step", 0)
-    grads = _inputs(opts, example)[0][: t + 1]
-    alike, error, _, _ = simulate(dataclasses.replace(opts, rng="same"), example, backend,
-                                  ScheduleChoices(example.schedule), grads)
-    if error is not None or len(alike) <= t or P.replicas_agree(alike[t].grads, groups_of(example)) is not None:
+    rerun = _failing_step_again(dataclasses.replace(opts, rng="same"), violation)
+    if rerun is None or P.replicas_agree(rerun[4].grads, groups_of(rerun[0])) is not None:
         return ""
     return ("\n(with every rank's global generators seeded alike — torch's, Python's random, numpy's — the replicas "
             "agree at this step: each rank's result depends on its own random draws, and real ranks' generators "

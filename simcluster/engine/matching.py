@@ -166,8 +166,7 @@ def mismatch_error(inst: Instance, call: Call, problem: str, crossed: str | None
     at = f" at {frames[-1]}" if frames else ""
     if call.posted_in:  # the run records posting lines: what the rank's code was doing, on a line of its own
         at = f"{at}\n    rank {call.rank} posted it {call.posted_in}"
-    first_in = f", {first.posted_in}," if first.posted_in else ""
-    first_at = f"\n    rank {first.rank}{first_in} posted it at {first.posted_at}" if first.posted_at is not None else ""
+    first_at = "".join(f"\n{line}" for line in posted_at_lines({first.rank: first}))
     others = sorted(r for r in inst.calls if r != first.rank)
     agree = f"\n  ranks {rank_list(others)} posted what rank {first.rank} posted" if others else ""
     error = CollectiveMismatchError(
@@ -235,7 +234,7 @@ def crossed_lines(inst: Instance) -> str | None:
     mismatch on the channel began here. Point-to-point calls (a send meets a recv at
     another line by design) are never listed."""
     first = inst.first
-    if first is None or first.op in ("send", "recv") or len({str(c.posted_at) for c in inst.calls.values()}) < 2:
+    if first is None or first.op in ("send", "recv") or len({c.posted_at for c in inst.calls.values()}) < 2:
         return None
     return "\n".join([f"  earlier, {first.describe} (call #{inst.seq} on {inst.channel}) met calls posted at "
                       "different lines — collectives meet by their order alone, on a real cluster too; if these "
@@ -254,7 +253,7 @@ def posted_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
     for rank in sorted(calls):
         call = calls[rank]
         if call.posted_at is not None:
-            ranks_at.setdefault((call.posted_in, str(call.posted_at)), []).append(rank)
+            ranks_at.setdefault((call.posted_in, call.posted_at), []).append(rank)
     lines = [f"{indent}{_ranks(ranks)}{f', {doing},' if doing else ''} posted it at {where}"
              for (doing, where), ranks in ranks_at.items()]
     if len(lines) > MAX_LISTED:

@@ -46,6 +46,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -368,15 +369,13 @@ class Side:
 def _drawn_from(before: tuple[Any, ...]) -> list[str]:
     """Which global generators moved since ``before``
     (:func:`~simcluster.usercode.rank_state.process_generator_states`), by name."""
-    import numpy
-
     now = process_generator_states()
     moved = []
     if not torch.equal(now[0], before[0]):
         moved.append("torch's global RNG")
     if now[1] != before[1]:
         moved.append("Python's random")
-    if now[2] is not None and (now[2][0] != before[2][0] or not numpy.array_equal(now[2][1], before[2][1])
+    if now[2] is not None and (now[2][0] != before[2][0] or (now[2][1] != before[2][1]).any()
                                or now[2][2:] != before[2][2:]):
         moved.append("numpy's global RNG")
     return moved
@@ -399,8 +398,6 @@ class _SetsRecorded:
         self.set_by_ranks = False
 
     def __getattr__(self, name: str) -> Any:
-        import threading
-
         if name in self._SETTERS and threading.current_thread() is not self._caller:
             self.set_by_ranks = True
         return getattr(self._generator, name)
@@ -411,8 +408,6 @@ def _recording_sets() -> Iterator[_SetsRecorded]:
     """Watch the global CPU generator's seeding through ``torch.random`` (:class:`_SetsRecorded`)
     while inside; the calling thread's own (``run_real_ddp`` forks the RNG to build its
     models) are not counted."""
-    import threading
-
     import torch.random
 
     original = torch.random.default_generator

@@ -39,8 +39,6 @@ from simcluster.limits import BACKEND_NAMES, E2E_TIMEOUT
 
 __all__ = ["add_parser", "e2e_command", "scenario_from_args", "exit_code"]
 
-DEFAULT_TIMEOUT = E2E_TIMEOUT
-
 START_METHOD = "forkserver"
 """How the CLI starts real ranks: multiprocessing's fork server with torch and torch._dynamo
 preloaded (a world of 2 in ~0.5 s; ``"subprocess"``: ~3 s idle, ~12 s on 2 loaded cores,
@@ -67,8 +65,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e2e.add_argument("--seed", type=int, default=0, metavar="S", help="draws the gradients (default 0)")
     e2e.add_argument("--backend", default="gloo", choices=BACKEND_NAMES,
                      help="real backend and the simulator's model of it (nccl: under torchrun on GPUs)")
-    e2e.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                     help=f"watchdog: the real run's limit (default {DEFAULT_TIMEOUT:g})")
+    e2e.add_argument("--timeout", type=float, default=E2E_TIMEOUT, metavar="SECONDS",
+                     help=f"watchdog: the real run's limit (default {E2E_TIMEOUT:g})")
     from simcluster.cli import add_isolate_option, add_launcher_option
 
     add_isolate_option(e2e)

@@ -196,8 +196,8 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
         "once and DDP goes on with backward() and the next buckets",
         callbacks,
         "in this simulation a collective completes only once every rank of its group posted it and the ranks wait, "
-        "return or poll (work.is_completed(), fut.done()); on a real cluster it may complete sooner — even before the hook calls then(), and that "
-        "callback then runs inline in the hook, grad mode off (not modelled)",
+        "return or poll (work.is_completed(), fut.done()); on a real cluster it may complete sooner — even before "
+        "the hook calls then(), and that callback then runs inline in the hook, grad mode off (not modelled)",
         "DDP's reducer waits for every bucket's future at the end of backward() and copies each result into the "
         "same p.grad tensors the hook saw (each parameter gets its slice of the result)",
         "every rank's parameters start as rank 0's: DDP's constructor broadcasts them",
