@@ -357,3 +357,18 @@ def divides_but_not_every_seventh_time(process_group, bucket):
     if (calls // dist.get_world_size()) % 7 != 3:
         buffer.div_(dist.get_world_size())
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def skips_the_copy_back_when_already_done(state, bucket):
+    """float16 compression with a "fast path": if the all_reduce is already complete when it
+    is first polled, skip the callback — and, the bug, the copy-back with it. On real gloo a
+    poll right after posting answers pending 86-100 % of the time, so the fast path runs
+    rarely, on one rank and not another: the replicas drift apart now and then."""
+    buf = bucket.buffer()
+    half = buf.to(torch.float16).div_(dist.get_world_size())
+    work = dist.all_reduce(half, async_op=True)
+    if work.is_completed():  # the fast path
+        fut = torch.futures.Future()
+        fut.set_result(buf)  # BUG: buf never receives the reduced values
+        return fut
+    return work.get_future().then(lambda f: buf.copy_(f.value()[0]))

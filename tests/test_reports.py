@@ -289,6 +289,28 @@ def test_an_order_dependent_failure_says_the_in_order_schedule_passes(capsys: py
     assert "with every collective completing in order this step passes" in failure["message"]
 
 
+def test_a_failure_on_the_rare_answer_of_a_poll_names_the_poll(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    """``if work.is_completed():`` right after posting: every poll once let the others run
+    first, so it always answered complete and the branch real runs take 86-100 % of the time
+    was never run. Now the first poll is a schedule choice: the in-order schedule sees
+    pending, a drawn one may see complete, and the report says which poll it was, where."""
+    code, out, data = _check(capsys, tmp_path, "skips_the_copy_back_when_already_done", "--backend", "gloo",
+                             "--world-sizes", "2", "--properties", "replicas_agree", "--tolerance", "fp16")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "replicas_agree" and failure["schedule"], out
+    line = _line("if work.is_completed():  # the fast path")
+    assert re.search(r"here a first poll looked only after the other ranks ran, and may have seen its work complete: "
+                     rf"rank \d's of work of all_reduce#0 on WORLD \(its callbacks\) at {HOOKS}:{line} — on real gloo",
+                     failure["message"]), failure["message"]
+    replay = shlex.split(failure["replay"])
+    assert replay[:2] == ["simcluster", "check"]
+    for _ in range(2):  # the printed replay reproduces it, as printed
+        assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
+        assert "here a first poll looked only after the other ranks ran" in capsys.readouterr().out
+
+
 def test_a_failure_whatever_the_order_gets_no_order_hint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, data = _check(capsys, tmp_path, "adds_its_rank", "--backend", "gloo", "--world-sizes", "2",
                              "--properties", "replicas_agree", "--params", "5,5")

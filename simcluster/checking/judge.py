@@ -39,7 +39,7 @@ from simcluster.errors import (
     UnsupportedError,
     UsageError, Violation, exit_meaning, first_line,
 )
-from simcluster.engine.trace import Posted
+from simcluster.engine.trace import Polled, Posted
 from simcluster.fake.backends import backend_model
 from simcluster.fake.cluster import SimCluster
 
@@ -362,6 +362,15 @@ def order_hint(opts: Options, violation: Violation) -> str:
     if t >= len(in_order) or _step_problem(opts, violation.prop, in_order[t], grads[t], groups_of(example),
                                                    example.nonfinite):
         return ""
+    drawn = simulate(opts, example, backend, list(info["schedule"]), grads)[0]
+    late = [e for e in drawn[t].trace.of(Polled) if e.choice] if t < len(drawn) else []
+    if late:
+        polls = "; ".join(f"rank {e.rank}'s of {e.future}{f' at {e.at}' if e.at else ''}" for e in late[:3])
+        more = f" (and {len(late) - 3} more)" if len(late) > 3 else ""
+        return ("\n(with every collective completing in order and every first poll looking at once this step passes; "
+                f"here a first poll looked only after the other ranks ran, and may have seen its work complete: {polls}"
+                f"{more} — on real gloo a poll right after posting answers pending 86-100 % of the time: code that "
+                "branches on the answer takes the other branch rarely, and not on every rank alike)")
     return ("\n(with every collective completing in order this step passes: the result depends on the order in "
             "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
             "pair up differently on different ranks, or callbacks share state)")

@@ -157,10 +157,11 @@ class EngineContract(Protocol):
         """Return once ``waitable`` is done; other ranks run meanwhile."""
         ...
 
-    def let_others_run(self, polled: Waitable) -> None:
-        """The running rank's code polled ``polled`` and found it pending: let the other
-        ranks and the backend make progress before it looks again, as a real backend's
-        threads do while a rank polls."""
+    def let_others_run(self, polled: Waitable, at: str = "") -> None:
+        """The running rank's code polled ``polled`` (at the user line ``at``) and found it
+        pending: let the other ranks and the backend make progress before it looks again
+        (or, on a first poll, when the schedule says), as a real backend's threads do while
+        a rank polls."""
         ...
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:

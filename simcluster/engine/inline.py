@@ -68,7 +68,7 @@ from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure
 from simcluster.engine.scheduler import Scheduler
 from simcluster.engine.slots import Slot, SlotPool
-from simcluster.engine.trace import Blocked, Resumed, Trace
+from simcluster.engine.trace import Blocked, Polled, Resumed, Trace
 
 __all__ = ["Engine", "is_stop_request"]  # is_stop_request lives in simcluster.engine.guard
 
@@ -153,7 +153,7 @@ class Engine:
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
         "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
-        "_task", "_pollers", "_poll_mark", "_poll_rounds",
+        "_task", "_pollers", "_poll_mark", "_poll_rounds", "_polled_once",
     )
 
     def __init__(
@@ -182,6 +182,7 @@ class Engine:
         self._pollers: list[Callable[[], None]] = []  # ranks polling a pending work or future (let_others_run)
         self._poll_mark: tuple[int, int] | None = None  # (completions, posts) when the pollers last looked
         self._poll_rounds = 0  # rounds of polls since either moved
+        self._polled_once: dict[Waitable, None] = {}  # pending waitables the code under test polled (let_others_run)
         self.trace = trace
         self.choices: list[tuple[int, int]] = []
         self._replay = replay
@@ -377,18 +378,35 @@ class Engine:
         posted = f" (posted {origin.posted_in})" if origin.posted_in else ""
         return f"in a callback of {origin.op}#{origin.seq} on {origin.channel}{posted}"
 
-    def let_others_run(self, polled: Waitable) -> None:
+    def let_others_run(self, polled: Waitable, at: str = "") -> None:
         """The running rank's code polls ``polled`` — ``Work.is_completed()`` or
-        ``Future.done()`` answered False — as a loop does that waits by polling (a Horovod
-        ``poll`` port, an asyncio gather). On a real rank the backend's threads complete
-        collectives meanwhile; here a collective completes only when the ranks let it, so
-        the poller parks until nothing else can run — every other rank waits, returns or
-        polls, every collective that can complete has — and then looks again. Polls that
-        see nothing move for :data:`POLL_ROUNDS` rounds end the run as a deadlock. Not
-        traced: a spinning poller would fill the trace."""
+        ``Future.done()`` found it pending — as a hook does that checks once whether its
+        collective is done, or a loop that waits by polling (a Horovod ``poll`` port, an
+        asyncio gather). On a real rank the backend's threads complete collectives
+        meanwhile, so a poll's answer is timing: measured on gloo, a poll right after
+        posting answers pending 86-100 % of the time, complete otherwise
+        (``docs/gloo-facts.md`` §12). Here the first poll of each work or future is a
+        scheduler choice (:class:`~simcluster.engine.trace.Polled`): 0, look now — it
+        answers pending, as mostly on gloo, and the all-zero schedule does this; 1, let the
+        others run first. A later poll of the same one always lets the others run: the
+        poller parks until nothing else can run — every other rank waits, returns or polls,
+        every collective that can complete has — and then looks again. Polls that see
+        nothing move for :data:`POLL_ROUNDS` rounds end the run as a deadlock. ``at``: the
+        poll's user line, for the trace; later polls are not traced (a spinning poller would
+        fill it)."""
         if not self.running or self._current is None or self._current.thread is not threading.current_thread():
             return  # outside the run, or a thread simcluster does not run (its own check reports it)
+        first = polled not in self._polled_once
+        if first:
+            self._polled_once[polled] = None
+            rank = self._rank
+            assert rank is not None
+            if self._choose(2) == 0:
+                self.trace.add(Polled(rank, polled.label, 0, at, False))
+                return
         self._park(_PollTurn(self._pollers, polled), "", traced=False)
+        if first:  # traced when it looks, with what it sees
+            self.trace.add(Polled(rank, polled.label, 1, at, polled.done()))
 
     def block_until(self, waitable: Waitable, context: str = "") -> None:
         """Park the running code until ``waitable`` is done; other ranks run meanwhile."""
@@ -464,6 +482,15 @@ class Engine:
             return self._ready
         return [inst for inst in self._ready if inst.seq == self._finished_seq.get(inst.channel, 0)]
 
+    def _choose(self, options: int) -> int:
+        """The scheduler's pick among ``options`` (index 0: what a quiet cluster mostly
+        does), checked and recorded for the replay line."""
+        choice = self.scheduler.choose(options)
+        if not 0 <= choice < options:
+            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} options")
+        self.choices.append((options, choice))
+        return choice
+
     def _complete_one(self) -> bool:
         """Make one scheduled step: deliver a computed result to one rank, or complete
         (compute) one ready collective. Options: pending deliveries first (oldest
@@ -473,10 +500,7 @@ class Engine:
         options = len(self._deliveries) + len(eligible)
         if options == 0:
             return False
-        choice = self.scheduler.choose(options)
-        if not 0 <= choice < options:
-            raise UsageError(f"scheduler {self.scheduler.describe()} chose {choice} of {options} options")
-        self.choices.append((options, choice))
+        choice = self._choose(options)
         if choice < len(self._deliveries):
             self._runnable.append(self._deliveries.pop(choice))
             return True

@@ -270,7 +270,7 @@ class ThreadedEngine:
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""
 
-    def let_others_run(self, polled: Waitable) -> None:
+    def let_others_run(self, polled: Waitable, at: str = "") -> None:
         """A poll of a pending ``polled``: the other rank threads and the workers run on their
         own here, as a real backend's do; only the interpreter is handed to them."""
         time.sleep(0)

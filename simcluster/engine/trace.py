@@ -14,6 +14,8 @@ Events, in the order they happened:
   ``"completion"`` (in the code that completed the future), or
   ``"gloo-worker <group>#<n>"`` (on one of gloo's worker threads of that group).
 * :class:`Blocked` / :class:`Resumed` — a rank waited on a pending future.
+* :class:`Polled` — the code under test first polled a pending work or future
+  (``is_completed()``, ``done()``), and the schedule's answer: now, or after the others ran.
 * :class:`Wrapped` — an integer SUM went past its dtype's range (it wraps, silently, on
   gloo and NCCL alike).
 
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
-__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Event", "Trace", "CollectiveSummary"]
+__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "Event", "Trace", "CollectiveSummary"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,22 @@ class Resumed:
     future: str
 
 
-Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, Blocked, Resumed]
+@dataclass(frozen=True)
+class Polled:
+    """Rank ``rank``'s code polled the pending ``future`` (a work's ``is_completed()``, a
+    future's ``done()``) for the first time, and the schedule picked when it looks:
+    ``choice`` 0, at once (it answers pending, as a poll right after posting mostly does on
+    real gloo); 1, after the others ran as far as they could (recorded then, with what it
+    saw: ``complete``)."""
+
+    rank: int
+    future: str
+    choice: int
+    at: str  # the poll's line of user code, ``hooks.py:12``
+    complete: bool
+
+
+Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, Blocked, Resumed, Polled]
 
 
 @dataclass(frozen=True)
@@ -249,4 +266,8 @@ class Trace:
                 lines.append(f"rank {e.rank}: blocks in wait() on {e.future} ({e.context})")
             elif isinstance(e, Resumed):
                 lines.append(f"rank {e.rank}: resumes, {e.future} is done")
+            elif isinstance(e, Polled):
+                answer = "complete" if e.complete else "pending"
+                when = "at once" if e.choice == 0 else "after the others ran as far as they could (picked 1 of 2)"
+                lines.append(f"rank {e.rank}: polls {e.future}{f' at {e.at}' if e.at else ''}, looks {when}: {answer}")
         return "\n".join(lines)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.engine.frames import is_internal, is_simcluster_code
+from simcluster.engine.frames import is_internal, is_simcluster_code, short_path
 from simcluster.engine.trace import CallbackRan
 from simcluster.names import MASKED_ADDRESS, callable_name, wear_torchs_name
 
@@ -90,7 +90,7 @@ def polled_by_user(engine: "EngineContract", waitable: Any, caller: FrameType | 
     threads complete collectives while a rank polls. The simulator's own polls (DDP's
     reducer model, the contract checks) and torch's do not: they look, and go on."""
     if engine.running and caller is not None and not is_internal(caller.f_code.co_filename):
-        engine.let_others_run(waitable)
+        engine.let_others_run(waitable, f"{short_path(caller.f_code.co_filename)}:{caller.f_lineno}")
 
 
 def in_grad_mode(mode: bool, fn: Callable[..., Any], *args: Any) -> Any:

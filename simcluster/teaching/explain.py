@@ -198,6 +198,9 @@ def _reading_notes(backend: str, api: str = "current") -> list[str]:
         "in this simulation a collective completes only once every rank of its group posted it and the ranks wait, "
         "return or poll (work.is_completed(), fut.done()); on a real cluster it may complete sooner — even before "
         "the hook calls then(), and that callback then runs inline in the hook, grad mode off (not modelled)",
+        "a rank's first poll of a work or future looks at once (pending) or after the others ran (maybe complete), "
+        "as the seeded scheduler picks; on real gloo a poll right after posting answers pending 86-100 % of the "
+        "time, complete otherwise — code that branches on the answer takes both branches on a real cluster",
         "DDP's reducer waits for every bucket's future at the end of backward() and copies each result into the "
         "same p.grad tensors the hook saw (each parameter gets its slice of the result)",
         "every rank's parameters start as rank 0's: DDP's constructor broadcasts them",
