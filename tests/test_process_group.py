@@ -160,6 +160,60 @@ def test_torchs_other_process_group_overloads_do_what_real_gloo_does(gloo_world:
     assert real[0]["allreduce(list, MAX)"] == [2.0, 0.0]
 
 
+def versions_job(rank: int, world_size: int, payload: Any = None) -> dict[str, list[int]]:
+    """How far each call (posted with async_op=True, then waited) moves the version counter
+    (``_version``) of each tensor it was given, by the end of its wait: autograd's "modified
+    by an inplace operation" check reads it, and simcluster tells a write to a tensor a
+    collective still has in flight by it (docs/gloo-facts.md §13)."""
+    def moved(tensors: list[torch.Tensor], post: Any) -> list[int]:
+        before = [t._version for t in tensors]
+        work = post()
+        if work is not None:
+            work.wait()
+        return [t._version - v for t, v in zip(tensors, before)]
+
+    t, base, out = torch.ones(4), torch.ones(8), torch.zeros(4)
+    view = base[:4]
+    outs, flat, ins, whole = [torch.zeros(4), torch.zeros(4)], torch.zeros(8), [torch.ones(4), torch.ones(4)], torch.ones(8)
+    a2a_in, a2a_out, buf = torch.ones(4), torch.zeros(4), torch.ones(4)
+    gathered = [torch.zeros(4), torch.zeros(4)] if rank == 0 else None
+    pieces = [torch.ones(4), torch.ones(4)] if rank == 0 else None
+    peer = 1 - rank
+    return {
+        "all_reduce": moved([t], lambda: dist.all_reduce(t, async_op=True)),
+        "all_reduce of a view (view, base)": moved([view, base], lambda: dist.all_reduce(view, async_op=True)),
+        "broadcast": moved([t], lambda: dist.broadcast(t, 0, async_op=True)),
+        "reduce": moved([t], lambda: dist.reduce(t, 0, async_op=True)),
+        "all_gather (input, outputs)": moved([t, *outs], lambda: dist.all_gather(outs, t, async_op=True)),
+        "all_gather_into_tensor (input, output)": moved([t, flat], lambda: dist.all_gather_into_tensor(
+            flat, t, async_op=True)),
+        "reduce_scatter (input 0, output)": moved([ins[0], out], lambda: dist.reduce_scatter(out, ins, async_op=True)),
+        "reduce_scatter_tensor (input, output)": moved([whole, out], lambda: dist.reduce_scatter_tensor(
+            out, whole, async_op=True)),
+        "all_to_all_single (input, output)": moved([a2a_in, a2a_out], lambda: dist.all_to_all_single(
+            a2a_out, a2a_in, async_op=True)),
+        "gather (input, gather_list)": moved([t, *(gathered or [])], lambda: dist.gather(t, gathered, 0, async_op=True)),
+        "scatter (output, scatter_list)": moved([out, *(pieces or [])], lambda: dist.scatter(
+            out, pieces, 0, async_op=True)),
+        "isend then irecv": moved([buf], lambda: (dist.isend if rank == 0 else dist.irecv)(buf, peer))
+        + moved([buf], lambda: (dist.irecv if rank == 0 else dist.isend)(buf, peer)),
+    }
+
+
+@pytest.mark.gloo
+def test_collectives_move_version_counters_as_real_gloo_does(gloo_world: Any) -> None:
+    """The simulated collectives wrote their results with ``copy_``, which moves the
+    tensor's version counter: an all_reduce moved it by 1 where gloo, which writes the
+    memory, leaves it (and broadcast, reduce, scatter, all_to_all_single, irecv alike); the
+    gathers moved it less than gloo. The version is what autograd checks and what tells a
+    hook's write to a tensor in flight. Real gloo, world 2, is the oracle (by the end of
+    each wait; within the call it is timing)."""
+    real = gloo_world(2).run(versions_job, [None, None], timeout=120.0)
+    sim = SimCluster(2).run(lambda rank: versions_job(rank, 2)).values
+    assert sim == real
+    assert real[0]["all_reduce"] == [0] and real[0]["all_gather_into_tensor (input, output)"] == [0, 2]
+
+
 def test_batch_isend_irecv_is_one_request_under_the_nccl_model() -> None:
     """torch 2.13's batch_isend_irecv coalesces a batch when the group's backend
     supports_coalescing — ProcessGroupNCCL does (its header) — and returns one work; gloo

@@ -828,8 +828,14 @@ def all_reduce_coalesced(inputs: Sequence[Sequence[torch.Tensor]], op: str, back
 
 
 def copy_bits_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``dst.copy_(src)`` that keeps bool bytes other than 0/1 (``copy_`` normalises them)."""
+    """Write a collective's result ``src`` into the caller's ``dst`` as a backend does: the
+    bytes (bool bytes other than 0/1 kept, which ``copy_`` normalises), and without moving
+    ``dst``'s version counter — gloo writes the memory; an all_reduce leaves
+    ``tensor._version`` where it was (measured, ``docs/gloo-facts.md`` §13). The calls that
+    do move it on gloo move it themselves (:func:`~torch.autograd.graph.increment_version`)."""
+    raw = dst.data  # the same memory, its own version counter
     if dst.dtype == torch.bool and src.dtype == torch.bool:
-        dst.view(torch.uint8).copy_(src.view(torch.uint8))
+        raw.view(torch.uint8).copy_(src.view(torch.uint8))
         return dst
-    return dst.copy_(src)
+    raw.copy_(src)
+    return dst

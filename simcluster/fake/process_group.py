@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
+from torch.autograd.graph import increment_version
 
 from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
@@ -459,6 +460,9 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         backend = self._runtime.backend.name
         group = self.spec.ranks
+        whole_tensor = op == "reduce_scatter_tensor"
+        if not whole_tensor:
+            increment_version(out)  # gloo's reduce_scatter moves the output's version once, in the call
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
@@ -472,6 +476,8 @@ class SimProcessGroup(dist.ProcessGroup):
             for r, part in zip(ranks, parts):
                 mine = calls[r].payload[0]
                 collectives.copy_bits_(mine, part.view(mine.shape))
+                if whole_tensor:
+                    increment_version(mine)  # reduce_scatter_tensor moves its output's version by its completion
                 results[r] = ([mine], None)
             return results
 
@@ -503,7 +509,8 @@ class SimProcessGroup(dist.ProcessGroup):
             for r in ranks:
                 mine = calls[r].payload[0]
                 for o, s in zip(mine, sources):
-                    o.copy_(s.view(o.shape))
+                    collectives.copy_bits_(o, s.view(o.shape))
+                    increment_version(o)  # gloo's all_gather moves each output's version once, by its completion
                 results[r] = (backend.all_gather_value(mine), None)
             return results
 
@@ -527,7 +534,9 @@ class SimProcessGroup(dist.ProcessGroup):
             results = {}
             for r in ranks:
                 out, inp = calls[r].payload
-                out.copy_(flat.view(out.shape))
+                collectives.copy_bits_(out, flat.view(out.shape))
+                increment_version(out)  # gloo's all_gather_into_tensor moves its output's version twice, by its
+                increment_version(out)  # completion
                 results[r] = (backend.all_gather_into_tensor_value(out, tuple(inp.shape), size), None)
             return results
 
@@ -552,7 +561,7 @@ class SimProcessGroup(dist.ProcessGroup):
             source = calls[root_global].payload.clone()
             results = {}
             for r, call in calls.items():
-                call.payload.copy_(source)
+                collectives.copy_bits_(call.payload, source)
                 results[r] = ([call.payload], None)
             return results
 
@@ -576,7 +585,8 @@ class SimProcessGroup(dist.ProcessGroup):
             ranks = list(calls)
             dest = calls[root_global].payload[0]
             for o, r in zip(dest, ranks):
-                o.copy_(calls[r].payload[1])
+                collectives.copy_bits_(o, calls[r].payload[1])
+                increment_version(o)  # gloo's gather moves each output's version once, by its completion
             return {r: (list(dest) if r == root_global else [], None) for r in ranks}
 
         return self._post("gather", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, (list(gather_list), t),
@@ -602,7 +612,7 @@ class SimProcessGroup(dist.ProcessGroup):
             results = {}
             for r, s in zip(ranks, sources):
                 mine = calls[r].payload[0]
-                mine.copy_(s)
+                collectives.copy_bits_(mine, s)
                 results[r] = ([mine], None)
             return results
 
@@ -621,7 +631,7 @@ class SimProcessGroup(dist.ProcessGroup):
             for j, r in enumerate(ranks):
                 outs = calls[r].payload[0]
                 for i, s in enumerate(ranks):
-                    outs[i].copy_(sent[s][j])
+                    collectives.copy_bits_(outs[i], sent[s][j])
                 results[r] = (list(outs), None)
             return results
 
@@ -650,7 +660,7 @@ class SimProcessGroup(dist.ProcessGroup):
                             f"all_to_all_single: rank {s} sends {sent[s][j].numel()} elements to rank {r}, "
                             f"which expects {out_parts[i].numel()}"
                         )
-                    out_parts[i].copy_(sent[s][j].view(out_parts[i].shape))
+                    collectives.copy_bits_(out_parts[i], sent[s][j].view(out_parts[i].shape))
                 results[r] = ([out_full], None)
             return results
 
@@ -696,7 +706,7 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            calls[dst_g].payload.copy_(calls[src_g].payload)
+            collectives.copy_bits_(calls[dst_g].payload, calls[src_g].payload)
             return {r: ([calls[r].payload], None) for r in calls}
 
         return self._post(op, t, (_dtype(t), tuple(t.shape), f"{src}->{dst}", f"tag={tag}"), compute, t,
