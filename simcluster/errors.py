@@ -213,6 +213,10 @@ class Violation(SimClusterError, AssertionError):
     def __init__(self, message: str, info: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.info = {} if info is None else info
+        self.reruns: dict[str, Any] = {}
+        """The example run again up to the failing step, by generator mode: the baseline the
+        report's experiments share (:func:`simcluster.checking.judge.order_hint` and the
+        hints after it), simulated once."""
 
 
 def first_line(exc: BaseException, *, typed: bool = False) -> str:

@@ -362,8 +362,8 @@ def order_hint(opts: Options, violation: Violation) -> str:
     if t >= len(in_order) or _step_problem(opts, violation.prop, in_order[t], grads[t], groups_of(example),
                                                    example.nonfinite):
         return ""
-    drawn = simulate(opts, example, backend, list(info["schedule"]), grads)[0]
-    late = [e for e in drawn[t].trace.of(Polled) if e.choice] if t < len(drawn) else []
+    drawn = _failing_step_again(opts, violation)
+    late = [e for e in drawn[4].trace.of(Polled) if e.choice] if drawn is not None else []
     if late:
         polls = "; ".join(f"rank {e.rank}'s of {e.future}{f' at {e.at}' if e.at else ''}" for e in late[:3])
         more = f" (and {len(late) - 3} more)" if len(late) > 3 else ""
@@ -524,12 +524,18 @@ def _failing_step_again(opts: Options, violation: Violation) -> tuple[Example, s
     """The reported failure's example run again, as it was, up to its failing step ``t``:
     ``(example, backend, t, the gradients of steps 0..t, step t's result)``, or None if the
     run raised or stopped short — the baseline :func:`unreached_hint` and :func:`sources_hint`
-    compare their changed runs (:func:`_rerun_changed`) with."""
+    compare their changed runs (:func:`_rerun_changed`) with, whose trace :func:`order_hint`
+    reads. Simulated once per violation and generator mode (``violation.reruns``): the runs
+    are deterministic, so every hint reads the same one."""
+    if opts.rng in violation.reruns:
+        return violation.reruns[opts.rng]  # type: ignore[no-any-return]
     info = violation.info
     example, backend, t = info["example"], info["backend"], info.get("step", 0)
     grads = _inputs(opts, example)[0][: t + 1]
     base, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
-    return None if error is not None or len(base) <= t else (example, backend, t, grads, base[t])
+    again = None if error is not None or len(base) <= t else (example, backend, t, grads, base[t])
+    violation.reruns[opts.rng] = again
+    return again
 
 
 def _rerun_changed(opts: Options, example: Example, backend: str, grads: list[Any],
