@@ -30,6 +30,7 @@ __all__ = [
     "DeadlockError",
     "BackendError",
     "HookContractError",
+    "InFlightWriteError",
     "StuckError",
     "ForeignThreadError",
     "HookExited",
@@ -110,6 +111,13 @@ class BackendError(HookFailure, RuntimeError):
 
 class HookContractError(HookFailure):
     """The hook's result breaks what DDP accepts (not a Future, a list, too short, …)."""
+
+
+class InFlightWriteError(HookContractError):
+    """Rank code wrote to a tensor a collective had in flight: after posting it, before it
+    completed. On a real backend the collective reads and writes that memory meanwhile, so
+    the result mixes values from before and after the write, differently on each rank
+    and each run (``docs/gloo-facts.md`` §14)."""
 
 
 class StuckError(SimClusterError):

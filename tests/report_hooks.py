@@ -372,3 +372,24 @@ def skips_the_copy_back_when_already_done(state, bucket):
         fut.set_result(buf)  # BUG: buf never receives the reduced values
         return fut
     return work.get_future().then(lambda f: buf.copy_(f.value()[0]))
+
+
+def divides_after_posting(state, bucket):
+    """Posts the all_reduce, then divides the buffer in place while it is in flight (meant
+    to divide first): on real gloo the result mixes the values before and after the
+    division, differently on each rank (docs/gloo-facts.md §14)."""
+    buf = bucket.buffer()
+    fut = dist.all_reduce(buf, async_op=True).get_future()  # posts buf
+    buf.div_(dist.get_world_size())  # BUG: writes to buf while the all_reduce has it in flight
+    return fut.then(lambda f: f.value()[0])
+
+
+def divides_chunk_after_posting_another(state, bucket):
+    """Pipelined by halves: divides a half, posts it, then divides the other half — a write
+    to the buffer's memory while the first half is in flight, but not to that half: no race."""
+    buf = bucket.buffer()
+    half = buf.numel() // 2
+    first, second = buf[:half], buf[half:]
+    works = [dist.all_reduce(first.div_(dist.get_world_size()), async_op=True)]
+    works.append(dist.all_reduce(second.div_(dist.get_world_size()), async_op=True))
+    return torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: buf)

@@ -311,6 +311,33 @@ def test_a_failure_on_the_rare_answer_of_a_poll_names_the_poll(capsys: pytest.Ca
         assert "here a first poll looked only after the other ranks ran" in capsys.readouterr().out
 
 
+def test_a_write_to_a_tensor_in_flight_is_a_contract_failure_naming_the_posting_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Posting an all_reduce, then dividing its tensor in place: a race on a real cluster
+    (measured on gloo: wrong results, ranks disagreeing, docs/gloo-facts.md §14) that the
+    simulator folded in as if the division came first — every property passed (hooks from the
+    wild, round 19). The write is now seen by the tensor's version counter and reported,
+    with the line that posted the collective."""
+    code, out, data = _check(capsys, tmp_path, "divides_after_posting", "--backend", "gloo", "--world-sizes", "2")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "contract" and failure["error_type"] == "InFlightWriteError", out
+    assert re.search(r"ranks? .*wrote to the tensor of all_reduce#0 on WORLD \(float32\[\d+\]\) while the collective "
+                     "had it in flight", failure["message"]), failure["message"]
+    line = _line("# posts buf")
+    assert f"posted it at {HOOKS}:{line} in divides_after_posting" in failure["message"], failure["message"]
+
+
+def test_a_write_to_another_part_of_a_tensor_in_flight_is_no_failure(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    """A view's version counter is its base's: dividing the second half of a bucket moves
+    the counter of the first half, in flight. The values of the half in flight are what
+    decide: unchanged, so no race and no failure."""
+    code, out, _ = _check(capsys, tmp_path, "divides_chunk_after_posting_another", "--backend", "gloo",
+                          "--world-sizes", "2,3")
+    assert code == 0, out
+
+
 def test_a_failure_whatever_the_order_gets_no_order_hint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, data = _check(capsys, tmp_path, "adds_its_rank", "--backend", "gloo", "--world-sizes", "2",
                              "--properties", "replicas_agree", "--params", "5,5")

@@ -36,7 +36,7 @@ from simcluster.checking.supervisor import raise_site
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.errors import (
     HOOK_RAISES, BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
-    UnsupportedError,
+    InFlightWriteError, UnsupportedError,
     UsageError, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
@@ -550,10 +550,11 @@ def _rerun_changed(opts: Options, example: Example, backend: str, grads: list[An
 
 
 def with_posting_lines(opts: Options, violation: Violation) -> Violation:
-    """For a reported deadlock or collective mismatch: the same violation, found again by a
-    re-run of the example that records the user line posting each collective
-    (``SimCluster(posting_lines=True)``), so each call some rank never matched — and a
-    mismatch's first call, which may be the culprit — is named with the line that posted it
+    """For a reported deadlock, collective mismatch or write to a tensor in flight: the same
+    violation, found again by a re-run of the example that records the user line posting
+    each collective (``SimCluster(posting_lines=True)``), so each call some rank never
+    matched — a mismatch's first call, which may be the culprit; the call whose tensor a
+    rank wrote to — is named with the line that posted it
     (``rank 0 posted it at hooks.py:12 in hook: …``). Otherwise ``violation`` itself.
 
     Finding a call's line walks the stack, which the search must not pay at every
@@ -563,7 +564,8 @@ def with_posting_lines(opts: Options, violation: Violation) -> Violation:
     line of the first report still there, in order — else (a hook whose state outlives a
     run, say: the re-run passes, or fails otherwise) the first report stands, without the lines."""
     info = violation.info
-    if not isinstance(info.get("error"), (DeadlockError, CollectiveMismatchError)) or opts.posting_lines:
+    if not isinstance(info.get("error"), (DeadlockError, CollectiveMismatchError, InFlightWriteError)) \
+            or opts.posting_lines:
         return violation
     try:
         _judge_example(dataclasses.replace(opts, posting_lines=True), info["example"], info["backend"])

@@ -98,6 +98,7 @@ class Call:
 
     The process group builds one per collective and rank *positionally* (a class called with
     keywords costs a dict per call): a new field goes after ``after``, or every builder changes.
+    ``watched``, ``version`` and ``snapshot`` (below) are set after, by attribute.
     """
 
     rank: int
@@ -118,6 +119,13 @@ class Call:
     worker: int = -1
     posted_at: str | None = None
     posted_in: str = ""
+    watched: Any = None
+    """The tensor the call reads or writes in flight (an all_reduce's, a broadcast's, a
+    gather's input, a scatter's output, …), or None; ``version`` is its version counter
+    when posted, and ``snapshot`` a copy of its values then when it views a larger tensor
+    (another view's writes move the shared counter too): :func:`~simcluster.engine.matching.written_in_flight`."""
+    version: int = 0
+    snapshot: Any = None
 
     @property
     def describe(self) -> str:

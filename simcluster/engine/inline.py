@@ -65,7 +65,7 @@ from simcluster.engine.blockage import Parked, describe_blockage
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site, stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
-from simcluster.engine.matching import Instance, Matcher, compute_failure
+from simcluster.engine.matching import Instance, Matcher, compute_failure, written_in_flight
 from simcluster.engine.scheduler import Scheduler
 from simcluster.engine.slots import Slot, SlotPool
 from simcluster.engine.trace import Blocked, Polled, Resumed, Trace
@@ -509,6 +509,10 @@ class Engine:
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
         self._matcher.close(inst, inst.first.op, choice, options)
+        written = written_in_flight(inst)
+        if written is not None:
+            self._fail(written)
+            return True
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
         except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from simcluster.engine.contract import Call
 from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.trace import Completed, Posted, Trace
-from simcluster.errors import CollectiveMismatchError
+from simcluster.errors import CollectiveMismatchError, InFlightWriteError
 
 __all__ = [
     "Instance", "Matcher", "MAX_LISTED", "compute_failure", "crossed_lines", "mismatch_error", "posted_at_lines",
-    "rank_list", "unmatched_line", "unmatched_lines",
+    "rank_list", "unmatched_line", "unmatched_lines", "written_in_flight",
 ]
 
 MAX_LISTED = 8
@@ -186,6 +186,48 @@ def compute_failure(inst: Instance, computed: Call, exc: Exception) -> Collectiv
         f"{computed.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n"
         f"{_calls_by_description(inst.calls)}"
     )
+
+
+def written_in_flight(inst: Instance) -> InFlightWriteError | None:
+    """The error for ``inst`` if some rank's code wrote to the tensor of its call after
+    posting it — the collective about to complete had it in flight — else None.
+
+    A write shows as the tensor's version counter moved since the post (:attr:`Call.version`):
+    the fake's collectives write results without moving it, as gloo does
+    (``docs/gloo-facts.md`` §13), so only the rank's code moved it. For a view of a larger
+    tensor the counter is shared with the rest of it, so the values are compared too (with
+    :attr:`Call.snapshot`): a write elsewhere in the base is no race. Checked by the inline
+    engine just before the collective computes; a write after that, before the rank saw the
+    completion, is a race on a real cluster too but is not seen (the threaded engine,
+    whose ranks run on their own, checks nothing: what it saw would be timing)."""
+    writers = []
+    for rank in inst.ranks:
+        call = inst.calls[rank]
+        watched = call.watched
+        if watched is None or watched._version == call.version:
+            continue
+        if call.snapshot is not None and _same_bits(watched, call.snapshot):
+            continue
+        writers.append(rank)
+    if not writers:
+        return None
+    call = inst.calls[writers[0]]
+    who = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {rank_list(writers)}"
+    return InFlightWriteError(
+        f"{who} wrote to the tensor of {call.op}#{inst.seq} on {inst.channel} ({call.dtype}{list(call.shape)}) while "
+        "the collective had it in flight: after posting it, before it completed. On a real backend the collective "
+        "reads and writes that memory meanwhile (gloo: on its worker thread), so the result mixes values from before "
+        "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
+        "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
+        "docs/gloo-facts.md §14). Write to it only once the work completed (work.wait(), or in a then() callback), "
+        "or post a copy\n" + "\n".join(posted_at_lines({r: inst.calls[r] for r in writers})))
+
+
+def _same_bits(a: "torch.Tensor", b: "torch.Tensor") -> bool:
+    """Whether two tensors of one dtype and shape hold the same bytes (NaN payloads, -0.0 included)."""
+    import torch
+
+    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
 
 
 def unmatched_line(inst: Instance) -> str | None:

@@ -328,6 +328,10 @@ class SimProcessGroup(dist.ProcessGroup):
             payload,
             after,
         )
+        if tensor is not None:  # a write to it before the completion is the hook's race (written_in_flight)
+            call.watched, call.version = tensor, tensor._version
+            if tensor._base is not None:  # a view: the counter is its base's, moved by writes anywhere in it
+                call.snapshot = tensor.clone()
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))

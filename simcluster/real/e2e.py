@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import HookExited, SimClusterError, first_line, innermost_error
+from simcluster.errors import HookExited, InFlightWriteError, SimClusterError, first_line, innermost_error
+from simcluster.engine.trace import Polled
 from simcluster.usercode.output import captured_output
 from simcluster.usercode.rank_state import process_generator_states, seed_process_generators
 from simcluster.names import without_addresses
@@ -358,6 +359,17 @@ class Side:
     """On the simulated side: what the hook used that the simulator does not model (the real
     reducer's run or the DDP model's stopped at an ``UnsupportedError``): the simulation
     predicts nothing, and the verdict is *unsupported* (:func:`compare`)."""
+    timing: str = ""
+    """On the simulated side: why the hook's outcome on a real cluster is timing, as the DDP
+    model's run showed it (:func:`run_model`) — it wrote to a tensor a collective had in
+    flight (``InFlightWriteError``), or branched on a poll's answer: a real run is one draw
+    of that race, and a difference from it is no evidence against the simulator (*unconfirmed*,
+    :func:`compare`); the property search (``simcluster check``) explores the race itself."""
+
+    polled: str = ""
+    """On the DDP model's side: where the hook first polled a pending work or future
+    (``rank 0 at hooks.py:12``), or ``""``; :func:`run_sim` then asks whether the outcome
+    depends on the polls' answers (:attr:`timing`)."""
 
     def knows_calls(self, rank: int) -> bool:
         return self.calls_known or rank in self.calls
@@ -856,6 +868,18 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     with captured_output(output_fd) as printed:
         model = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn)
     side.output = printed.text
+    if model.polled and not model.timing:
+        # The hook polled. A loop that polls until done ends alike whatever a poll answered:
+        # its outcome is no race. So the model runs once more with every first poll looking
+        # after the others ran (and completions in reverse): if that differs, the outcome is timing.
+        from simcluster.engine.scheduler import Reverse
+
+        with captured_output(output_fd):
+            late = run_model(scenario, hook_local, state_local, backend=backend, inspect=hook_fn, schedule=Reverse())
+        if side_differences(scenario, model, late, exact_errors=False):
+            model.timing = (f"the hook branches on a poll ({model.polled}): its outcome when every first poll looks at "
+                            "once differs from when every first poll looks after the others ran, and whether a poll "
+                            "sees its work complete is timing on a real cluster (docs/gloo-facts.md §12)")
     if drew and side.failure is None and model.failure is None:
         # The hook drew from a global RNG (torch's, Python's random, numpy's). Real ranks each
         # own their generators (seed + rank), as the DDP model's simulated ranks do; the real
@@ -878,6 +902,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
     else:
         side.model_differences = _model_differences(scenario, model, side)
     side.unmodelled = next((f.unmodelled for f in (side.failure, model.failure) if f is not None and f.unmodelled), "")
+    side.timing = model.timing
     side.seconds = time.monotonic() - started
     monitor.end()
     return side
@@ -924,7 +949,13 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
             result = ddp.step(step_grads)
         except Exception as exc:  # noqa: BLE001 - the hook's (or the model's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
+            if isinstance(exc, InFlightWriteError):
+                side.timing = (f"the hook writes to a tensor a collective has in flight ({first_line(exc).split(' while ')[0]}"
+                               "): a race on a real cluster (docs/gloo-facts.md §14)")
             break
+        poll = next(iter(result.trace.of(Polled)), None)
+        if poll is not None and not side.polled:
+            side.polled = f"rank {poll.rank} at {poll.at}"
         # a step's grads as SimDDP keeps them: with gradient_as_bucket_view, copies that keep
         # their bucket views' storage layout, as the other two sides record p.grad
         side.grads.append([list(rank) for rank in result.grads])
@@ -1017,6 +1048,8 @@ def _model_differences(scenario: Scenario, model: Side, reducer: Side) -> list[s
     two engines interleave a racy hook's ranks (callbacks posting collectives while the next
     bucket's hook posts its own) each in their own order, as two real runs would."""
     if _mismatch_where_other_finished(model, reducer) or _mismatch_where_other_finished(reducer, model):
+        return []
+    if model.timing and reducer.failure is None:  # the reducer's rank threads ran the race as threads do: not checked
         return []
     return [f"the DDP model (SimDDP, what the property search runs) vs the real reducer on simulated groups: {d}"
             for d in side_differences(scenario, model, reducer, exact_errors=False)]
@@ -1252,13 +1285,16 @@ def _agreed_because(sim: Side, real: Side) -> str:
 
 def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
     """Why a disagreement is no evidence against the simulator (``""``: it is): on a one-rank
-    group real gloo's own timing decides; and a simulated ``CollectiveMismatchError`` where
+    group real gloo's own timing decides; a simulated ``CollectiveMismatchError`` where
     real gloo finished every step is not contradicted by it (a real mismatch may complete
-    silently, and a racy hook may post alike on one run and not on the next)."""
+    silently, and a racy hook may post alike on one run and not on the next); and a hook whose
+    outcome the DDP model showed to be timing (:attr:`Side.timing`) is one draw of its race."""
     if scenario.world_size == 1:
         return ONE_RANK
     if _mismatch_where_other_finished(sim, real) and not sim.model_differences:
         return MISMATCH_FINISHED
+    if sim.timing:
+        return f"{sim.timing}; one real run is one draw of it, not comparable bit for bit — `simcluster check` explores it"
     return ""
 
 
