@@ -37,17 +37,28 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "wear_torchs_name", "MASKED_ADDRESS"]
+__all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "wear_torchs_name", "MASKED_ADDRESS",
+           "MASKED_STAMP"]
 
 MASKED_ADDRESS = "0x…"
 """What stands for a memory address in a default ``repr``."""
 
+MASKED_STAMP = "…"
+"""What stands for the date and time in a glog line's prefix (``[rank0]:[F1207 00:48:31.841924681
+ProcessGroupGloo.cpp:1537] Check failed: …``, gloo's failed checks): ``[F… ProcessGroupGloo…``."""
+
 _ADDRESS = re.compile(r"(?<= object at )0x[0-9a-fA-F]+(?=>)")
+_STAMP = re.compile(r"(?<=\]:\[[FEWI])\d{4} \d\d:\d\d:\d\d\.\d+(?= )")
 
 
 def without_addresses(text: str) -> str:
-    """``text`` with every default-``repr`` address (``<… object at 0x…>``) masked."""
-    return _ADDRESS.sub(MASKED_ADDRESS, text)
+    """``text`` with what differs run to run in torch's words masked: every default-``repr``
+    address (``<… object at 0x…>``) and every glog time stamp (``[rank0]:[F1207 00:48:31.84…``).
+
+    >>> without_addresses("[rank1]:[F1207 00:48:31.842460036 ProcessGroupGloo.cpp:1537] Check failed")
+    '[rank1]:[F… ProcessGroupGloo.cpp:1537] Check failed'
+    """
+    return _STAMP.sub(MASKED_STAMP, _ADDRESS.sub(MASKED_ADDRESS, text))
 
 
 def callable_name(obj: Any) -> str:

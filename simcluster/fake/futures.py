@@ -313,10 +313,12 @@ class SimFuture(torch.futures.Future):
 
     def value(self) -> Any:
         if not self._complete:
-            raise RuntimeError(
-                f"value() on pending {self.label}: torch raises an internal assert here "
-                "(completed() INTERNAL ASSERT FAILED); call wait() or use it inside a then-callback"
-            )
+            try:  # torch's own error for a pending future, its first line word for word (what e2e compares)
+                return _C_VALUE(self)
+            except RuntimeError as exc:  # and on the next line, which future and what to do (a then()
+                # callback's error reaches DDP as its message alone: a note would be lost)
+                raise RuntimeError(f"{exc}\nsimcluster: value() on the pending {self.label}: call wait(), or read it "
+                                   "inside a then-callback of it") from None
         return _C_VALUE(self)
 
     # -- chaining -------------------------------------------------------------

@@ -38,7 +38,7 @@ from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, UnsupportedError, UsageError
 from simcluster.fake.futures import DoneFlag, SimFuture, polled_by_user
-from simcluster.names import MASKED_ADDRESS, wear_torchs_name
+from simcluster.names import MASKED_ADDRESS, MASKED_STAMP, wear_torchs_name
 
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
@@ -447,6 +447,13 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         self._check_tensors("reduce_scatter_tensor", [output, input])
+        if self._runtime.backend.strict_gather_shapes and output.dim() and input.dim() \
+                and output.shape[0] * self.size() != input.shape[0]:
+            # gloo checks the first dimensions, at the call (measured, docs/gloo-facts.md §8); its glog
+            # line's time stamp is masked (names.without_addresses), the rest word for word
+            raise BackendError(f"[rank{self.global_rank}]:[F{MASKED_STAMP} ProcessGroupGloo.cpp:1537] Check failed: "
+                               f"outputShape[0] * worldSize == inputShape[0] ({output.shape[0] * self.size()} vs. "
+                               f"{input.shape[0]}). \n")
         if input.numel() != output.numel() * self.size():
             raise ValueError(
                 f"reduce_scatter_tensor on rank {self.global_rank}: input has {input.numel()} elements, expected "
