@@ -309,6 +309,10 @@ def test_a_failure_on_the_rare_answer_of_a_poll_names_the_poll(capsys: pytest.Ca
     for _ in range(2):  # the printed replay reproduces it, as printed
         assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
         assert "here a first poll looked only after the other ranks ran" in capsys.readouterr().out
+    code, out, data = _check(capsys, tmp_path, "skips_the_copy_back_when_already_done", "--backend", "gloo",
+                             "--world-sizes", "2", "--properties", "schedule_independence", "--tolerance", "fp16")
+    assert code == 1 and data["failures"][0]["property"] == "schedule_independence", out
+    assert f"at {HOOKS}:{line} — on real gloo" in data["failures"][0]["message"], out
 
 
 def test_a_write_to_a_tensor_in_flight_is_a_contract_failure_naming_the_posting_line(

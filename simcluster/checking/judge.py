@@ -320,7 +320,9 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
     drawn, ordered = [r.grads for r in results], [r.grads for r in in_order]
     msg = P.schedule_independence(drawn, ordered, f"the schedule {taken}")
     if msg:  # the report's layout and gradients run up to the step where the two runs part
-        fail("schedule_independence", msg, step=P.first_parting(drawn, ordered)[0])  # type: ignore[index]
+        step = P.first_parting(drawn, ordered)[0]  # type: ignore[index]
+        polls = _late_polls(results[step].trace) if step < len(results) else ""
+        fail("schedule_independence", msg + (f"\n({polls})" if polls else ""), step=step)
 
 
 def repeat_hint(opts: Options, violation: Violation) -> str:
@@ -363,17 +365,25 @@ def order_hint(opts: Options, violation: Violation) -> str:
                                                    example.nonfinite):
         return ""
     drawn = _failing_step_again(opts, violation)
-    late = [e for e in drawn[4].trace.of(Polled) if e.choice] if drawn is not None else []
-    if late:
-        polls = "; ".join(f"rank {e.rank}'s of {e.future}{f' at {e.at}' if e.at else ''}" for e in late[:3])
-        more = f" (and {len(late) - 3} more)" if len(late) > 3 else ""
-        return ("\n(with every collective completing in order and every first poll looking at once this step passes; "
-                f"here a first poll looked only after the other ranks ran, and may have seen its work complete: {polls}"
-                f"{more} — on real gloo a poll right after posting answers pending 86-100 % of the time: code that "
-                "branches on the answer takes the other branch rarely, and not on every rank alike)")
+    polls = _late_polls(drawn[4].trace) if drawn is not None else ""
+    if polls:
+        return f"\n(with every collective completing in order and every first poll looking at once this step passes; {polls})"
     return ("\n(with every collective completing in order this step passes: the result depends on the order in "
             "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
             "pair up differently on different ranks, or callbacks share state)")
+
+
+def _late_polls(trace: Any) -> str:
+    """The first polls of ``trace`` that looked only after the other ranks ran
+    (:class:`~simcluster.engine.trace.Polled` choice 1), in words with why it matters, or ``''``."""
+    late = [e for e in trace.of(Polled) if e.choice]
+    if not late:
+        return ""
+    polls = "; ".join(f"rank {e.rank}'s of {e.future}{f' at {e.at}' if e.at else ''}" for e in late[:3])
+    more = f" (and {len(late) - 3} more)" if len(late) > 3 else ""
+    return (f"here a first poll looked only after the other ranks ran, and may have seen its work complete: {polls}"
+            f"{more} — on real gloo a poll right after posting answers pending 86-100 % of the time: code that "
+            "branches on the answer takes the other branch rarely, and not on every rank alike")
 
 
 def unreached_hint(opts: Options, violation: Violation) -> str:
