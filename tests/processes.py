@@ -50,3 +50,13 @@ def alive(pid: int) -> bool:
     """``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
     return fields is not None and fields[0] != "Z"
+
+
+def ctrl_c_as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test sends SIGINT: its SIGINT at the default, as a
+    terminal starts a command. A shell's ``cmd &`` starts ``cmd`` with SIGINT ignored, the
+    child inherits that, and Python then never raises KeyboardInterrupt: pytest run in the
+    background failed the Ctrl-C tests (a flaky-test hunt, 2026-12-07)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

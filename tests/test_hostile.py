@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from processes import children
+from processes import children, ctrl_c_as_from_a_terminal
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError, ForeignThreadError, StuckError, ThreadedRankCodeError
@@ -290,7 +290,8 @@ def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database",
                              target("spins_announced"), "--backend", "gloo"], cwd=HERE.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)})
+                            env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)},
+                            preexec_fn=ctrl_c_as_from_a_terminal)
     limit = time.monotonic() + 120
     while time.monotonic() < limit and not any(tmp_path.iterdir()):
         time.sleep(0.1)
@@ -336,7 +337,8 @@ def test_ctrl_c_while_torch_imports_is_not_swallowed(tmp_path):
     driver.write_text(SIGINT_WHILE_IMPORTING)
     result = subprocess.run([sys.executable, str(driver), "numpy._core._multiarray_umath", "check", "--quiet",
                              "--no-database", target("spins"), "--backend", "gloo", "--deadline", "30"],
-                            cwd=HERE.parent, capture_output=True, text=True, timeout=120)
+                            cwd=HERE.parent, capture_output=True, text=True, timeout=120,
+                            preexec_fn=ctrl_c_as_from_a_terminal)
     assert result.returncode == 130, result.stderr
     assert result.stderr.startswith("simcluster: interrupted"), result.stderr
     assert "liveness" not in result.stdout  # no example of the spinning hook ever ran

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from processes import alive, descendants
+from processes import alive, ctrl_c_as_from_a_terminal, descendants
 from simcluster.checking import defaults
 from simcluster.checking.report import CheckReport, PropertyFailure
 from simcluster.cli import main
@@ -216,7 +216,8 @@ def test_ctrl_c_with_two_workers_exits_130_and_leaves_no_process(tmp_path: Path)
     proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database", "--jobs", "2",
                              f"{HOSTILE}:spins_announced", f"{HOSTILE}:sleeps_announced", "--backend", "gloo",
                              "--world-sizes", "2", "--json", str(path)], cwd=HERE.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(started)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(started)},
+                            preexec_fn=ctrl_c_as_from_a_terminal)
     seen: set[int] = set()
     limit = time.monotonic() + 120
     while time.monotonic() < limit and {p.name.split(".")[0] for p in started.iterdir()} != {"spins", "sleeps"}:
