@@ -31,6 +31,8 @@ __all__ = [
     "BackendError",
     "HookContractError",
     "InFlightWriteError",
+    "SimulatorBug",
+    "NOT_THE_HOOKS",
     "StuckError",
     "ForeignThreadError",
     "HookExited",
@@ -118,6 +120,16 @@ class InFlightWriteError(HookContractError):
     completed. On a real backend the collective reads and writes that memory meanwhile, so
     the result mixes values from before and after the write, differently on each rank
     and each run (``docs/gloo-facts.md`` §14)."""
+
+
+class SimulatorBug(SimClusterError):
+    """simcluster's own code broke while it simulated (an engine step raised): a bug of ours,
+    never charged to the hook. Its ``__cause__`` is what raised; the CLI exits 3."""
+
+
+NOT_THE_HOOKS: tuple[type[BaseException], ...] = (UsageError, UnsupportedError, SimulatorBug)
+"""What a simulated step can raise that is not the hook's failure, and is raised on: a usage
+error, what the simulator does not model, a bug of the simulator's."""
 
 
 class StuckError(SimClusterError):

@@ -36,8 +36,7 @@ from simcluster.checking.supervisor import raise_site
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.errors import (
     HOOK_RAISES, BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
-    InFlightWriteError, UnsupportedError,
-    UsageError, Violation, exit_meaning, first_line,
+    InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
 from simcluster.fake.backends import backend_model
@@ -104,7 +103,7 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
     for t, step_grads in enumerate(grads):
         try:
             results.append(ddp.step(step_grads))
-        except (UsageError, UnsupportedError):
+        except NOT_THE_HOOKS:
             raise
         except HOOK_RAISES as exc:  # the hook's failure is the finding
             return results, exc, t, ddp.states

@@ -119,13 +119,14 @@ class Call:
     worker: int = -1
     posted_at: str | None = None
     posted_in: str = ""
-    watched: Any = None
-    """The tensor the call reads or writes in flight (an all_reduce's, a broadcast's, a
-    gather's input, a scatter's output, …), or None; ``version`` is its version counter
-    when posted, and ``snapshot`` a copy of its values then when it views a larger tensor
-    (another view's writes move the shared counter too): :func:`~simcluster.engine.matching.written_in_flight`."""
-    version: int = 0
-    snapshot: Any = None
+    watched: tuple[Any, ...] = ()
+    """The tensors the call reads or writes in flight (an all_reduce's, a broadcast's, a
+    gather's input and outputs, every tensor of a coalesced call, …); ``version`` holds each
+    one's version counter when posted (-1: an inference tensor, which has none), and
+    ``snapshot`` a copy of its values then, or None where the counter alone tells a write:
+    :func:`~simcluster.engine.matching.written_in_flight`."""
+    version: tuple[int, ...] = ()
+    snapshot: tuple[Any, ...] = ()
 
     @property
     def describe(self) -> str:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
 
-from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
+from simcluster.errors import DeadlockError, SimClusterError, SimulatorBug, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site, stack_user_frames
@@ -564,12 +564,23 @@ class Engine:
                 self._current = None
                 item.slot.wake()
                 return
-            if not self._aborting and self._complete_one():
-                continue
-            if self._pollers and not self._aborting and self._poll_again():
-                continue
-            if not self._aborting and (self._parked or self._matcher.open or self._expected or self._deliveries):
-                self._on_deadlock()
+            try:
+                if not self._aborting and self._complete_one():
+                    continue
+                if self._pollers and not self._aborting and self._poll_again():
+                    continue
+                if not self._aborting and (self._parked or self._matcher.open or self._expected or self._deliveries):
+                    self._on_deadlock()
+                    continue
+            except Exception as exc:  # noqa: BLE001 - the engine's own step broke: ours, never the hook's
+                # On a pool thread it would end the thread and leave the run waiting for its
+                # deadline, charged to the hook as a hang: the run aborts and raises it instead.
+                if self._stop is None:
+                    if isinstance(exc, SimClusterError):
+                        self._stop = exc
+                    else:
+                        self._stop = SimulatorBug(f"simcluster's engine broke completing a step: {exc!r}")
+                        self._stop.__cause__ = exc
                 continue
             self._done = True
             self._current = None

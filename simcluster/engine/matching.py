@@ -189,33 +189,37 @@ def compute_failure(inst: Instance, computed: Call, exc: Exception) -> Collectiv
 
 
 def written_in_flight(inst: Instance) -> InFlightWriteError | None:
-    """The error for ``inst`` if some rank's code wrote to the tensor of its call after
-    posting it — the collective about to complete had it in flight — else None.
+    """The error for ``inst`` if some rank wrote to a tensor of its call (:attr:`Call.watched`)
+    after posting it — the collective about to complete had it in flight — else None.
 
     A write shows as the tensor's version counter moved since the post (:attr:`Call.version`):
     the fake's collectives write results without moving it, as gloo does
-    (``docs/gloo-facts.md`` §13), so only the rank's code moved it. For a view of a larger
-    tensor the counter is shared with the rest of it, so the values are compared too (with
-    :attr:`Call.snapshot`): a write elsewhere in the base is no race. Checked by the inline
+    (``docs/gloo-facts.md`` §13) — except the gathers' and reduce_scatter's outputs, whose
+    moves gloo makes too, so a gather writing into memory an all_reduce has in flight counts,
+    as the race it is on gloo. Where the counter cannot tell (a view, whose counter is its
+    base's; an inference tensor, which has none; a moved counter over unchanged values, as
+    ``t.copy_(t)`` leaves) the values are compared with :attr:`Call.snapshot`. Checked by the inline
     engine just before the collective computes; a write after that, before the rank saw the
     completion, is a race on a real cluster too but is not seen (the threaded engine,
     whose ranks run on their own, checks nothing: what it saw would be timing)."""
     writers = []
     for rank in inst.ranks:
         call = inst.calls[rank]
-        watched = call.watched
-        if watched is None or watched._version == call.version:
-            continue
-        if call.snapshot is not None and _same_bits(watched, call.snapshot):
-            continue
-        writers.append(rank)
+        for tensor, version, snapshot in zip(call.watched, call.version, call.snapshot):
+            if version >= 0 and tensor._version == version:
+                continue  # not written (the common case: no copy compared)
+            if snapshot is not None and _same_bits(tensor, snapshot):
+                continue  # the counter moved, the values did not: no race
+            writers.append(rank)
+            break
     if not writers:
         return None
     call = inst.calls[writers[0]]
     who = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {rank_list(writers)}"
     return InFlightWriteError(
-        f"{who} wrote to the tensor of {call.op}#{inst.seq} on {inst.channel} ({call.dtype}{list(call.shape)}) while "
-        "the collective had it in flight: after posting it, before it completed. On a real backend the collective "
+        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} ({call.dtype}{list(call.shape)}) had in "
+        "flight: after posting it, before it completed (the rank's code wrote it, or another collective of the rank "
+        "wrote its result into the same memory). On a real backend the collective "
         "reads and writes that memory meanwhile (gloo: on its worker thread), so the result mixes values from before "
         "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
         "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
@@ -227,7 +231,10 @@ def _same_bits(a: "torch.Tensor", b: "torch.Tensor") -> bool:
     """Whether two tensors of one dtype and shape hold the same bytes (NaN payloads, -0.0 included)."""
     import torch
 
-    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+    def raw(t: torch.Tensor) -> torch.Tensor:  # a fresh contiguous copy: a 1-element view may keep its stride
+        return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
+
+    return bool(torch.equal(raw(a), raw(b)))
 
 
 def unmatched_line(inst: Instance) -> str | None:

@@ -285,9 +285,12 @@ class SimProcessGroup(dist.ProcessGroup):
         channel: str | None = None,
         ranks: tuple[int, ...] | None = None,
         error: str | None = None,
+        watched: tuple[torch.Tensor, ...] | None = None,
     ) -> SimWork:
         """Post this rank's part; ``compute`` maps every rank's call (in group order) to
-        each rank's ``(value, exception)`` for its future."""
+        each rank's ``(value, exception)`` for its future. ``watched``: the tensors the
+        collective reads or writes in flight (default: ``tensor``), which the rank's code must
+        not write to until it completes (:attr:`~simcluster.engine.contract.Call.watched`)."""
         engine = self._runtime.engine
         if engine is None or not engine.running:
             engine = self._engine(op)  # raises its UsageError
@@ -328,10 +331,10 @@ class SimProcessGroup(dist.ProcessGroup):
             payload,
             after,
         )
-        if tensor is not None:  # a write to it before the completion is the hook's race (written_in_flight)
-            call.watched, call.version = tensor, tensor._version
-            if tensor._base is not None:  # a view: the counter is its base's, moved by writes anywhere in it
-                call.snapshot = tensor.clone()
+        if watched is None:
+            watched = (tensor,) if tensor is not None else ()
+        if watched:  # a write to one before the completion is the hook's race (matching.written_in_flight)
+            call.watched, call.version, call.snapshot = watched, *_versions_and_snapshots(watched)
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))
@@ -405,7 +408,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
-                          nbytes=sum(t.numel() * t.element_size() for t in tensors), detail=_op_words(name, factor),
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), watched=tuple(tensors), detail=_op_words(name, factor),
                           error=error)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -525,7 +528,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = (backend.all_gather_value(mine), None)
             return results
 
-        return self._post("all_gather", t, (_dtype(t), tuple(t.shape)), compute, (list(outs), t),
+        return self._post("all_gather", t, (_dtype(t), tuple(t.shape)), compute, (list(outs), t), watched=(t, *outs),
                           nbytes=t.numel() * t.element_size())
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
@@ -551,7 +554,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = (backend.all_gather_into_tensor_value(out, tuple(inp.shape), size), None)
             return results
 
-        return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute, (output, input))
+        return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute, (output, input),
+                          watched=(input, output))
 
     _allgather_base = all_gather_single
 
@@ -852,6 +856,29 @@ def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size
         if o.shape != t.shape:
             raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
                                f"(expected {_sizes(t)}, got {_sizes(o)})")
+
+
+SNAPSHOT_ELEMENTS = 4096
+"""Up to how many elements a posted tensor that is no view gets a copy of its values at the
+post (:func:`_versions_and_snapshots`); a view always does."""
+
+
+def _versions_and_snapshots(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+    """Each posted tensor's version counter now, and a copy of its values where the counter
+    alone cannot tell a write to it (:func:`~simcluster.engine.matching.written_in_flight`
+    compares them): a view (the counter is its base's, moved by writes anywhere in the base);
+    an inference tensor (it has none: version -1); any tensor of at most
+    :data:`SNAPSHOT_ELEMENTS` — in-place calls that move the counter without changing a
+    value (``t.copy_(t)``, ``zero_()`` of an empty slice, ``squeeze_()``) are no race. A
+    larger tensor that is no view is judged by its counter (a copy per post would cost the
+    1M-element step ~15 %: docs/gloo-facts.md §14)."""
+    versions, snapshots = [], []
+    for t in tensors:
+        inference = t.is_inference()
+        versions.append(-1 if inference else t._version)
+        keep = inference or t._base is not None or t.numel() <= SNAPSHOT_ELEMENTS
+        snapshots.append(t.clone() if keep else None)
+    return tuple(versions), tuple(snapshots)
 
 
 def _sizes(t: torch.Tensor) -> str:

@@ -950,7 +950,8 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         except Exception as exc:  # noqa: BLE001 - the hook's (or the model's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
             if isinstance(exc, InFlightWriteError):
-                side.timing = (f"the hook writes to a tensor a collective has in flight ({first_line(exc).split(' while ')[0]}"
+                side.timing = ("the hook writes to a tensor a collective has in flight ("
+                               f"{first_line(exc).split(': after posting')[0]}"
                                "): a race on a real cluster (docs/gloo-facts.md §14)")
             break
         poll = next(iter(result.trace.of(Polled)), None)

@@ -33,7 +33,7 @@ import torch
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP
 from simcluster.checking.properties import averages
-from simcluster.errors import HOOK_RAISES, UnsupportedError, UsageError, exit_meaning, first_line
+from simcluster.errors import HOOK_RAISES, NOT_THE_HOOKS, exit_meaning, first_line
 
 __all__ = ["RangeResult", "probe", "safe_range", "range_command"]
 
@@ -75,7 +75,7 @@ def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *,
         monitor.begin({"phase": "explain --range", "world_size": world_size, "magnitude": magnitude})
     try:
         result = ddp.step(grads)
-    except (UsageError, UnsupportedError):  # what the hook used is not modelled: no range, exit 3
+    except NOT_THE_HOOKS:  # not modelled, or a bug of ours: no range, exit 3
         raise
     except HOOK_RAISES as exc:  # a hook that raises (or exits) on this input is not safe there
         return exit_meaning(exc) or f"the hook raised {first_line(exc, typed=True)}"

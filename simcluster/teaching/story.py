@@ -31,7 +31,7 @@ import torch.distributed as dist
 from simcluster.checking.properties import build_refusal, registration_problem
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
-from simcluster.errors import HOOK_RAISES, UnsupportedError, UsageError
+from simcluster.errors import HOOK_RAISES, NOT_THE_HOOKS
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
 from simcluster.usercode.output import captured_output, marking_ranks
 from simcluster.usercode.rank_local import as_rank_local, rank_local_state
@@ -213,7 +213,7 @@ def record(
         with captured_output(getattr(monitor, "output_fd", None)) as printed, marking_ranks(printed):
             try:
                 one.result = ddp.step(grads)
-            except (UsageError, UnsupportedError):  # not the hook's failure: what it used is not modelled
+            except NOT_THE_HOOKS:  # not the hook's failure: not modelled, or a bug of ours
                 raise
             except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
                 one.error = exc
