@@ -29,7 +29,9 @@ One-rank groups: whether gloo's future is already complete when the hook returns
 load-dependent race at world size 1 (docs/e2e.md, measured), so a disagreement there is
 reported as *unconfirmed*, never as a fidelity bug; so is a simulated collective mismatch where
 real gloo finished every step (gloo completes many mismatches silently, and callbacks that post
-collectives from worker threads post them in an order that is timing). A simulated mismatch
+collectives from worker threads post them in an order that is timing); and so is any
+difference on a hook whose outcome the DDP model shows to be timing (:attr:`Side.timing`: it
+writes to a tensor a collective has in flight, or branches on a first poll). A simulated mismatch
 where real gloo aborted a rank (SIGABRT, ``gloo::EnforceNotMet``) is the same failure
 (:func:`aborted_on_mismatch`). A hook using what the simulator does not model is
 *unsupported*: nothing is compared.
