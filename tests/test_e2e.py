@@ -170,7 +170,7 @@ def test_a_hook_racing_on_real_gloo_is_unconfirmed_not_a_fidelity_bug(census) ->
     A loop polling until done ends alike either way: no race, and it still agrees."""
     scenario = Scenario(2, ((1000,),), steps=2)
     for hook, why in (("divides_after_posting", "the hook writes to a tensor a collective has in flight (ranks [0, 1] "
-                                                "wrote to a tensor that all_reduce#0 on WORLD (float32[1000]) had in flight"),
+                                                "wrote to a tensor that all_reduce#0 on WORLD had in flight (float32[1000])"),
                       ("skips_the_copy_back_when_already_done", "the hook branches on a poll (rank 0 at ")):
         result = run_e2e(scenario, f"{REPORT_HOOKS}:{hook}", "none", timeout=60, start_method="forkserver")
         assert result.sim.timing.startswith(why), (hook, result.sim.timing)

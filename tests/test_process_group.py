@@ -816,3 +816,29 @@ def test_an_engine_step_that_breaks_on_a_pool_thread_is_a_simulator_bug_not_a_ha
     with pytest.raises(SimulatorBug) as info:
         SimCluster(2, schedule=Broken(), stuck_timeout=5).run(rank_fn)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_a_write_in_flight_names_the_tensor_written_and_how_it_was_seen() -> None:
+    """A coalesced call's second tensor written: the report named the call's first tensor's
+    dtype and shape (an empty one: a round of hooks from the wild). It names the one written,
+    and, for a tensor too large to keep a copy of, that a counter moved by a call that changes
+    no value would read the same."""
+    def rank_fn(rank: int) -> None:
+        empty, written = torch.zeros(0), torch.ones(3)
+        work = dist.all_reduce_coalesced([empty, written], async_op=True)
+        written.mul_(2)
+        work.wait()
+
+    with pytest.raises(InFlightWriteError) as info:
+        SimCluster(2).run(rank_fn)
+    assert "had in flight (its tensor 2 of 2, float32[3]): after posting it" in str(info.value), info.value
+
+    def large_only(rank: int) -> None:
+        large = torch.ones(5000)
+        work = dist.all_reduce(large, async_op=True)
+        large.copy_(large)
+        work.wait()
+
+    with pytest.raises(InFlightWriteError, match=r"in flight \(float32\[5000\]\).*seen by its version counter, which "
+                                                 r"in-place calls that change no value .* move too"):
+        SimCluster(2).run(large_only)

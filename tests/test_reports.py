@@ -326,8 +326,8 @@ def test_a_write_to_a_tensor_in_flight_is_a_contract_failure_naming_the_posting_
     assert code == 1, out
     failure = data["failures"][0]
     assert failure["property"] == "contract" and failure["error_type"] == "InFlightWriteError", out
-    assert re.search(r"ranks? .*wrote to a tensor that all_reduce#0 on WORLD \(float32\[\d+\]\) had in flight",
-                     failure["message"]), failure["message"]
+    assert re.search(r"ranks? .*wrote to a tensor that all_reduce#0 on WORLD had in flight \(float32\[\d+\]\): "
+                     "after posting it", failure["message"]), failure["message"]
     line = _line("# posts buf")
     assert f"posted it at {HOOKS}:{line} in divides_after_posting" in failure["message"], failure["message"]
 

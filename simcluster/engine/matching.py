@@ -35,6 +35,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from simcluster.engine.contract import Call
 from simcluster.engine.frames import stack_user_frames
@@ -202,24 +203,34 @@ def written_in_flight(inst: Instance) -> InFlightWriteError | None:
     engine just before the collective computes; a write after that, before the rank saw the
     completion, is a race on a real cluster too but is not seen (the threaded engine,
     whose ranks run on their own, checks nothing: what it saw would be timing)."""
-    writers = []
+    writers: list[int] = []
+    written: Any = None  # the first rank's written tensor, and whether its values were compared
     for rank in inst.ranks:
         call = inst.calls[rank]
-        for tensor, version, snapshot in zip(call.watched, call.version, call.snapshot):
+        for i, (tensor, version, snapshot) in enumerate(zip(call.watched, call.version, call.snapshot)):
             if version >= 0 and tensor._version == version:
                 continue  # not written (the common case: no copy compared)
             if snapshot is not None and _same_bits(tensor, snapshot):
                 continue  # the counter moved, the values did not: no race
             writers.append(rank)
+            if written is None:
+                written = (tensor, i, len(call.watched), snapshot is not None)
             break
     if not writers:
         return None
     call = inst.calls[writers[0]]
+    tensor, index, count, compared = written
     who = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {rank_list(writers)}"
+    which = f"its tensor {index + 1} of {count}, " if count > 1 else ""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    unsure = "" if compared else (
+        " (seen by its version counter, which in-place calls that change no value — t.copy_(t), zero_() of an empty "
+        "slice — move too: for a tensor above 4,096 elements that is no view simcluster keeps no copy of the values "
+        "to tell them apart)")
     return InFlightWriteError(
-        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} ({call.dtype}{list(call.shape)}) had in "
-        "flight: after posting it, before it completed (the rank's code wrote it, or another collective of the rank "
-        "wrote its result into the same memory). On a real backend the collective "
+        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} had in flight ({which}{dtype}"
+        f"{list(tensor.shape)}): after posting it, before it completed (the rank's code wrote it, or another "
+        f"collective of the rank wrote its result into the same memory){unsure}. On a real backend the collective "
         "reads and writes that memory meanwhile (gloo: on its worker thread), so the result mixes values from before "
         "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
         "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
