@@ -638,12 +638,19 @@ def test_a_hung_simulation_with_no_hook_code_running_says_so() -> None:
     """A hook whose future never completes leaves no hook code on any stack: the report's
     'where the hook's code was at the deadline' showed simcluster's own frames as if they
     were the hook's (round 18 of hooks from the wild). It now says no hook code was running
-    and what the ranks waited on."""
+    and what the ranks waited on — which no stack shows: the DDP model runs the scenario again
+    and its deadlock report names each rank's wait."""
     sim = run_sim(Scenario(2, ((4,),), steps=1), f"{HOOKS}:returns_a_future_nobody_completes", timeout=8)
     failure = sim.failure
     assert failure is not None and failure.kind == "hung", failure
     assert "with no hook code running: every rank waited in DDP or simcluster" in failure.line(), failure.line()
-    assert failure.detail.startswith("no hook code was on any thread's stack at the deadline")
+    assert failure.detail is not None
+    line = next(i for i, text in enumerate(Path(HOOKS).read_text().splitlines(), 1)
+                if "def returns_a_future_nobody_completes" in text) + 3
+    assert re.search(r"from the DDP model's run of the scenario \(a deadlock there\):\n.*\n  rank 0: DDP's reducer "
+                     r"\(iteration 0, bucket 0\) waits on torch\.futures\.Future\(\) #0 made by rank 0 at "
+                     rf"\S*e2e_hooks\.py:{line}, which never completes", failure.detail), failure.detail
+    assert "no hook code was on any thread's stack at the deadline" in failure.detail
 
 
 def test_a_hung_rank_is_reported_in_bounded_time_with_its_last_hook_call(census) -> None:

@@ -778,7 +778,8 @@ def run_sim(scenario: Scenario, hook: str, state: str = "none", *, backend: str 
                     "hung", -1, "hung", f"the simulation {death.detail}, with no hook code running: every rank "
                     "waited in DDP or simcluster — on a future the hook returned that never completes, or a "
                     "collective some rank never posted", None,
-                    "no hook code was on any thread's stack at the deadline; the threads' stacks:\n"
+                    _located_hang(scenario, hook, state, backend, timeout, isolate)
+                    + "no hook code was on any thread's stack at the deadline; the threads' stacks:\n"
                     + (format_stack(death.stacks) or death.stacks))
         else:
             side.failure = _located_death(scenario, hook, state, backend, timeout, isolate, death.detail)
@@ -819,6 +820,33 @@ def _located_death(scenario: Scenario, hook: str, state: str, backend: str, time
     printed = f"\n--- what the hook printed on the DDP model's run (last lines) ---\n{death.output}" if death.output else ""
     return SideFailure("died", rank, "died", f"the simulation's process {detail}; where: {death.where()}; located "
                        "by re-running the scenario on the DDP model", step, death.stacks + printed)
+
+
+def _located_hang(scenario: Scenario, hook: str, state: str, backend: str, timeout: float,
+                  isolate: Sequence[str]) -> str:
+    """The real reducer's rank threads hung with no hook code running: which future or
+    collective they waited on is in no stack. The DDP model (one baton, a deadlock seen as
+    soon as nothing can run) runs the scenario again in a supervised child; its deadlock
+    report — each rank's wait, each collective some rank never posted — is returned with a
+    heading, or ``''`` when the model finished, failed otherwise, or hung too."""
+    from simcluster.checking.supervisor import run_supervised
+
+    def located(monitor: Any) -> str:
+        monitor.begin({"scenario": scenario.describe(), "locating": "the hang"})
+        hook_local, state_local = per_process(hook, state, isolate)
+        with captured_output(monitor.output_fd):
+            side = run_model(scenario, hook_local, state_local, backend=backend, on_hook_call=monitor.at)
+        monitor.end()
+        failure = side.failure
+        if failure is None or failure.error_type != "DeadlockError" or failure.detail is None:
+            return ""
+        story = failure.detail.rpartition("DeadlockError: ")[2]  # the error's whole text, after its traceback
+        return "\n".join(line for line in story.splitlines() if not line.lstrip().startswith(("replay:", "simcluster:")))
+
+    again = run_supervised(located, deadline=timeout)
+    if not again.value:
+        return ""
+    return f"what the ranks waited on, from the DDP model's run of the scenario (a deadlock there):\n{again.value}\n"
 
 
 def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: float, isolate: Sequence[str],
