@@ -366,7 +366,8 @@ def order_hint(opts: Options, violation: Violation) -> str:
     drawn = _failing_step_again(opts, violation)
     polls = _late_polls(drawn[4].trace) if drawn is not None else ""
     if polls:
-        return f"\n(with every collective completing in order and every first poll looking at once this step passes; {polls})"
+        return ("\n(with every collective completing in order and every first poll looking at once this step passes; "
+                f"{polls})")
     return ("\n(with every collective completing in order this step passes: the result depends on the order in "
             "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
             "pair up differently on different ranks, or callbacks share state)")

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
-__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "Event", "Trace", "CollectiveSummary"]
+__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "Event", "Trace",
+           "CollectiveSummary"]
 
 
 @dataclass(frozen=True)

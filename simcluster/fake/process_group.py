@@ -408,7 +408,8 @@ class SimProcessGroup(dist.ProcessGroup):
             return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
-                          nbytes=sum(t.numel() * t.element_size() for t in tensors), watched=tuple(tensors), detail=_op_words(name, factor),
+                          nbytes=sum(t.numel() * t.element_size() for t in tensors), watched=tuple(tensors),
+                          detail=_op_words(name, factor),
                           error=error)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None, *,
@@ -554,8 +555,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = (backend.all_gather_into_tensor_value(out, tuple(inp.shape), size), None)
             return results
 
-        return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute, (output, input),
-                          watched=(input, output))
+        return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute,
+                          (output, input), watched=(input, output))
 
     _allgather_base = all_gather_single
 

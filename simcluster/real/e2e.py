@@ -841,7 +841,8 @@ def _located_hang(scenario: Scenario, hook: str, state: str, backend: str, timeo
         if failure is None or failure.error_type != "DeadlockError" or failure.detail is None:
             return ""
         story = failure.detail.rpartition("DeadlockError: ")[2]  # the error's whole text, after its traceback
-        return "\n".join(line for line in story.splitlines() if not line.lstrip().startswith(("replay:", "simcluster:")))
+        kept = [line for line in story.splitlines() if not line.lstrip().startswith(("replay:", "simcluster:"))]
+        return "\n".join(kept)
 
     again = run_supervised(located, deadline=timeout)
     if not again.value:
@@ -1325,7 +1326,8 @@ def _unconfirmed(scenario: Scenario, sim: Side, real: Side) -> str:
     if _mismatch_where_other_finished(sim, real) and not sim.model_differences:
         return MISMATCH_FINISHED
     if sim.timing:
-        return f"{sim.timing}; one real run is one draw of it, not comparable bit for bit — `simcluster check` explores it"
+        return (f"{sim.timing}; one real run is one draw of it, not comparable bit for bit — `simcluster check` "
+                "explores it")
     return ""
 
 
