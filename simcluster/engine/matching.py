@@ -216,6 +216,8 @@ def written_in_flight(inst: Instance) -> InFlightWriteError | None:
             if written is None:
                 written = (tensor, i, len(call.watched), snapshot is not None)
             break
+        if call.snapshot:
+            call.snapshot = ()  # checked: the copies go now, not with the run's records (a view's: any size)
     if not writers:
         return None
     call = inst.calls[writers[0]]
