@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from simcluster.errors import CollectiveMismatchError, DeadlockError, StuckError, UsageError
+from simcluster.fake.collectives import bits_equal
 from simcluster.checking.tolerances import (Tolerance, bucket_position, bucket_values, lossy_averages,
                                             parse_tolerance)
 
@@ -557,15 +558,6 @@ def _canonical_nans(t: torch.Tensor) -> torch.Tensor:
     if not t.is_floating_point() or not bool(t.isnan().any()):
         return t
     return torch.where(t.isnan(), torch.full_like(t, math.nan), t)
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality of two tensors (dtype, shape and every bit; NaNs compare by payload)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    a8 = a.detach().contiguous().reshape(-1).view(torch.uint8)
-    b8 = b.detach().contiguous().reshape(-1).view(torch.uint8)
-    return torch.equal(a8, b8)
 
 
 def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:

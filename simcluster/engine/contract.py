@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from simcluster.engine.trace import Trace
 
-__all__ = ["Call", "EngineContract", "RunAborted", "Waitable", "when_all_done"]
+__all__ = ["Call", "EngineContract", "InFlight", "RunAborted", "Waitable", "when_all_done"]
 
 
 class RunAborted(BaseException):
@@ -74,6 +74,17 @@ def when_all_done(waitables: Sequence[Waitable], then: Callable[[], None],
         waitable.on_done(one_done)
 
 
+class InFlight(Protocol):
+    """The layer above's record of what a posted call has in flight (its tensors, as the
+    process group saw them at the post): the engine knows no tensors, only this question."""
+
+    def written(self) -> tuple[str, str] | None:
+        """None when nothing was written since the post; else which tensor was, in words
+        (``float32[3]``, ``its tensor 2 of 2, float32[3]``), and a caveat on how the write
+        was seen (``''`` when sure). Asked once, at the completion: what it kept is let go."""
+        ...
+
+
 @dataclass(slots=True)
 class Call:
     """One rank's part of a collective (or point-to-point transfer).
@@ -98,7 +109,7 @@ class Call:
 
     The process group builds one per collective and rank *positionally* (a class called with
     keywords costs a dict per call): a new field goes after ``after``, or every builder changes.
-    ``watched``, ``version`` and ``snapshot`` (below) are set after, by attribute.
+    ``in_flight`` (below) is set after, by attribute.
     """
 
     rank: int
@@ -119,14 +130,10 @@ class Call:
     worker: int = -1
     posted_at: str | None = None
     posted_in: str = ""
-    watched: tuple[Any, ...] = ()
-    """The tensors the call reads or writes in flight (an all_reduce's, a broadcast's, a
-    gather's input and outputs, every tensor of a coalesced call, …); ``version`` holds each
-    one's version counter when posted (-1: an inference tensor, which has none), and
-    ``snapshot`` a copy of its values then, or None where the counter alone tells a write:
+    in_flight: "InFlight | None" = None
+    """What the call reads or writes in flight, as it was when posted (the process group's
+    record of its tensors), asked at the completion whether the rank wrote to it meanwhile:
     :func:`~simcluster.engine.matching.written_in_flight`."""
-    version: tuple[int, ...] = ()
-    snapshot: tuple[Any, ...] = ()
 
     @property
     def describe(self) -> str:

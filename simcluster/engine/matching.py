@@ -35,7 +35,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from simcluster.engine.contract import Call
 from simcluster.engine.frames import stack_user_frames
@@ -190,64 +189,34 @@ def compute_failure(inst: Instance, computed: Call, exc: Exception) -> Collectiv
 
 
 def written_in_flight(inst: Instance) -> InFlightWriteError | None:
-    """The error for ``inst`` if some rank wrote to a tensor of its call (:attr:`Call.watched`)
-    after posting it — the collective about to complete had it in flight — else None.
-
-    A write shows as the tensor's version counter moved since the post (:attr:`Call.version`):
-    the fake's collectives write results without moving it, as gloo does
-    (``docs/gloo-facts.md`` §13) — except the gathers' and reduce_scatter's outputs, whose
-    moves gloo makes too, so a gather writing into memory an all_reduce has in flight counts,
-    as the race it is on gloo. Where the counter cannot tell (a view, whose counter is its
-    base's; an inference tensor, which has none; a moved counter over unchanged values, as
-    ``t.copy_(t)`` leaves) the values are compared with :attr:`Call.snapshot`. Checked by the inline
-    engine just before the collective computes; a write after that, before the rank saw the
-    completion, is a race on a real cluster too but is not seen (the threaded engine,
-    whose ranks run on their own, checks nothing: what it saw would be timing)."""
+    """The error for ``inst`` if some rank wrote to a tensor its call had in flight — after
+    posting it, before this completion — else None: each call's :attr:`Call.in_flight` (the
+    process group's record, :class:`~simcluster.fake.process_group.InFlightTensors`) says.
+    Checked by the inline engine just before the collective computes; a write after that,
+    before the rank saw the completion, is a race on a real cluster too but is not seen (the
+    threaded engine, whose ranks run on their own, checks nothing: what it saw would be timing)."""
     writers: list[int] = []
-    written: Any = None  # the first rank's written tensor, and whether its values were compared
+    told: tuple[str, str] | None = None  # the first writer's tensor, in words, and the caveat
     for rank in inst.ranks:
-        call = inst.calls[rank]
-        for i, (tensor, version, snapshot) in enumerate(zip(call.watched, call.version, call.snapshot)):
-            if version >= 0 and tensor._version == version:
-                continue  # not written (the common case: no copy compared)
-            if snapshot is not None and _same_bits(tensor, snapshot):
-                continue  # the counter moved, the values did not: no race
+        in_flight = inst.calls[rank].in_flight
+        written = in_flight.written() if in_flight is not None else None
+        if written is not None:
             writers.append(rank)
-            if written is None:
-                written = (tensor, i, len(call.watched), snapshot is not None)
-            break
-        if call.snapshot:
-            call.snapshot = ()  # checked: the copies go now, not with the run's records (a view's: any size)
-    if not writers:
+            told = told or written
+    if told is None:
         return None
     call = inst.calls[writers[0]]
-    tensor, index, count, compared = written
+    what, caveat = told
     who = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {rank_list(writers)}"
-    which = f"its tensor {index + 1} of {count}, " if count > 1 else ""
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    unsure = "" if compared else (
-        " (seen by its version counter, which in-place calls that change no value — t.copy_(t), zero_() of an empty "
-        "slice — move too: for a tensor above 4,096 elements that is no view simcluster keeps no copy of the values "
-        "to tell them apart)")
     return InFlightWriteError(
-        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} had in flight ({which}{dtype}"
-        f"{list(tensor.shape)}): after posting it, before it completed (the rank's code wrote it, or another "
-        f"collective of the rank wrote its result into the same memory){unsure}. On a real backend the collective "
+        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} had in flight ({what}): after posting "
+        "it, before it completed (the rank's code wrote it, or another collective of the rank wrote its result into "
+        f"the same memory){caveat}. On a real backend the collective "
         "reads and writes that memory meanwhile (gloo: on its worker thread), so the result mixes values from before "
         "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
         "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
         "docs/gloo-facts.md §14). Write to it only once the work completed (work.wait(), or in a then() callback), "
         "or post a copy\n" + "\n".join(posted_at_lines({r: inst.calls[r] for r in writers})))
-
-
-def _same_bits(a: "torch.Tensor", b: "torch.Tensor") -> bool:
-    """Whether two tensors of one dtype and shape hold the same bytes (NaN payloads, -0.0 included)."""
-    import torch
-
-    def raw(t: torch.Tensor) -> torch.Tensor:  # a fresh contiguous copy: a 1-element view may keep its stride
-        return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
-
-    return bool(torch.equal(raw(a), raw(b)))
 
 
 def unmatched_line(inst: Instance) -> str | None:

@@ -82,6 +82,7 @@ __all__ = [
     "ring_chunks",
     "memory_window",
     "copy_bits_",
+    "bits_equal",
 ]
 
 REDUCE_OPS: tuple[str, ...] = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
@@ -839,3 +840,21 @@ def copy_bits_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return dst
     raw.copy_(src)
     return dst
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two tensors (dtype, shape and every bit; NaNs compare by payload,
+    ``-0.0`` is not ``0.0``)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as flat bytes. ``contiguous()`` leaves a one-element view's stride as it
+    is (a dimension of size 1 is contiguous whatever its stride), and viewing that as bytes
+    raises: such a tensor is copied first."""
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)

@@ -43,7 +43,7 @@ from simcluster.names import MASKED_ADDRESS, MASKED_STAMP, wear_torchs_name
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
 
-__all__ = ["SimProcessGroup", "SimWork", "GroupSpec", "GLOO_SELF_P2P"]
+__all__ = ["SimProcessGroup", "SimWork", "GroupSpec", "GLOO_SELF_P2P", "InFlightTensors"]
 
 GLOO_SELF_P2P = ("[enforce fail at third_party/gloo/gloo/transport/tcp/pair.cc:801] state_ >= CONNECTED. 1 vs 4. "
                  "Pair is not connected")
@@ -290,7 +290,7 @@ class SimProcessGroup(dist.ProcessGroup):
         """Post this rank's part; ``compute`` maps every rank's call (in group order) to
         each rank's ``(value, exception)`` for its future. ``watched``: the tensors the
         collective reads or writes in flight (default: ``tensor``), which the rank's code must
-        not write to until it completes (:attr:`~simcluster.engine.contract.Call.watched`)."""
+        not write to until it completes (:class:`InFlightTensors`)."""
         engine = self._runtime.engine
         if engine is None or not engine.running:
             engine = self._engine(op)  # raises its UsageError
@@ -334,7 +334,7 @@ class SimProcessGroup(dist.ProcessGroup):
         if watched is None:
             watched = (tensor,) if tensor is not None else ()
         if watched:  # a write to one before the completion is the hook's race (matching.written_in_flight)
-            call.watched, call.version, call.snapshot = watched, *_versions_and_snapshots(watched)
+            call.in_flight = InFlightTensors(watched)
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
         return SimWork(future, finished, op, backend.get_future_error(op))
@@ -861,25 +861,53 @@ def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size
 
 SNAPSHOT_ELEMENTS = 4096
 """Up to how many elements a posted tensor that is no view gets a copy of its values at the
-post (:func:`_versions_and_snapshots`); a view always does."""
+post (:class:`InFlightTensors`); a view always does."""
 
 
-def _versions_and_snapshots(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
-    """Each posted tensor's version counter now, and a copy of its values where the counter
-    alone cannot tell a write to it (:func:`~simcluster.engine.matching.written_in_flight`
-    compares them): a view (the counter is its base's, moved by writes anywhere in the base);
-    an inference tensor (it has none: version -1); any tensor of at most
-    :data:`SNAPSHOT_ELEMENTS` — in-place calls that move the counter without changing a
-    value (``t.copy_(t)``, ``zero_()`` of an empty slice, ``squeeze_()``) are no race. A
-    larger tensor that is no view is judged by its counter (a copy per post would cost the
-    1M-element step ~15 %: docs/gloo-facts.md §14)."""
-    versions, snapshots = [], []
-    for t in tensors:
-        inference = t.is_inference()
-        versions.append(-1 if inference else t._version)
-        keep = inference or t._base is not None or t.numel() <= SNAPSHOT_ELEMENTS
-        snapshots.append(t.clone() if keep else None)
-    return tuple(versions), tuple(snapshots)
+class InFlightTensors:
+    """The tensors a posted call reads or writes in flight (an all_reduce's, a gather's input
+    and outputs, a coalesced call's every one), as they were at the post: the
+    :class:`~simcluster.engine.contract.InFlight` the engine asks at the completion.
+
+    A write shows as a tensor's version counter moved since the post: the fake's collectives
+    write results without moving it, as gloo does (``docs/gloo-facts.md`` §13) — except the
+    gathers' and reduce_scatter's outputs, whose moves gloo makes too, so a gather writing
+    into memory an all_reduce has in flight counts, as the race it is on gloo. Where the
+    counter alone cannot tell, a copy of the values taken at the post is compared: a view
+    (its counter is its base's, moved by writes anywhere in the base); an inference tensor
+    (it has none: version -1); any tensor of at most :data:`SNAPSHOT_ELEMENTS` — in-place
+    calls that move the counter without changing a value (``t.copy_(t)``, ``zero_()`` of an
+    empty slice, ``squeeze_()``) are no race. A larger tensor that is no view is judged by
+    its counter (a copy per post would cost the 1M-element step ~15 %: docs/gloo-facts.md §14)."""
+
+    __slots__ = ("_tensors", "_versions", "_copies")
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        versions, copies = [], []
+        for t in tensors:
+            inference = t.is_inference()
+            versions.append(-1 if inference else t._version)
+            keep = inference or t._base is not None or t.numel() <= SNAPSHOT_ELEMENTS
+            copies.append(t.clone() if keep else None)
+        self._tensors, self._versions, self._copies = tensors, versions, copies
+
+    def written(self) -> tuple[str, str] | None:
+        """Which tensor the rank wrote since the post, in words, and how sure (see the class);
+        None if none. The copies are let go: they are the size of what was posted."""
+        tensors, copies = self._tensors, self._copies
+        self._copies = [None] * len(copies)
+        for i, (t, version, copy) in enumerate(zip(tensors, self._versions, copies)):
+            if version >= 0 and t._version == version:
+                continue  # not written (the common case: no copy compared)
+            if copy is not None and collectives.bits_equal(t, copy):
+                continue  # the counter moved, the values did not: no race
+            which = f"its tensor {i + 1} of {len(tensors)}, " if len(tensors) > 1 else ""
+            caveat = "" if copy is not None else (
+                " (seen by its version counter, which in-place calls that change no value — t.copy_(t), zero_() of an "
+                f"empty slice — move too: for a tensor above {SNAPSHOT_ELEMENTS:,} elements that is no view simcluster "
+                "keeps no copy of the values to tell them apart)")
+            return f"{which}{_dtype(t)}{list(t.shape)}", caveat
+        return None
 
 
 def _sizes(t: torch.Tensor) -> str:
