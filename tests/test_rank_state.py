@@ -166,6 +166,27 @@ def test_random_and_numpy_are_per_rank_and_seeded_by_policy() -> None:
     assert random.getstate() == outside[0] and (numpy.random.get_state()[1] == outside[1]).all()
 
 
+def _every_generator(rank: int) -> tuple[float, float, float]:
+    return float(torch.rand(())), random.random(), float(numpy.random.rand())
+
+
+@pytest.mark.parametrize("seed", [7, 2**32 - 2])  # rank 2: seed + rank past numpy's 2**32 - 1, folded alike
+def test_a_real_process_seeded_for_a_rank_draws_what_that_simulated_rank_draws(seed: int) -> None:
+    """The e2e and gloo-differential children seed their generators with
+    seed_process_generators: a hook drawing from any of the three generators must draw the
+    same on both sides, or every comparison is a false fidelity alarm."""
+    simulated = SimCluster(3, seed=seed).run(_every_generator).values
+    saved = rank_state.process_generator_states()
+    try:
+        for rank in range(3):
+            rank_state.seed_process_generators(seed, rank)
+            assert _every_generator(rank) == simulated[rank]
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        numpy.random.set_state(saved[2])
+
+
 def test_example_seeds_reach_the_ranks_and_tokens_carry_them() -> None:
     example = Example(2, Layout(((3,),)), StepSpec((RankSpec("ints", seed=1), RankSpec("ints", seed=2))),
                       rng_seed=123)

@@ -45,7 +45,8 @@ from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import UsageError
 from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
-from simcluster.usercode.rank_state import CURRENT, RankGenerators, SettingsAudit, install_generators, restore_generators
+from simcluster.usercode.rank_state import (CURRENT, RankGenerators, SettingsAudit, install_generators, rank_seed,
+                                            restore_generators)
 
 __all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches", "nccl_version_stand_in",
            "NCCL_VERSION_STAND_IN"]
@@ -192,7 +193,7 @@ class RankContexts:
             self.worlds[r].register(self.world_groups[r], default=True)
         generator = torch.Generator()
         self.rng_states = [
-            generator.manual_seed(seed + (r if rng == "per_rank" else 0)).get_state() for r in range(world_size)
+            generator.manual_seed(rank_seed(seed, r, rng)).get_state() for r in range(world_size)
         ]
         self.groups = GroupRegistry(runtime, self.worlds)
         self._outside_rng: torch.Tensor | None = None

@@ -206,7 +206,7 @@ def _gloo_job(rank: int, world_size: int, payload: dict[str, Any]) -> list[Any]:
     """One real gloo rank: every step of the comparison, state kept across steps."""
     import torch.distributed as dist
 
-    seed_process_generators(payload["seed"] + rank)
+    seed_process_generators(payload["seed"], rank)
     if payload.get("fresh"):
         hook, state_spec = _fresh_copies(payload)
     else:

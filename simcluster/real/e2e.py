@@ -450,7 +450,7 @@ def run_rank(rank: int, world_size: int, payload: dict[str, Any], group: Any = N
     # every generator a rank owns, as a simulated rank's (seed + rank): a gloo child reseeds
     # random and numpy from OS entropy after it forks, and a hook drawing from them could never
     # be compared (a false FIDELITY BUG on every run, an e2e audit)
-    seed_process_generators(scenario.seed + rank)
+    seed_process_generators(scenario.seed, rank)
     emit = emit or _print_event
     with _announce_collectives(rank, emit):
         # fresh copies of the hook's module (and a state factory's, and the isolate modules): a

@@ -53,7 +53,7 @@ import torch
 from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
-           "process_generator_states", "seed_process_generators"]
+           "process_generator_states", "rank_seed", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
     import numpy.random as _np_random
@@ -84,11 +84,25 @@ CURRENT = _Current()
 """The running rank (``None`` outside a run) and its per-rank registries."""
 
 
+def rank_seed(seed: int, rank: int, rng: str = "per_rank") -> int:
+    """The seed of rank ``rank``'s generators — torch's default one, Python's ``random``,
+    numpy's legacy one — in a run seeded ``seed``: ``seed + rank`` with ``rng="per_rank"``
+    (each process seeds its own, as a launcher script does with its rank), ``seed`` on
+    every rank with ``"same"``. The one rule, for simulated ranks (:class:`RankGenerators`,
+    the cluster's torch states) and real ones (:func:`seed_process_generators`)."""
+    return seed + rank if rng == "per_rank" else seed
+
+
+def _numpy_seed(seed: int) -> int:
+    """numpy's legacy generator takes seeds below 2**32 only: the rank's seed, folded."""
+    return seed % 2**32
+
+
 class RankGenerators:
     """Every rank's ``random.Random`` and ``numpy.random.RandomState`` for one cluster."""
 
     def __init__(self, world_size: int, seed: int, rng: str) -> None:
-        self.seeds = [seed + (r if rng == "per_rank" else 0) for r in range(world_size)]
+        self.seeds = [rank_seed(seed, r, rng) for r in range(world_size)]
         self._python: list[random.Random | None] = [None] * world_size
         self._numpy: list[Any] = [None] * world_size
 
@@ -103,7 +117,7 @@ class RankGenerators:
         """Rank ``rank``'s legacy ``numpy.random.RandomState`` (seeded on first use)."""
         gen = self._numpy[rank]
         if gen is None:
-            gen = self._numpy[rank] = _np_random.RandomState(self.seeds[rank] % 2**32)
+            gen = self._numpy[rank] = _np_random.RandomState(_numpy_seed(self.seeds[rank]))
         return gen
 
 
@@ -115,14 +129,14 @@ def process_generator_states() -> tuple[Any, Any, Any]:
             _np_random.get_state() if _np_random is not None else None)
 
 
-def seed_process_generators(seed: int) -> None:
-    """Seed a real process's global generators as a simulated rank's are seeded
-    (:class:`RankGenerators`: ``seed`` is the rank's, e.g. seed + rank): torch's, Python's
-    ``random`` and numpy's legacy one."""
-    torch.manual_seed(seed)
-    random.seed(seed)
+def seed_process_generators(seed: int, rank: int) -> None:
+    """Seed a real process's global generators — torch's, Python's ``random``, numpy's
+    legacy one — as simulated rank ``rank``'s are in a run seeded ``seed`` (:func:`rank_seed`)."""
+    mine = rank_seed(seed, rank)
+    torch.manual_seed(mine)
+    random.seed(mine)
     if _np_random is not None:
-        _np_random.seed(seed % 2**32)
+        _np_random.seed(_numpy_seed(mine))
 
 
 def _python_generator() -> Any:
