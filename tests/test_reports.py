@@ -1027,3 +1027,18 @@ def test_a_deadlock_the_reporting_rerun_does_not_reproduce_keeps_its_first_repor
     assert str(found).startswith(str(first).splitlines()[0])
     skip[0] = False  # the re-run no longer deadlocks
     assert with_posting_lines(opts, first) is first
+
+
+def test_the_abridger_never_folds_values_that_differ_in_their_bits() -> None:
+    """Reports and explain print tensors through one abridger: a run of equal values is one
+    value and a count, but -0.0 is not 0.0 (a hook that flips a sign is what the report is
+    about) and NaN never equals itself; a long tensor keeps its head, its tail and its size."""
+    from simcluster.checking.render import abridged
+    from simcluster.teaching.explain import values
+
+    assert abridged(torch.tensor([2.0, 2.0, 2.0])) == "[2.0 ×3]"
+    assert abridged(torch.tensor([0.0, -0.0, 0.0])) == "[0.0, -0.0, 0.0]"
+    assert abridged(torch.tensor([float("nan")] * 2)) == "[nan, nan]"
+    assert abridged(torch.arange(8.0)) == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, …] (8 values)"
+    assert values(torch.arange(400_000.0)) == (
+        "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, …, 399996.0, 399997.0, 399998.0, 399999.0] (400,000 values)")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # options imports render
     from simcluster.checking.options import Options
 
 __all__ = ["error_text", "error_frames", "user_line", "bucket_steps", "describe_steps", "rebuild_hint",
-           "render_gradients", "describe_layout", "replay_command", "failure", "death_failure",
+           "abridged", "render_gradients", "describe_layout", "replay_command", "failure", "death_failure",
            "printed_output", "MAX_LINES", "MAX_LINE_CHARS", "MAX_OUTPUT_LINES"]
 
 MAX_LINES = 40
@@ -226,12 +226,29 @@ def rebuild_hint(steps: Sequence[dict[str, Any]], at: int) -> str | None:
 
 
 # --------------------------------------------------------------------------- inputs
-def _abridge(t: torch.Tensor, limit: int = 6) -> str:
-    flat = t.detach().reshape(-1).to(torch.float64).tolist()
-    if flat and all(v == flat[0] for v in flat) and len(flat) > 1:
-        return f"[{flat[0]!r} ×{len(flat)}]"
-    shown = ", ".join(repr(v) for v in flat[:limit])
-    return f"[{shown}{', …' if len(flat) > limit else ''}]" + (f"({len(flat)})" if len(flat) > limit else "")
+def abridged(t: torch.Tensor, *, whole: int = 6, head: int = 6, tail: int = 0) -> str:
+    """``t``'s values, flat, in a line a person reads: all of them up to ``whole`` elements,
+    else the first ``head``, ``…``, the last ``tail`` and how many there are; more than one
+    element all alike (bit for bit: ``-0.0`` is not ``0.0``) as one and a count. The one
+    abridger of tensors in reports (the gradients line) and in ``explain``, e.g.
+    ``[-1.0, -5.0, …, 3.0] (400,000 values)``, ``[0.0 ×3]``.
+
+    >>> abridged(torch.tensor([1.0, 2.0]))
+    '[1.0, 2.0]'
+    >>> abridged(torch.zeros(3))
+    '[0.0 ×3]'
+    >>> abridged(torch.arange(10.0), whole=4, head=2, tail=1)
+    '[0.0, 1.0, …, 9.0] (10 values)'
+    """
+    flat = t.detach().reshape(-1)
+    n = flat.numel()
+    if n > 1 and bool((flat == flat[0]).all()) and (
+            not flat.dtype.is_floating_point or bool((torch.signbit(flat) == torch.signbit(flat[0])).all())):
+        return f"[{flat[0].item()!r} ×{n:,}]"
+    if n <= whole:
+        return f"[{', '.join(map(repr, flat.tolist()))}]"
+    shown = [repr(v) for v in flat[:head].tolist()] + ["…"] + [repr(v) for v in flat[n - tail:].tolist()] * bool(tail)
+    return f"[{', '.join(shown)}] ({n:,} values)"
 
 
 def render_gradients(example: Example, upto: int, max_ranks: int = 4, named: Sequence[int] = ()) -> str:
@@ -248,7 +265,7 @@ def render_gradients(example: Example, upto: int, max_ranks: int = 4, named: Seq
         for r in sorted(keep):
             if r > last + 1:
                 shown.append("…")
-            shown.append(f"r{r}: " + " ".join(_abridge(g) for g in step[r]))
+            shown.append(f"r{r}: " + " ".join(abridged(g) for g in step[r]))
             last = r
         more = f" (+{len(step) - len(keep)} ranks)" if len(step) > len(keep) else ""
         lines.append(f"step {t}: " + " | ".join(shown) + more)

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from simcluster.checking.render import abridged
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
 from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
@@ -71,19 +72,15 @@ def small_gradients(world_size: int, numel: int, seed: int) -> list[torch.Tensor
 
 
 SHOWN_WHOLE = 64
-"""Tensors of at most this many elements are printed whole; larger ones as their first
-and last few values and a count (:func:`values`): a 400,000-element bucket printed whole
+"""Tensors of at most this many elements are printed whole; larger ones as their first 8
+and last 4 values and a count (:func:`values`): a 400,000-element bucket printed whole
 made one explained step ~11 MB of text."""
 
 
 def values(t: torch.Tensor) -> str:
-    """``t``'s values, flat: every one up to :data:`SHOWN_WHOLE` elements, else the first 8,
-    ``…``, the last 4 and how many there are, e.g. ``[-1.0, -5.0, …, 3.0] (400,000 values)``."""
-    flat = t.detach().reshape(-1)
-    if flat.numel() <= SHOWN_WHOLE:
-        return str(flat.tolist())
-    head, tail = flat[:8].tolist(), flat[-4:].tolist()
-    return f"[{', '.join(map(repr, head))}, …, {', '.join(map(repr, tail))}] ({flat.numel():,} values)"
+    """``t``'s values as an explained step prints them (:func:`~simcluster.checking.render.abridged`,
+    up to :data:`SHOWN_WHOLE` whole), e.g. ``[-1.0, -5.0, …, 3.0] (400,000 values)``."""
+    return abridged(t, whole=SHOWN_WHOLE, head=8, tail=4)
 
 
 def _fmt(t: Any) -> str:
