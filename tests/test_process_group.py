@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
-from simcluster.errors import DeadlockError, InFlightWriteError, SimulatorBug, UnsupportedError
+from simcluster.errors import (CollectiveMismatchError, DeadlockError, InFlightWriteError, SimulatorBug,
+                              UnsupportedError)
 from simcluster.limits import BACKEND_NAMES
 from simcluster.names import without_addresses
 
@@ -429,6 +430,84 @@ def test_new_group_and_new_subgroups_inside_a_run() -> None:
 
     out = SimCluster(4).run(rank_fn).values
     assert out == [(0, 2, 1.0), (1, 2, 1.0), (-1, -1, 5.0), (-1, -1, 5.0)]
+
+
+# Measured on real gloo, torch 2.13 (benchmarks/measure_new_group_names.py, docs/gloo-facts.md §7):
+# torch names a group str(_world.group_count), counted on every new_group call of the process,
+# member or not; members-only calls give two groups one name, whose ranks then cross-connect.
+
+
+def _reduce_on(group: object) -> list[float]:
+    t = torch.full((2,), float(dist.get_rank() + 1))
+    dist.all_reduce(t, group=group)
+    return t.tolist()
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_groups_made_by_their_members_only_share_a_name_and_end_the_run(backend: str) -> None:
+    """wild21: a hook making its subgroup lazily, each rank only the group it is in, passed
+    check; on real gloo both groups are named '1' and their ranks connected across them
+    (connection resets, timeouts, or right-looking sums)."""
+    def members_only(rank: int) -> list[float]:
+        try:
+            return _reduce_on(dist.new_group([0, 1] if rank < 2 else [2, 3]))
+        except Exception:  # noqa: BLE001 - a hook swallowing errors must not hide it
+            return []
+
+    with pytest.raises(CollectiveMismatchError, match=r"rank 2 made the group \[2, 3\] as its group '1', but ranks "
+                                                      r"\[0, 1\] made \[0, 1\] under that name"):
+        SimCluster(4, backend=backend).run(members_only)
+
+
+def test_every_rank_making_every_group_counts_names_as_torch_does() -> None:
+    def every_rank(rank: int) -> tuple[list[float], int]:
+        pair, other = dist.new_group([0, 1]), dist.new_group([2, 3])
+        return _reduce_on(pair if rank < 2 else other), dist.distributed_c10d._world.group_count
+
+    assert SimCluster(4).run(every_rank).values == [([3.0, 3.0], 3)] * 2 + [([7.0, 7.0], 3)] * 2
+
+
+def test_a_rank_whose_count_is_ahead_makes_another_group_under_the_name() -> None:
+    """Rank 0 made new_group([0]) first: its new_group([0, 1]) is its group '2', rank 1's
+    is '1' — on gloo rank 0 waited out its timeout and rank 1 connected to rank 0's group [0]."""
+    def counts_differ(rank: int) -> list[float]:
+        if rank == 0:
+            dist.new_group([0])
+        return _reduce_on(dist.new_group([0, 1]))
+
+    with pytest.raises(CollectiveMismatchError, match=r"rank 1 made the group \[0, 1\] as its group '1', but rank 0 "
+                                                      r"made \[0\] under that name"):
+        SimCluster(2).run(counts_differ)
+
+
+def test_use_local_synchronization_groups_are_made_by_members_only() -> None:
+    def local(rank: int) -> tuple[list[float], object]:
+        mine = dist.new_group([0, 1] if rank < 2 else [2, 3], use_local_synchronization=True)
+        other = dist.new_group([2, 3] if rank < 2 else [0, 1], use_local_synchronization=True)
+        return _reduce_on(mine), other  # a non-member's call returns None (measured)
+
+    assert SimCluster(4).run(local).values == [([3.0, 3.0], None)] * 2 + [([7.0, 7.0], None)] * 2
+
+
+def test_a_gloo_member_waits_in_new_group_until_every_member_made_it() -> None:
+    """Real gloo connects a group's members when it is made: rank 0 alone in new_group([0, 1])
+    waited there until its timeout (measured). NCCL makes its communicator at the first
+    collective: making a group no one uses returns at once."""
+    def alone(rank: int) -> None:
+        if rank == 0:
+            dist.new_group([0, 1])
+
+    with pytest.raises(DeadlockError, match=r"rank 0: blocked in dist.new_group\(\[0, 1\]\) \(torch's group '1'\)"):
+        SimCluster(2).run(alone)
+    assert SimCluster(2, backend="nccl").run(alone).values == [None, None]
+
+    def both_late(rank: int) -> list[float]:  # rank 0 waits, rank 1 arrives: both go on
+        return _reduce_on(dist.new_group([0, 1]))
+
+    run = SimCluster(2).run(both_late)
+    assert run.values == [[3.0, 3.0]] * 2
+    waits = [(type(e).__name__, e.rank) for e in run.trace.events if "dist.new_group" in getattr(e, "future", "")]
+    assert waits == [("Blocked", 0), ("Resumed", 0)]  # the last member to arrive does not wait
 
 
 @pytest.mark.parametrize("world, ranks, error, first_line", [

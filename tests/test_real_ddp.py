@@ -191,6 +191,19 @@ def test_a_state_factory_may_make_subgroups_with_new_group() -> None:
     torch.testing.assert_close(run.grads[0][2], alone)
 
 
+
+
+def test_a_state_factory_making_only_its_own_subgroup_is_a_mismatch() -> None:
+    """Each rank making only the pair it is in: torch names both pairs '1' (a process counts
+    its new_group calls) and on real gloo their ranks connect across them (docs/gloo-facts.md
+    §7). The rank threads make their groups at once; the run ends with the mismatch."""
+
+    def factory(group: dist.ProcessGroup) -> Any:
+        return dist.new_group([0, 1] if dist.get_rank() < 2 else [2, 3])
+
+    with pytest.raises(CollectiveMismatchError, match=r"made the group \[.*\] as its group '1', but"):
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 4, 1), world_size=4, hook=allreduce_hook,
+                     state=factory, iterations=1)
 def test_torch_state_is_restored_and_no_thread_is_left() -> None:
     world, rng = c10d._world, torch.get_rng_state()
     flag = torch._C._is_multithreading_enabled()

@@ -172,7 +172,7 @@ def test_post_local_sgd_switches_from_global_to_subgroup_mean() -> None:
         subgroup, _ = dist.new_subgroups(group_size=2)
         return PostLocalSGDState(process_group=pg, subgroup=subgroup, start_localSGD_iter=1)
 
-    states: list = []
+    states: dict[int, PostLocalSGDState] = {}  # by rank: under gloo a rank waits in new_group for the others
 
     def hook(state, bucket):
         return post_localSGD_hook(state, bucket)
@@ -181,7 +181,7 @@ def test_post_local_sgd_switches_from_global_to_subgroup_mean() -> None:
         from simcluster.fake.bucket import make_bucket
 
         if it == 0:
-            states.append(factory(cluster.process_group(rank)))
+            states[rank] = factory(cluster.process_group(rank))
         p = torch.nn.Parameter(torch.zeros(12))
         bucket = make_bucket(0, [p], [grads[rank].clone()], is_last=True)
         return hook(states[rank], bucket).wait()

@@ -145,13 +145,14 @@ class _DDPGroup(SimProcessGroup):
 
 def _new_group_on(registry: GroupRegistry, engine: ThreadedEngine) -> Callable[..., Any]:
     """``dist.new_group`` during the run: the calling rank thread's simulated group (on this
-    run's engine), or ``NON_GROUP_MEMBER`` as in torch; options (backend, timeout) are ignored."""
+    run's engine), as :meth:`GroupRegistry.new_group` makes it (named as torch names it; under
+    gloo a member waits for the others); ``backend``, ``timeout`` and the like are ignored."""
 
     def new_group(ranks: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Any:
         rank = engine.current_rank
         if rank is None:
             raise UnsupportedError("dist.new_group was called outside a rank thread during run_real_ddp")
-        return registry.new_group(rank, None if ranks is None else list(ranks))
+        return registry.new_group(engine, rank, None if ranks is None else list(ranks), args, kwargs)
 
     return new_group
 

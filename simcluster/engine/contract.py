@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from simcluster.engine.trace import Trace
+from simcluster.errors import SimClusterError
 
 __all__ = ["Call", "EngineContract", "InFlight", "RunAborted", "Waitable", "when_all_done"]
 
@@ -190,4 +191,11 @@ class EngineContract(Protocol):
 
     def pending_ops(self, channel: str) -> list[str]:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
+        ...
+
+    def abort(self, error: SimClusterError) -> NoReturn:
+        """End the run with ``error`` — a rule of the real cluster the running rank's code
+        broke, found outside a collective's matching (e.g. two groups made under one name)
+        — as its outcome: raises :class:`RunAborted` into that code, which no ``except
+        Exception`` in it can swallow."""
         ...

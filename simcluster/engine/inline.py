@@ -59,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
+from typing import NoReturn
 
 from simcluster.errors import DeadlockError, SimClusterError, SimulatorBug, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
@@ -630,6 +631,12 @@ class Engine:
             raise RunAborted()
         if not self.running:
             raise UsageError("simulated collectives and waits only work inside a SimCluster run")
+
+    def abort(self, error: SimClusterError) -> NoReturn:
+        """End the run with ``error`` as its outcome (see the contract): raised into the running code as
+        :class:`RunAborted`; the run then unwinds and raises ``error``, with its replay line."""
+        self._fail(error)
+        raise RunAborted()
 
     def _fail(self, error: SimClusterError) -> None:
         if self._fatal is None:

@@ -52,7 +52,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site
@@ -350,6 +350,12 @@ class ThreadedEngine:
         """Record an exception that escaped rank code (or a completion) on ``rank``."""
         with self._lock:
             self.failures.append((rank, label, exc))
+
+    def abort(self, error: SimClusterError) -> NoReturn:
+        """End the run with ``error`` as its outcome (see the contract): raised into the calling
+        rank thread as :class:`RunAborted`; :meth:`run` then raises ``error``."""
+        self._fail(error)
+        raise RunAborted()
 
     def _fail(self, error: SimClusterError) -> None:
         with self._lock:

@@ -114,6 +114,12 @@ class BackendModel:
     as the batch). A simulated group is a subclass, which torch's exact-type test sends down
     the per-op path: a run under a coalescing model wraps the works into one
     (:func:`simcluster.fake.rank_context.install_torch_patches`)."""
+    new_group_waits: bool
+    """True: ``dist.new_group`` returns on a member only once every member made the group
+    (gloo connects them all when it is made: a member alone waits until its timeout,
+    measured: docs/gloo-facts.md §7); False: it returns at once (NCCL, read from torch's
+    ``ProcessGroupNCCL``: without a bound ``device_id`` its communicator is made at the
+    group's first collective, where a missing member then hangs it)."""
     knows_nccl_version: bool
     """True: ``torch.cuda.nccl.version()`` answers during a run, as on a real NCCL cluster
     whose CUDA build knows its NCCL (this CPU build does not, so a run installs
@@ -159,6 +165,7 @@ GLOO = BackendModel(
     strict_gather_shapes=True,
     refuses_self_p2p=True,
     coalesces_p2p=False,
+    new_group_waits=True,
     knows_nccl_version=False,
 )
 
@@ -176,6 +183,7 @@ NCCL = BackendModel(
     strict_gather_shapes=False,
     refuses_self_p2p=False,
     coalesces_p2p=True,
+    new_group_waits=False,
     knows_nccl_version=True,
 )
 

@@ -187,7 +187,7 @@ class SimCluster(Runtime):
             engine.spawn(rank, body, f"rank {rank}'s code")
         self.engine = engine
         try:
-            patches = install_torch_patches(self.contexts, lambda: engine.current_rank, engine)
+            patches = install_torch_patches(self.contexts, engine)
             try:
                 engine.run()
             except DeadlockError as exc:

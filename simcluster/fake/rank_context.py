@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -40,10 +41,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from simcluster.engine.contract import EngineContract
 from simcluster.engine.frames import is_internal, short_path
 from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
-from simcluster.errors import UsageError
+from simcluster.errors import CollectiveMismatchError, UsageError
 from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
 from simcluster.usercode.rank_state import (CURRENT, RankGenerators, SettingsAudit, install_generators, rank_seed,
                                             restore_generators)
@@ -89,7 +91,7 @@ class RankWorld(c10d._World):
         self._maps: dict[str, dict[Any, Any]] = {
             name: {} for name in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
         }
-        self._count = 0
+        self._count = 1  # torch names groups by this count; WORLD, made first, is "0"
 
     pg_map = property(lambda self: self._maps["pg_map"])  # type: ignore[assignment]
     pg_names = property(lambda self: self._maps["pg_names"])  # type: ignore[assignment]
@@ -126,41 +128,143 @@ class RankWorld(c10d._World):
             self.default_pg = pg
 
 
+def new_group_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, bool]:
+    """``(use_local_synchronization, sort_ranks)`` of a call ``dist.new_group(ranks, *args,
+    **kwargs)`` — torch 2.13's parameters after ``ranks``: ``timeout, backend, pg_options,
+    use_local_synchronization, group_desc, device_id, sort_ranks`` (the others change nothing
+    the simulator models)."""
+    local = kwargs.get("use_local_synchronization", args[3] if len(args) > 3 else False)
+    sort = kwargs.get("sort_ranks", args[6] if len(args) > 6 else True)
+    return bool(local), bool(sort)
+
+
+class _Made:
+    """A group some members made and the rest may still make: done once all of them did —
+    what a member that made it waits on when the backend connects members at creation
+    (:attr:`~simcluster.fake.backends.BackendModel.new_group_waits`; a
+    :class:`~simcluster.engine.contract.Waitable`)."""
+
+    __slots__ = ("spec", "name", "joined", "_resumers")
+
+    def __init__(self, spec: GroupSpec, name: str) -> None:
+        self.spec, self.name = spec, name
+        self.joined: list[int] = []
+        self._resumers: list[Callable[[], None]] = []
+
+    @property
+    def label(self) -> str:
+        made = f" (torch's group {self.name!r})" if self.name else " (use_local_synchronization)"
+        return (f"dist.new_group({list(self.spec.ranks)}){made}, which gloo returns from once every member made "
+                "the group")
+
+    def done(self) -> bool:
+        return len(self.joined) == len(self.spec.ranks)
+
+    def on_done(self, resume: Callable[[], None]) -> None:
+        if self.done():
+            resume()
+        else:
+            self._resumers.append(resume)
+
+    def join(self, rank: int) -> list[Callable[[], None]]:
+        """``rank`` made it; the waiters to resume if that completes it (called after the lock)."""
+        self.joined.append(rank)
+        if not self.done():
+            return []
+        resumers, self._resumers = self._resumers, []
+        return resumers
+
+
 class GroupRegistry:
-    """The groups ``dist.new_group`` made on one set of simulated ranks, by members and call
-    count: the k-th call with the same members on every rank names the same group, as the
-    k-th real ``new_group`` does (every rank must call it, members or not). Shared by the
-    baton-engine cluster (:class:`RankContexts`) and real DDP on threads
+    """The groups ``dist.new_group`` made on one set of simulated ranks, named as torch 2.13
+    names them (measured: ``benchmarks/measure_new_group_names.py``, docs/gloo-facts.md §7):
+
+    * a group is named by how many groups the rank's process made before it —
+      ``str(_world.group_count)``, counted on every ``new_group`` call, a member's or not
+      (WORLD is ``"0"``) — and its members meet under that name. Every rank must call
+      ``new_group`` for every group, in one order, members or not. Two groups made under
+      one name with different ranks — each rank making only the groups it is in, so rank 0's
+      and rank 2's first groups are both ``"1"`` — are a :class:`CollectiveMismatchError`
+      that ends the run: on real gloo their ranks connect across the two groups (measured:
+      connection resets, timeouts, sometimes sums that look right);
+    * with ``use_local_synchronization=True`` a group is named by its ranks (here: the k-th
+      such call with the same ranks), only its members call it, and a non-member's call
+      returns None;
+    * under gloo (:attr:`~simcluster.fake.backends.BackendModel.new_group_waits`) a member
+      returns only once every member made the group: a member left alone is parked there
+      and, if the others never make it, the run is a deadlock (real gloo: it waits until
+      its timeout).
+
+    Shared by the baton-engine cluster (:class:`RankContexts`) and real DDP on threads
     (:mod:`simcluster.ddp.real_ddp`)."""
 
     def __init__(self, runtime: Runtime, worlds: list[RankWorld]) -> None:
         self.runtime = runtime
         self.worlds = worlds
-        self._groups: dict[tuple[tuple[int, ...], int], GroupSpec] = {}
+        self._named: dict[str, _Made] = {}  # torch's name -> the group made under it
+        self._local: dict[tuple[tuple[int, ...], int], _Made] = {}  # use_local_synchronization
         self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._lock = threading.Lock()  # real DDP's rank threads make groups at once
 
-    def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
-        """``dist.new_group(ranks)`` on ``rank``: the k-th call with the same members on
-        every rank yields the same simulated group; a non-member gets
-        ``GroupMember.NON_GROUP_MEMBER`` as in torch."""
+    def new_group(self, engine: EngineContract, rank: int, ranks: list[int] | None,
+                  args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> SimProcessGroup | object:
+        """``dist.new_group(ranks, *args, **kwargs)`` called by ``rank``'s code under ``engine``:
+        its simulated group, ``GroupMember.NON_GROUP_MEMBER`` for a non-member as in torch
+        (None with ``use_local_synchronization``); may wait, or end the run (see the class)."""
+        local, sort = new_group_options(args, kwargs or {})
         world_size = len(self.worlds)
-        members = tuple(sorted(range(world_size) if ranks is None else ranks))
+        members = tuple(range(world_size)) if ranks is None else tuple(sorted(ranks) if sort else ranks)
+        if local and rank not in members:
+            return None  # torch returns before it checks the ranks
         check_new_group_ranks(rank, list(members), world_size)
-        k = self._calls.get((rank, members), 0)
-        self._calls[(rank, members)] = k + 1
-        spec = self._groups.get((members, k))
-        if spec is None:
-            spec = GroupSpec(f"group{len(self._groups) + 1}{list(members)}", members)
-            self._groups[(members, k)] = spec
+        world = self.worlds[rank]
+        if local:
+            name = ""
+        else:
+            name = str(world.group_count)
+            world.group_count += 1
         if rank not in members:
             # torch registers the non-member's NON_GROUP_MEMBER with this group's rank map
             # (each such call overwrites it), so a root given as a global rank of this
             # group translates before the collective's not-in-group check skips it.
-            self.worlds[rank].pg_group_ranks[dist.GroupMember.NON_GROUP_MEMBER] = {g: i for i, g in enumerate(members)}
+            world.pg_group_ranks[dist.GroupMember.NON_GROUP_MEMBER] = {g: i for i, g in enumerate(members)}
             return dist.GroupMember.NON_GROUP_MEMBER
-        pg = SimProcessGroup(self.runtime, spec, rank)
-        self.worlds[rank].register(pg)
+        with self._lock:
+            if local:
+                k = self._calls.get((rank, members), 0)
+                self._calls[(rank, members)] = k + 1
+                made = self._local.get((members, k))
+                if made is None:
+                    spec = GroupSpec(f"group{list(members)}" + (f"#{k + 1}" if k else "") + " (local)", members)
+                    made = self._local[(members, k)] = _Made(spec, "")
+            else:
+                made = self._named.get(name)
+                if made is None:
+                    made = self._named[name] = _Made(GroupSpec(f"group{name}{list(members)}", members), name)
+                elif made.spec.ranks != members:
+                    engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made)))
+            resume = made.join(rank)
+        for wake in resume:
+            wake()
+        pg = SimProcessGroup(self.runtime, made.spec, rank)
+        world.register(pg)
+        if not made.done() and self.runtime.backend.new_group_waits:
+            engine.block_until(made)
         return pg
+
+
+def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made) -> str:
+    """Why rank ``rank``'s group of ``members`` and the group ``made`` under the same name cannot both be."""
+    who = f"rank {made.joined[0]}" if len(made.joined) == 1 else f"ranks {made.joined}"
+    return (
+        f"dist.new_group: rank {rank} made the group {list(members)} as its group {made.name!r}, but {who} made "
+        f"{list(made.spec.ranks)} under that name. torch names a group by how many new_group calls its process made "
+        "before it (str(_world.group_count), a member's call or not), and a group's members meet under its name: on a "
+        f"real cluster these two groups share the name {made.name!r} and their ranks connect across them (measured on "
+        "gloo: connection resets, timeouts, or sums that look right; docs/gloo-facts.md §7). Every rank must call new_group "
+        "for every group, in the same order, members or not — or pass use_local_synchronization=True, which names a "
+        "group by its ranks and is called by its members only."
+    )
 
 
 class RankContexts:
@@ -206,7 +310,7 @@ class RankContexts:
         """This cluster's ``torch.futures.Future`` stand-in and the one-slot holder naming the
         run's engine (see :func:`user_future_class`; made on the first run)."""
         self.new_group_patch: tuple[Callable[..., Any], list[Any]] | None = None
-        """This cluster's simulated ``dist.new_group`` and its holder of the run's current rank (first run)."""
+        """This cluster's simulated ``dist.new_group`` and its holder of the run's engine (first run)."""
 
     # -- swapping ---------------------------------------------------------------
     def switch(self, old: int | None, new: int | None) -> None:
@@ -248,10 +352,6 @@ class RankContexts:
         return next(self._futures_made[self.world_size if rank is None else rank])
 
     # -- groups -----------------------------------------------------------------
-    def new_group(self, rank: int, ranks: list[int] | None) -> SimProcessGroup | object:
-        """``dist.new_group(ranks)`` on ``rank`` (see :meth:`GroupRegistry.new_group`)."""
-        return self.groups.new_group(rank, ranks)
-
 
 def user_future_class(current_engine: Callable[[], Any], plain: type, number: Callable[[int | None], int]) -> type:
     """The class ``torch.futures.Future`` names during a run: a future made by hook code
@@ -306,39 +406,37 @@ and the generators' originals."""
 
 def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any]]:
     """``contexts``' simulated ``dist.new_group`` (made once per cluster) and the one-slot
-    holder of the run's ``current_rank`` callable it asks (set by each install)."""
+    holder of the run's engine it asks (set by each install)."""
     found = contexts.new_group_patch
     if found is None:
         holder: list[Any] = [None]
 
         def new_group(ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
-            rank = holder[0]()
+            engine = holder[0]
+            rank = engine.current_rank
             if rank is None:
                 raise UsageError("dist.new_group was called outside a simulated rank while a run is in progress")
-            return contexts.new_group(rank, None if ranks is None else list(ranks))
+            return contexts.groups.new_group(engine, rank, None if ranks is None else list(ranks), args, kwargs)
 
         found = contexts.new_group_patch = (new_group, holder)
     return found
 
 
-def install_torch_patches(
-    contexts: RankContexts, current_rank: Callable[[], int | None], engine: Any = None
-) -> Patches:
-    """Install the simulated ``new_group``, ``collect_all`` and ``wait_all`` (and, given
-    the run's engine, ``torch.futures.Future``), and the per-rank ``random`` and
+def install_torch_patches(contexts: RankContexts, engine: Any) -> Patches:
+    """Install, for the run of ``engine``, the simulated ``new_group``, ``collect_all``,
+    ``wait_all`` and ``torch.futures.Future``, and the per-rank ``random`` and
     ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`);
     :func:`restore_torch_patches` puts back what this returns (five attribute stores each
     way, the replacements made once per cluster: a run's set-up is hot)."""
     new_group, holder = _new_group_for(contexts)
-    holder[0] = current_rank
+    holder[0] = engine
     futures_module = torch.futures
     saved = (c10d.new_group, dist.new_group, futures_module.collect_all, futures_module.wait_all,
              futures_module.Future, torch.cuda.nccl.version, c10d.batch_isend_irecv, dist.batch_isend_irecv)
     try:
         c10d.new_group = dist.new_group = new_group
         futures_module.collect_all, futures_module.wait_all = futures.collect_all, futures.wait_all
-        if engine is not None:
-            futures_module.Future = _future_class_for(contexts, engine)
+        futures_module.Future = _future_class_for(contexts, engine)
         if contexts.runtime.backend.knows_nccl_version:
             torch.cuda.nccl.version = nccl_version_stand_in
         if contexts.runtime.backend.coalesces_p2p:
