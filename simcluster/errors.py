@@ -41,6 +41,7 @@ __all__ = [
     "GradBucketTypeError",
     "GradBucketRuntimeError",
     "CopyBackError",
+    "CallbackError",
     "SharedSettingError",
     "ThreadedRankCodeError",
     "GlooRunError",
@@ -185,6 +186,14 @@ class CopyBackError(HookContractError, RuntimeError):
     ``RuntimeError``), then says where (rank, bucket, iteration) and how to replay
     (raised by :mod:`simcluster.fake.reducer`).
     """
+
+
+class CallbackError(HookFailure, RuntimeError):
+    """A ``then`` callback of the hook raised: the future DDP got is errored, and real DDP
+    raises the callback's error from ``backward()`` on that rank while the other ranks go
+    on. The hook's own exception, so charged to *liveness*, not to DDP's contract; the
+    message begins with torch's own (``Got the following error when running the callback:
+    …``), then says where (raised by :mod:`simcluster.fake.reducer`)."""
 
 
 class SharedSettingError(UnsupportedError):

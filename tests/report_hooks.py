@@ -393,3 +393,53 @@ def divides_chunk_after_posting_another(state, bucket):
     works = [dist.all_reduce(first.div_(dist.get_world_size()), async_op=True)]
     works.append(dist.all_reduce(second.div_(dist.get_world_size()), async_op=True))
     return torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: buf)
+
+
+def concatenates_parameters_reversed(state, bucket):
+    """One all_reduce per parameter, posted last to first, the results concatenated in that
+    order: with two equal parameters in one bucket, each gets the other's average."""
+    futs = [dist.all_reduce(g.detach().clone().reshape(-1).div_(dist.get_world_size()), async_op=True).get_future()
+            for g in reversed(bucket.gradients())]
+    return torch.futures.collect_all(futs).then(lambda f: torch.cat([x.value()[0] for x in f.value()]))
+
+
+def adds_a_process_wide_draw(process_group, bucket):
+    """Adds its rank to its average's first element — the same report every run — and to the
+    second a number counted process-wide (in ``sys``, as a generator seeded from OS entropy
+    would draw one), alike on every rank: each run's results differ from the last where the
+    report does not look."""
+    import sys
+
+    draw = getattr(sys, "_simcluster_report_hooks_draws", 0)
+    sys._simcluster_report_hooks_draws = draw + 1
+    world, rank = dist.get_world_size(), dist.get_rank()
+
+    def drift(f):
+        out = f.value().clone()
+        out[0] += rank
+        out[-1] += draw // world
+        return out
+    return _mean(bucket).then(drift)
+
+
+def raises_a_process_wide_count(state, bucket):
+    """Rank 1 raises, naming a number counted process-wide (in ``sys``): the same failure on
+    every run — property, type, step — told with another number each time."""
+    import sys
+
+    draw = getattr(sys, "_simcluster_report_hooks_raises", 0)
+    sys._simcluster_report_hooks_raises = draw + 1
+    if dist.get_rank() == 1:
+        raise ValueError(f"draw {draw} was unlucky")
+    return _mean(bucket)
+
+
+def raises_in_rank_1s_callback(state, bucket):
+    """Rank 1's callback raises (a local check gone wrong); the other ranks' steps complete."""
+    rank = dist.get_rank()
+
+    def check(f):
+        if rank == 1:
+            raise FloatingPointError("rank 1 found a non-finite value")
+        return f.value()[0]
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(check)

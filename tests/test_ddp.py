@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from simcluster.hooks import buggy
 from simcluster import DeadlockError, HookContractError, SimCluster
-from simcluster.errors import CopyBackError
+from simcluster.errors import CallbackError, CopyBackError
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult, subgroups
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -548,8 +548,6 @@ def _raise(exc: BaseException) -> Any:
         (lambda v: None, r"^Expected a proper Tensor but got None \(or an undefined Tensor in C\+\+\) "
                          r"for argument #0 'self'"),
         (lambda v: 3, r"^Unable to cast 3 to Tensor"),
-        (lambda v: _raise(ValueError("boom in callback")),
-         r"^Got the following error when running the callback: ValueError: boom in callback"),
     ],
 )
 def test_rejected_results_raise_real_ddp_messages(transform: Any, message: str) -> None:
@@ -559,6 +557,38 @@ def test_rejected_results_raise_real_ddp_messages(transform: Any, message: str) 
     assert isinstance(info.value, HookContractError) and isinstance(info.value, RuntimeError)
     assert "rank 0, DDP iteration 0, bucket 0" in text and "replay: SimCluster(" in text
     assert any("rank 1 also failed" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_a_raising_callback_is_the_hooks_own_error_with_torchs_message() -> None:
+    """Real DDP raises a then-callback's error from backward(), in torch's words. It is the
+    hook's own exception, not a result DDP cannot take: a CallbackError (charged to liveness,
+    wild21: it was a CopyBackError, charged to contract), still a RuntimeError as real DDP's."""
+    with pytest.raises(CallbackError, match=r"^Got the following error when running the callback: ValueError: "
+                                            r"boom in callback") as info:
+        run_trap(lambda v: _raise(ValueError("boom in callback")), iterations=1)
+    assert isinstance(info.value, RuntimeError) and not isinstance(info.value, HookContractError)
+    text = str(info.value)
+    assert "rank 0, DDP iteration 0, bucket 0" in text and "replay: SimCluster(" in text
+    notes = getattr(info.value, "__notes__", [])
+    assert any("rank 1 also failed" in n for n in notes) and not any("completed this step" in n for n in notes)
+
+
+def test_a_callback_raising_on_one_rank_says_the_others_went_on() -> None:
+    """On a real cluster the raising rank's backward() fails while the others complete the
+    step and wait at their next collective: the report says who went on."""
+    def raises_on_rank_1(state: Any, bucket: Any) -> torch.futures.Future:
+        rank = dist.get_rank()
+
+        def check(f: torch.futures.Future) -> torch.Tensor:
+            if rank == 1:
+                raise FloatingPointError("rank 1 saw a non-finite gradient")
+            return f.value()[0]
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(check)
+
+    with pytest.raises(CallbackError) as info:
+        SimDDP(SimCluster(3, seed=0), raises_on_rank_1, [(4,)]).step([[torch.ones(4)]] * 3)
+    assert any("ranks [0, 2] completed this step: on a real cluster rank 1's backward() raises this while the "
+               "others go on" in n for n in info.value.__notes__), info.value.__notes__
 
 
 def test_a_list_result_names_the_cli_option_for_legacy_hooks() -> None:
@@ -846,7 +876,7 @@ def test_torchs_quantization_hooks_on_gloo_say_their_gather_is_indexed_as_nccls(
     from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks
 
     hook = getattr(quantization_hooks, name)
-    with pytest.raises(CopyBackError) as caught:
+    with pytest.raises(CallbackError) as caught:
         SimDDP(SimCluster(world, seed=0, backend="gloo"), hook, [(5,)], state="group").step(
             [[torch.full((5,), float(r))] for r in range(world)])
     assert "IndexError" in str(caught.value).splitlines()[0]
@@ -888,7 +918,7 @@ def _float_indices_after_all_gather(state: Any, bucket: Any) -> torch.futures.Fu
 @pytest.mark.parametrize("hook", [_index_error_after_all_reduce, _value_error_after_all_gather,
                                   _float_indices_after_all_gather])
 def test_no_gather_hint_for_an_unrelated_callback_error(hook: Any) -> None:
-    with pytest.raises(CopyBackError) as caught:
+    with pytest.raises(CallbackError) as caught:
         SimDDP(SimCluster(2, seed=0, backend="gloo"), hook, [(4,)]).step([[torch.ones(4)], [torch.ones(4)]])
     assert "then-callback of the hook raised" in str(caught.value)
     assert _gloo_hints(caught.value) == [], caught.value.__notes__
@@ -902,7 +932,7 @@ def test_a_callback_error_lists_only_the_frames_a_real_run_has() -> None:
 
     ddp = SimDDP(SimCluster(1, seed=0, backend="gloo"), quantization_hooks.quantization_pertensor_hook, [(1,)],
                  state="group")
-    with pytest.raises(CopyBackError) as caught:
+    with pytest.raises(CallbackError) as caught:
         ddp.step([[torch.zeros(1)]])
     blocks = str(caught.value).split("At:\n")[1:]
     frame = re.compile(r"^\s+(\S+)\((\d+)\): (\w+)$")

@@ -639,7 +639,7 @@ def test_a_shape_error_between_two_buckets_in_flight_is_told_so() -> None:
 
     report = check_hook("simcluster.hooks.buggy:inflight_shared_compressor", backends=("gloo",),
                         state="simcluster.hooks.buggy:CompressorState", tolerance="fp16", database=None)
-    (raised,) = [f for f in report.failures if f.property == "contract"]
+    (raised,) = [f for f in report.failures if f.property == "liveness"]
     assert re.search(r"\(the error names the sizes of bucket \d's \(\d+ elements?\) and bucket \d's \(\d+ elements?\) "
                      r"at step \d+, where \d+ buckets are in flight at once", raised.message), raised.format()
     steps = [{"step": 0, "buckets": [{"index": 0, "numel": 4}]},
@@ -1042,3 +1042,59 @@ def test_the_abridger_never_folds_values_that_differ_in_their_bits() -> None:
     assert abridged(torch.arange(8.0)) == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, …] (8 values)"
     assert values(torch.arange(400_000.0)) == (
         "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, …, 399996.0, 399997.0, 399998.0, 399999.0] (400,000 values)")
+
+
+def test_another_parameters_average_from_the_same_bucket_is_not_blamed_on_another_bucket(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """wild21: a hook concatenating per-parameter results in reverse order got "another
+    bucket's data reached it — hook state holding the bucket …?" with one bucket in the run:
+    the mix-up is the hook's own order within the bucket, and the hint now says that."""
+    code, out, data = _check(capsys, tmp_path, "concatenates_parameters_reversed", "--backend", "gloo",
+                             "--world-sizes", "2", "--params", "2,2", "--properties", "averages")
+    assert code == 1
+    message = data["failures"][0]["message"]
+    assert re.search(r"param (\d)'s result is param (\d)'s average, on every rank; both are in bucket 0", message), message
+    assert "another bucket" not in message
+
+
+def test_a_failure_that_repeats_with_other_results_says_so_and_no_experiment_is_believed(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """wild21: a random-k hook drawing from a generator seeded by OS entropy failed
+    replicas_agree on every run, so the report ran its experiments — and the one re-running
+    with every rank's generators seeded alike saw the replicas agree by chance, in 3 of 6
+    replays ("each rank's result depends on its own random draws": not this hook's story).
+    A failure that repeats is now also run twice more and its results compared bit for bit."""
+    code, out, data = _check(capsys, tmp_path, "adds_a_process_wide_draw", "--backend", "gloo", "--world-sizes", "2",
+                             "--properties", "replicas_agree", "--params", "2")
+    assert code == 1
+    (message,) = [f["message"] for f in data["failures"]]
+    assert "(run once more, the same example failed the same way, but two more runs of it gave other results at " \
+           "step 0: what the hook does depends on something outside the example" in message, message
+    assert "seeded alike" not in message and "completing in order" not in message, message
+
+
+def test_a_callback_raising_on_one_rank_is_liveness_and_says_who_went_on(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """wild21: a callback's exception was charged to contract (as a result DDP cannot take);
+    it is the hook's own exception — the raising rank's backward() fails while the others
+    complete the step and wait at their next collective on a real cluster."""
+    code, out, data = _check(capsys, tmp_path, "raises_in_rank_1s_callback", "--backend", "gloo",
+                             "--world-sizes", "3")
+    assert code == 1
+    assert [f["property"] for f in data["failures"]] == ["liveness"], data["failures"]
+    message = data["failures"][0]["message"]
+    assert "CallbackError: Got the following error when running the callback: FloatingPointError: rank 1 found" \
+        in message, message
+    assert "ranks [0, 2] completed this step: on a real cluster rank 1's backward() raises this" in message, message
+
+
+def test_a_failure_told_otherwise_when_run_again_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """wild21: a hook iterating a set of tensors (id() order) failed liveness on every replay,
+    at step 0 or 1, with other shapes in its message; the liveness report had no caveat. A
+    failure whose message differs when run again is one whose replay may not repeat."""
+    code, out, data = _check(capsys, tmp_path, "raises_a_process_wide_count", "--backend", "gloo",
+                             "--world-sizes", "2")
+    assert code == 1
+    (message,) = [f["message"] for f in data["failures"]]
+    assert "ValueError: draw" in message and "(run once more, the same example failed the same way, but with another " \
+           "message: what the hook does depends on something outside the example" in message, message

@@ -326,20 +326,26 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
 
 def repeat_hint(opts: Options, violation: Violation) -> str:
     """The reported failure's example run once more, as it was (its schedule, its
-    properties): ``''`` when it fails the same way (property, error type, step); else a
-    line saying it did not — the hook's behaviour depends on something outside the example
-    (a clock, OS entropy, thread timing, state kept in the process from an earlier run), so
-    the verdict and its replay may not repeat, and no experiment that re-runs it
-    (:func:`order_hint`, :func:`unreached_hint`, …) can be trusted: the caller then runs none.
-    One more simulation per reported failure."""
+    properties): ``''`` when it fails the same way (property, error type, step, message) and
+    two more runs of it give the same bits (:func:`_same_bits_twice`); else a line saying it did
+    not — the hook's behaviour depends on something outside the example (a clock, OS
+    entropy, thread timing, state kept in the process from an earlier run), so the verdict
+    and its replay may not repeat, and no experiment that re-runs it (:func:`order_hint`,
+    :func:`unreached_hint`, …) can be trusted: the caller then runs none. Up to three more
+    simulations per reported failure."""
     info = violation.info
     try:
         _judge_example(dataclasses.replace(opts, props=(violation.prop,)), info["example"], info["backend"])
     except Violation as again:
-        if (again.prop, again.info.get("error_type"), again.info.get("step")) == (
+        if (again.prop, again.info.get("error_type"), again.info.get("step")) != (
                 violation.prop, info.get("error_type"), info.get("step")):
+            outcome = f"failed {again.prop} at step {again.info.get('step')} instead"
+        elif str(again) != str(violation):
+            outcome = "failed the same way, but with another message"
+        elif _same_bits_twice(opts, violation):
             return ""
-        outcome = f"failed {again.prop} at step {again.info.get('step')} instead"
+        else:
+            outcome = f"failed the same way, but two more runs of it gave other results at step {info.get('step', 0)}"
     except Exception:  # noqa: BLE001 - the re-run went another way (a usage error, say): nothing to say
         return ""
     else:
@@ -347,6 +353,24 @@ def repeat_hint(opts: Options, violation: Violation) -> str:
     return (f"\n(run once more, the same example {outcome}: what the hook does depends on something outside the "
             "example — a clock, OS entropy, thread timing, or state kept in the process from an earlier run (a "
             "module every rank shares, sys, builtins) — so this verdict and its replay may not repeat)")
+
+
+def _same_bits_twice(opts: Options, violation: Violation) -> bool:
+    """Whether two more runs of the reported failure's example, as it was, give every rank's
+    results bit for bit alike at its failing step (:func:`_failing_step_again`'s run and one more). A simulation is deterministic: results that differ come from outside
+    the example (a generator seeded from OS entropy draws other values each run), and a
+    failure that repeats by chance — a coin the hook flips — would lend the experiments that
+    follow its chance result (wild21: an entropy-seeded random-k hook got "with every rank's
+    generators seeded alike the replicas agree" in 3 of 6 replays). A run that raises or
+    stops short says nothing here (True)."""
+    again = _failing_step_again(opts, violation)
+    if again is None:
+        return True
+    example, backend, t, grads, step = again
+    more, error, _, _ = simulate(opts, example, backend, ScheduleChoices(example.schedule), grads)
+    if error is not None or len(more) <= t:
+        return True
+    return all(P.bits_equal(a, b) for mine, theirs in zip(step.grads, more[t].grads) for a, b in zip(mine, theirs))
 
 
 def order_hint(opts: Options, violation: Violation) -> str:

@@ -193,7 +193,7 @@ def averages(results: Grads, inputs: Grads, tolerance: str | Tolerance,
         got, mean, xs, result_dtype = spot
         message += _overflow_hint(got, mean, xs, result_dtype, carried)
     return (message + wraps + _world_hint(tol, results, inputs, groups, buckets)
-            + _other_param_hint(tol, results, inputs, groups) + _looser_hint(tol, results, inputs, groups))
+            + _other_param_hint(tol, results, inputs, groups, buckets) + _looser_hint(tol, results, inputs, groups))
 
 
 def _world_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None,
@@ -232,12 +232,20 @@ def _world_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[
     return ""
 
 
-def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None) -> str:
-    """One line when some parameter's result is another parameter's average (:func:`another_params_average`)."""
+def _other_param_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Sequence[int]] | None,
+                      buckets: Sequence[Sequence[int]] | None = None) -> str:
+    """One line when some parameter's result is another parameter's average
+    (:func:`another_params_average`): from another bucket (``buckets``: the step's parameter
+    indices per bucket; None: one bucket of all), or from the same bucket's other place."""
     found = another_params_average(results, inputs, tol, groups)
     if found is None:
         return ""
     k, j = found
+    same = next((i for i, params in enumerate(buckets or [range(len(inputs[0]))]) if k in params and j in params), None)
+    if same is not None:
+        return (f"\n(param {k}'s result is param {j}'s average, on every rank; both are in bucket {same}: the hook's "
+                f"result holds param {j}'s values at param {k}'s place — an offset, or the bucket's parameters taken "
+                "in another order than its buffer holds them?)")
     return (f"\n(param {k}'s result is param {j}'s average, on every rank: another bucket's data reached it — "
             "hook state holding \"the\" bucket while DDP calls the hook for the next one before this one's "
             "collective completed?)")

@@ -37,10 +37,11 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
      returning ``None`` crashes real DDP with SIGSEGV).
 
    These raise :class:`CopyBackError` (a :class:`HookContractError` and a
-   ``RuntimeError``, like real DDP's), whose message starts with real DDP's text and
-   names the rank, bucket, iteration and replay line; the rules live in
-   :mod:`simcluster.fake.reducer`. A hook that raises is re-raised as itself, with those
-   as notes.
+   ``RuntimeError``, like real DDP's) — a ``then`` callback's exception
+   :class:`CallbackError` (a ``RuntimeError`` too, but the hook's own failure, not DDP's
+   contract) — whose message starts with real DDP's text and names the rank, bucket,
+   iteration and replay line; the rules live in :mod:`simcluster.fake.reducer`. A hook
+   that raises is re-raised as itself, with those as notes.
 
 Hook state (``state=None | "group" | factory(process_group)``) is made once per rank,
 inside the first step, and kept across steps, as DDP keeps it. Like DDP's constructor,
@@ -80,7 +81,7 @@ from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
 from simcluster.errors import (
-    CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error, launcher_environment_note,
+    CallbackError, CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error, launcher_environment_note,
 )
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -88,6 +89,7 @@ from simcluster.fake.process_group import SimProcessGroup
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.engine.trace import Trace
+from simcluster.engine.matching import rank_list
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint", "gather_source"]
 
@@ -436,7 +438,7 @@ class SimDDP:
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
                     try:
                         value = resolved(future, outputs[rank], where, self.config.api)
-                    except CopyBackError as exc:  # a then-callback raised (or the future holds an error)
+                    except (CopyBackError, CallbackError) as exc:  # a then-callback raised, or the future holds an error
                         _hinted(exc, gloo_gather_hint(future, self.cluster.backend, exc))
                         raise
                     params = [self.params[rank][i] for i in call.params]
@@ -455,6 +457,14 @@ class SimDDP:
             rank, exc = errors[0]
             for other, other_exc in errors[1:]:
                 add_context_note(exc, f"simcluster: rank {other} also failed: {other_exc}")
+            went_on = [r for r in range(len(futures)) if r not in {r for r, _ in errors}]
+            if went_on and isinstance(exc, CallbackError):
+                raised = [r for r, _ in errors]
+                failed = f"rank {raised[0]}'s" if len(raised) == 1 else f"ranks {rank_list(raised)}'"
+                done = f"rank {went_on[0]}" if len(went_on) == 1 else f"ranks {rank_list(went_on)}"
+                add_context_note(exc, f"simcluster: {done} "
+                                      f"completed this step: on a real cluster {failed} backward() raises this "
+                                      "while the others go on to their next collective and wait there")
             if isinstance(exc, SimClusterError):
                 exc.with_replay(replay)
             raise exc

@@ -40,7 +40,7 @@ import torch
 from simcluster.engine.matching import MAX_LISTED
 from simcluster.fake.bucket import packing
 from simcluster.fake.futures import CALLBACK_ERROR, NOT_A_PYOBJECT, SimFuture, holds_cpp_value, in_grad_mode
-from simcluster.errors import CopyBackError, HookContractError, add_context_note
+from simcluster.errors import CallbackError, CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name, without_addresses
 
 __all__ = ["call_hook", "check_future", "collect", "returned_lines", "raise_stored", "resolved", "cpp_value_why", "copy_bucket",
@@ -179,7 +179,7 @@ def resolved(future: torch.futures.Future, outputs: list[Any], where: str, api: 
     except Exception as exc:  # noqa: BLE001 - classified below, as the reducer sees it
         outputs.append(exc)
         if isinstance(exc, RuntimeError) and str(exc).startswith(CALLBACK_ERROR):
-            raise CopyBackError(f"{exc}\n  simcluster: {where}: a then-callback of the hook raised; "
+            raise CallbackError(f"{exc}\n  simcluster: {where}: a then-callback of the hook raised; "
                                 "real DDP raises this error from backward()") from exc
         if isinstance(future, SimFuture) and future.errored:  # e.g. gloo rejecting the op at wait()
             add_context_note(exc, f"simcluster: {where}: the hook's future is that of a collective that failed; "
