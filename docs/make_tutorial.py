@@ -40,7 +40,8 @@ def picture(story: Story, name: str, title: str) -> str:
 def excerpt(text: str, start: str, end: str | None = None, *, after: str = "") -> str:
     """The lines of ``text`` from the first containing ``start`` (after the first containing ``after``)
     up to (not including) ``end``; this checkout's paths shortened so the page does not depend on them."""
-    text = text.replace(str(ROOT) + "/", "").replace(str(Path(torch.__file__).parent.parent) + "/", "")
+    # torch's folder first: a virtual environment may lie inside the checkout
+    text = text.replace(str(Path(torch.__file__).parent.parent) + "/", "").replace(str(ROOT) + "/", "")
     lines = text.splitlines()
     first = next((k for k, line in enumerate(lines) if after and after in line), 0)
     i = next(k for k, line in enumerate(lines[first:], first) if start in line)

@@ -1098,3 +1098,17 @@ def test_a_failure_told_otherwise_when_run_again_says_so(capsys: pytest.CaptureF
     (message,) = [f["message"] for f in data["failures"]]
     assert "ValueError: draw" in message and "(run once more, the same example failed the same way, but with another " \
            "message: what the hook does depends on something outside the example" in message, message
+
+
+def test_library_files_are_named_by_their_import_path_wherever_the_environment_lives() -> None:
+    """With the virtual environment inside the project (the README's set-up), report lines
+    named torch's files '.venv/lib/python3.11/site-packages/torch/…' (regenerating
+    docs/tutorial.md showed it): a library file is named as imported, a project file relative
+    to the current directory (this test runs from the repository root)."""
+    import os
+
+    from simcluster.engine.frames import short_path
+
+    assert short_path(torch.__file__) == os.path.join("torch", "__init__.py")
+    assert short_path(os.__file__) == "os.py"
+    assert short_path(str(ROOT / HOOKS)) == HOOKS

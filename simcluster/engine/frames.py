@@ -117,7 +117,10 @@ class Frame:
 
 
 def short_path(path: str) -> str:
-    """``path`` relative to the current directory when it is inside it (else as is).
+    """``path`` as a report shows it: a file of an installed package or of Python's own
+    library by its import path (``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``),
+    wherever the environment lives — a virtual environment inside the project is no part of
+    the user's code; else relative to the current directory when it is inside it; else as is.
 
     Remembered per (current directory, path): a label of every ``torch.futures.Future()`` a
     hook makes names its line, and ``os.path.relpath`` costs ~10 µs; reading the current
@@ -128,13 +131,24 @@ def short_path(path: str) -> str:
         return path
     found = _SHORT.get(key)
     if found is None:
-        try:
-            rel = os.path.relpath(path, key[0])
-        except ValueError:
-            rel = ".."
-        found = _SHORT[key] = path if rel.startswith("..") else rel
+        library = next((d for d in _LIBRARIES if path.startswith(d)), None)
+        if library is not None:
+            found = path[len(library):]
+        else:
+            try:
+                rel = os.path.relpath(path, key[0])
+            except ValueError:
+                rel = ".."
+            found = path if rel.startswith("..") else rel
+        _SHORT[key] = found
     return found
 
+
+_LIBRARIES = sorted({os.path.join(sysconfig.get_paths()[name], "") for name in ("purelib", "platlib", "stdlib",
+                                                                                 "platstdlib")}, key=len, reverse=True)
+"""Where installed packages and Python's own modules live (site-packages first: it may lie
+inside the standard library's folder), each ending in a separator: :func:`short_path` names
+a file under one by what follows."""
 
 _SHORT: dict[tuple[str, str], str] = {}
 """:func:`short_path`'s answers by (current directory, path)."""
