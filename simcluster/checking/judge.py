@@ -88,8 +88,12 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
     """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
     seed = opts.seed if example.rng_seed is None else example.rng_seed
+    # Supervised, a hang is the supervisor's to end at the example's deadline (it samples the
+    # stacks and says where the hook's code was): the engine's own watchdog waits longer, so
+    # which of the two reports a hang is never timing (e2e's simulated side, likewise).
+    stuck = 2 * opts.deadline + 30 if opts.monitor.enabled else opts.deadline
     cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng,
-                         posting_lines=opts.posting_lines, launcher=opts.launcher)
+                         posting_lines=opts.posting_lines, launcher=opts.launcher, stuck_timeout=stuck)
     lay = example.layout
     config = DDPConfig(bucket_cap_mb=lay.bucket_cap_mb, static_graph=lay.static_graph,
                        find_unused_parameters=lay.find_unused_parameters,
