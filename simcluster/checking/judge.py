@@ -361,12 +361,13 @@ def repeat_hint(opts: Options, violation: Violation) -> str:
 
 def _same_bits_twice(opts: Options, violation: Violation) -> bool:
     """Whether two more runs of the reported failure's example, as it was, give every rank's
-    results bit for bit alike at its failing step (:func:`_failing_step_again`'s run and one more). A simulation is deterministic: results that differ come from outside
-    the example (a generator seeded from OS entropy draws other values each run), and a
-    failure that repeats by chance — a coin the hook flips — would lend the experiments that
-    follow its chance result (wild21: an entropy-seeded random-k hook got "with every rank's
-    generators seeded alike the replicas agree" in 3 of 6 replays). A run that raises or
-    stops short says nothing here (True)."""
+    results bit for bit alike at its failing step (:func:`_failing_step_again`'s run and one
+    more). A simulation is deterministic: results that differ come from outside the example
+    (a generator seeded from OS entropy draws other values each run), and a failure that
+    repeats by chance — a coin the hook flips — would lend the experiments that follow its
+    chance result (wild21: an entropy-seeded random-k hook got "with every rank's generators
+    seeded alike the replicas agree" in 3 of 6 replays). A run that raises or stops short
+    says nothing here (True)."""
     again = _failing_step_again(opts, violation)
     if again is None:
         return True

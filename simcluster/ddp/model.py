@@ -81,7 +81,8 @@ from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
 from simcluster.errors import (
-    CallbackError, CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error, launcher_environment_note,
+    CallbackError, CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error,
+    launcher_environment_note,
 )
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -438,7 +439,7 @@ class SimDDP:
                     where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
                     try:
                         value = resolved(future, outputs[rank], where, self.config.api)
-                    except (CopyBackError, CallbackError) as exc:  # a then-callback raised, or the future holds an error
+                    except (CopyBackError, CallbackError) as exc:  # a then-callback raised, or the future errored
                         _hinted(exc, gloo_gather_hint(future, self.cluster.backend, exc))
                         raise
                     params = [self.params[rank][i] for i in call.params]

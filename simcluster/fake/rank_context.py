@@ -144,12 +144,13 @@ class _Made:
     (:attr:`~simcluster.fake.backends.BackendModel.new_group_waits`; a
     :class:`~simcluster.engine.contract.Waitable`)."""
 
-    __slots__ = ("spec", "name", "joined", "_resumers")
+    __slots__ = ("spec", "name", "joined", "_resumers", "_lock")
 
-    def __init__(self, spec: GroupSpec, name: str) -> None:
+    def __init__(self, spec: GroupSpec, name: str, lock: threading.Lock) -> None:
         self.spec, self.name = spec, name
         self.joined: list[int] = []
         self._resumers: list[Callable[[], None]] = []
+        self._lock = lock  # the registry's: real DDP's rank threads join and wait at once
 
     @property
     def label(self) -> str:
@@ -161,13 +162,14 @@ class _Made:
         return len(self.joined) == len(self.spec.ranks)
 
     def on_done(self, resume: Callable[[], None]) -> None:
-        if self.done():
-            resume()
-        else:
-            self._resumers.append(resume)
+        with self._lock:  # else a member joining between the test and the append would never wake this one
+            if not self.done():
+                self._resumers.append(resume)
+                return
+        resume()
 
     def join(self, rank: int) -> list[Callable[[], None]]:
-        """``rank`` made it; the waiters to resume if that completes it (called after the lock)."""
+        """``rank`` made it (under the lock); the waiters to resume, after the lock, if that completes it."""
         self.joined.append(rank)
         if not self.done():
             return []
@@ -236,11 +238,12 @@ class GroupRegistry:
                 made = self._local.get((members, k))
                 if made is None:
                     spec = GroupSpec(f"group{list(members)}" + (f"#{k + 1}" if k else "") + " (local)", members)
-                    made = self._local[(members, k)] = _Made(spec, "")
+                    made = self._local[(members, k)] = _Made(spec, "", self._lock)
             else:
                 made = self._named.get(name)
                 if made is None:
-                    made = self._named[name] = _Made(GroupSpec(f"group{name}{list(members)}", members), name)
+                    spec = GroupSpec(f"group{name}{list(members)}", members)
+                    made = self._named[name] = _Made(spec, name, self._lock)
                 elif made.spec.ranks != members:
                     engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made)))
             resume = made.join(rank)
@@ -258,12 +261,12 @@ def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made) -> str:
     who = f"rank {made.joined[0]}" if len(made.joined) == 1 else f"ranks {made.joined}"
     return (
         f"dist.new_group: rank {rank} made the group {list(members)} as its group {made.name!r}, but {who} made "
-        f"{list(made.spec.ranks)} under that name. torch names a group by how many new_group calls its process made "
-        "before it (str(_world.group_count), a member's call or not), and a group's members meet under its name: on a "
-        f"real cluster these two groups share the name {made.name!r} and their ranks connect across them (measured on "
-        "gloo: connection resets, timeouts, or sums that look right; docs/gloo-facts.md §7). Every rank must call new_group "
-        "for every group, in the same order, members or not — or pass use_local_synchronization=True, which names a "
-        "group by its ranks and is called by its members only."
+        f"{list(made.spec.ranks)} under that name. torch names a group by how many new_group calls its process "
+        "made before it (str(_world.group_count), a member's call or not), and a group's members meet under its "
+        f"name: on a real cluster these two groups share the name {made.name!r} and their ranks connect across "
+        "them (measured on gloo: connection resets, timeouts, or sums that look right; docs/gloo-facts.md §7). "
+        "Every rank must call new_group for every group, in the same order, members or not — or pass "
+        "use_local_synchronization=True, which names a group by its ranks and is called by its members only."
     )
 
 
