@@ -12,7 +12,9 @@ Cases, each in fresh processes (a case may abort its processes, so each runs alo
 * ``local sync``: the same with ``use_local_synchronization=True`` (and a non-member's call);
 * ``one member missing``: world 2, only rank 0 calls ``new_group([0, 1])``;
 * ``counts differ``: world 2, rank 0 made ``new_group([0])`` first, then both ranks call
-  ``new_group([0, 1])`` — rank 0's is its 2nd group, rank 1's its 1st.
+  ``new_group([0, 1])`` — rank 0's is its 2nd group, rank 1's its 1st;
+* ``one-rank groups``: world 2, each rank calls ``new_group([rank])`` only — both named
+  ``"1"``, but a one-rank group connects to no one.
 
 Each rank prints the group's name, then the result of an ``all_reduce`` of ``rank + 1`` on
 its group. Creation is given a 10 s timeout. Run: python benchmarks/measure_new_group_names.py
@@ -61,6 +63,9 @@ def run(rank: int, case: str, world: int, port: int) -> None:
                 if rank == 0:
                     mine = dist.new_group([0, 1], timeout=TIMEOUT)
                 out = f"name {_name(mine)}" if mine is not None else "made no group"
+            elif case == "one-rank groups":
+                mine = dist.new_group([rank], timeout=TIMEOUT)
+                out = f"name {_name(mine)}"
             elif case == "counts differ":
                 if rank == 0:
                     dist.new_group([0], timeout=TIMEOUT)
@@ -74,7 +79,8 @@ def run(rank: int, case: str, world: int, port: int) -> None:
         sys.stdout.flush()
 
 
-CASES = (("every rank", 4), ("members only", 4), ("local sync", 4), ("one member missing", 2), ("counts differ", 2))
+CASES = (("every rank", 4), ("members only", 4), ("local sync", 4), ("one member missing", 2), ("counts differ", 2),
+         ("one-rank groups", 2))
 
 if __name__ == "__main__":
     for number, (case, world) in enumerate(CASES):

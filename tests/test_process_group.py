@@ -459,6 +459,15 @@ def test_groups_made_by_their_members_only_share_a_name_and_end_the_run(backend:
         SimCluster(4, backend=backend).run(members_only)
 
 
+def test_one_rank_groups_made_by_their_member_only_both_work() -> None:
+    """Both named '1', but a one-rank group connects to no one: measured, both all_reduce
+    their own rank's value (a regression sweep: the collision was reported for them)."""
+    def own_group(rank: int) -> list[float]:
+        return _reduce_on(dist.new_group([rank]))
+
+    assert SimCluster(2).run(own_group).values == [[1.0, 1.0], [2.0, 2.0]]
+
+
 def test_every_rank_making_every_group_counts_names_as_torch_does() -> None:
     def every_rank(rank: int) -> tuple[list[float], int]:
         pair, other = dist.new_group([0, 1]), dist.new_group([2, 3])

@@ -1112,3 +1112,23 @@ def test_library_files_are_named_by_their_import_path_wherever_the_environment_l
     assert short_path(torch.__file__) == os.path.join("torch", "__init__.py")
     assert short_path(os.__file__) == "os.py"
     assert short_path(str(ROOT / HOOKS)) == HOOKS
+
+
+@pytest.mark.parametrize("target, options, shown", [
+    # a deadlock's report names the line that posted each call, from a re-run with posting
+    # lines; the repeat check compared that message with its own re-run's, without them
+    ("send_before_recv_hook", ("--world-sizes", "2"), "posted it at tests/report_hooks.py:"),
+    # a default repr in the hook's own message: its address changes every run
+    ("asserts_with_its_states_repr", ("--state", f"{HOOKS}:make_config"), "_Config object at 0x…> has no scale"),
+])
+def test_a_deterministic_failure_gets_no_may_not_repeat_caveat(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                target: str, options: tuple[str, ...],
+                                                                shown: str) -> None:
+    """A regression sweep of this stop's repeat check: 13 deterministic deadlock, mismatch and
+    in-flight-write reports of earlier rounds' hooks said 'may not repeat', and so did a hook
+    quoting a default repr. The replay prints the same report, address masked."""
+    code, out, data = _check(capsys, tmp_path, target, "--backend", "gloo", *options)
+    assert code == 1
+    messages = [f["message"] for f in data["failures"]]
+    assert any(shown in m for m in messages), messages
+    assert not any("may not repeat" in m for m in messages), messages

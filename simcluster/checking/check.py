@@ -297,8 +297,10 @@ def prepare_to_fork() -> None:
 # --------------------------------------------------------------------------- the search
 def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
     with captured_output():  # the hints re-run the example: its prints are not the reported run's
+        # a failure that does not repeat makes every re-running experiment moot; asked of the
+        # violation as found (the posting lines' re-run adds lines its own re-run would not)
+        hint = repeat_hint(opts, v)
         v = with_posting_lines(opts, v)
-        hint = repeat_hint(opts, v)  # a failure that does not repeat makes every re-running experiment moot
         if not hint:
             hint = (order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + rng_hint(opts, v)
                     + sources_hint(opts, v))

@@ -37,6 +37,7 @@ from simcluster.checking.strategies import DTYPES, Example
 from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack
 from simcluster.usercode.rank_local import RankLocal
 from simcluster.usercode.targets import format_shapes
+from simcluster.names import without_addresses
 
 if TYPE_CHECKING:  # options imports render
     from simcluster.checking.options import Options
@@ -101,8 +102,10 @@ def error_text(exc: BaseException) -> str:
     """``Type: message`` with every line of the message and of its notes — the
     Python-API ``replay:`` lines and blank lines dropped, other ranks that failed the same
     way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``),
-    each at most :data:`MAX_LINE_CHARS` characters (then ``… and N more characters``)."""
-    message = str(exc)
+    each at most :data:`MAX_LINE_CHARS` characters (then ``… and N more characters``). A
+    default ``repr``'s address (``<mod.State object at 0x7fee…>`` in the hook's own message)
+    is masked: it differs from run to run, and a replay prints the report it printed."""
+    message = without_addresses(str(exc))
     lines = _lines(message)
     head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     same: list[int] = []
@@ -111,7 +114,7 @@ def error_text(exc: BaseException) -> str:
         if other is not None and _same(other.group(2), message):
             same.append(int(other.group(1)))
         elif _keep_note(note):
-            lines += _lines(str(note))
+            lines += _lines(without_addresses(str(note)))
     if same:
         lines.append(f"simcluster: {'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))} "
                      "also failed the same way")

@@ -188,7 +188,9 @@ class GroupRegistry:
       one name with different ranks — each rank making only the groups it is in, so rank 0's
       and rank 2's first groups are both ``"1"`` — are a :class:`CollectiveMismatchError`
       that ends the run: on real gloo their ranks connect across the two groups (measured:
-      connection resets, timeouts, sometimes sums that look right);
+      connection resets, timeouts, sometimes sums that look right) — unless both have one
+      rank: such a group connects to no one, and two of them under one name both work
+      (measured);
     * with ``use_local_synchronization=True`` a group is named by its ranks (here: the k-th
       such call with the same ranks), only its members call it, and a non-member's call
       returns None;
@@ -241,9 +243,12 @@ class GroupRegistry:
                     made = self._local[(members, k)] = _Made(spec, "", self._lock)
             else:
                 made = self._named.get(name)
+                if made is not None and made.spec.ranks != members and len(members) == len(made.spec.ranks) == 1:
+                    made = self._named.get(f"{name} {members[0]}")  # one-rank groups connect to no one: apart
+                    name = f"{name} {members[0]}"
                 if made is None:
-                    spec = GroupSpec(f"group{name}{list(members)}", members)
-                    made = self._named[name] = _Made(spec, name, self._lock)
+                    spec = GroupSpec(f"group{name.split()[0]}{list(members)}", members)
+                    made = self._named[name] = _Made(spec, name.split()[0], self._lock)
                 elif made.spec.ranks != members:
                     engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made)))
             resume = made.join(rank)
