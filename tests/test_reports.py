@@ -1112,6 +1112,11 @@ def test_library_files_are_named_by_their_import_path_wherever_the_environment_l
     assert short_path(torch.__file__) == os.path.join("torch", "__init__.py")
     assert short_path(os.__file__) == "os.py"
     assert short_path(str(ROOT / HOOKS)) == HOOKS
+    # a traceback torch writes into a message (a then-callback's error: 'At:\n  /…/torch/…(92): f')
+    from simcluster.checking.render import error_text
+
+    quoted = RuntimeError(f"Got the following error when running the callback\nAt:\n  {torch.__file__}(92): f")
+    assert error_text(quoted).splitlines()[-1].strip() == f"{os.path.join('torch', '__init__.py')}(92): f"
 
 
 @pytest.mark.parametrize("target, options, shown", [

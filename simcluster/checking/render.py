@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.engine.frames import Frame, short_path, user_frames
+from simcluster.engine.frames import Frame, short_path, user_frames, without_library_dirs
 from simcluster.ddp.layout import bucket_calls
 from simcluster.checking.replay import decode_example, encode_example
 from simcluster.checking.report import PropertyFailure
@@ -104,8 +104,9 @@ def error_text(exc: BaseException) -> str:
     way named in one line — at most :data:`MAX_LINES` lines (then ``… and N more lines``),
     each at most :data:`MAX_LINE_CHARS` characters (then ``… and N more characters``). A
     default ``repr``'s address (``<mod.State object at 0x7fee…>`` in the hook's own message)
-    is masked: it differs from run to run, and a replay prints the report it printed."""
-    message = without_addresses(str(exc))
+    is masked: it differs from run to run, and a replay prints the report it printed; a
+    library's file is named by its import path (:func:`~simcluster.engine.frames.without_library_dirs`)."""
+    message = without_library_dirs(without_addresses(str(exc)))
     lines = _lines(message)
     head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     same: list[int] = []
@@ -114,7 +115,7 @@ def error_text(exc: BaseException) -> str:
         if other is not None and _same(other.group(2), message):
             same.append(int(other.group(1)))
         elif _keep_note(note):
-            lines += _lines(without_addresses(str(note)))
+            lines += _lines(without_library_dirs(without_addresses(str(note))))
     if same:
         lines.append(f"simcluster: {'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))} "
                      "also failed the same way")

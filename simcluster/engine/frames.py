@@ -144,6 +144,16 @@ def short_path(path: str) -> str:
     return found
 
 
+def without_library_dirs(text: str) -> str:
+    """``text`` with every installed package's and Python's own folder dropped from the paths
+    it quotes — a traceback torch wrote into a message (``At:\n  /…/site-packages/torch/…``)
+    — as :func:`short_path` names such files."""
+    for library in _LIBRARIES:
+        if library in text:
+            text = text.replace(library, "")
+    return text
+
+
 _LIBRARIES = sorted({os.path.join(sysconfig.get_paths()[name], "") for name in ("purelib", "platlib", "stdlib",
                                                                                  "platstdlib")}, key=len, reverse=True)
 """Where installed packages and Python's own modules live (site-packages first: it may lie
