@@ -8,6 +8,7 @@ for random data. What each future holds is checked against the backend facts
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -455,8 +456,10 @@ def test_groups_made_by_their_members_only_share_a_name_and_end_the_run(backend:
             return []
 
     with pytest.raises(CollectiveMismatchError, match=r"rank 2 made the group \[2, 3\] as its group '1', but ranks "
-                                                      r"\[0, 1\] made \[0, 1\] under that name"):
+                                                      r"\[0, 1\] made \[0, 1\] under that name") as info:
         SimCluster(4, backend=backend).run(members_only)
+    made_at = re.findall(r"\n  rank (\d) made (\[.*?\]) at \S*test_process_group.py:\d+ in members_only", str(info.value))
+    assert made_at == [("2", "[2, 3]"), ("0", "[0, 1]"), ("1", "[0, 1]")], str(info.value)  # where each was made
 
 
 def test_one_rank_groups_made_by_their_member_only_both_work() -> None:

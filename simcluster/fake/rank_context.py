@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from simcluster.engine.contract import EngineContract
-from simcluster.engine.frames import is_internal, short_path
+from simcluster.engine.frames import is_internal, posting_site, short_path
 from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import CollectiveMismatchError, UsageError
@@ -144,11 +144,12 @@ class _Made:
     (:attr:`~simcluster.fake.backends.BackendModel.new_group_waits`; a
     :class:`~simcluster.engine.contract.Waitable`)."""
 
-    __slots__ = ("spec", "name", "joined", "_resumers", "_lock")
+    __slots__ = ("spec", "name", "joined", "sites", "_resumers", "_lock")
 
     def __init__(self, spec: GroupSpec, name: str, lock: threading.Lock) -> None:
         self.spec, self.name = spec, name
         self.joined: list[int] = []
+        self.sites: dict[int, str] = {}  # rank -> the user line that made it (for a report)
         self._resumers: list[Callable[[], None]] = []
         self._lock = lock  # the registry's: real DDP's rank threads join and wait at once
 
@@ -250,8 +251,10 @@ class GroupRegistry:
                     spec = GroupSpec(f"group{name.split()[0]}{list(members)}", members)
                     made = self._named[name] = _Made(spec, name.split()[0], self._lock)
                 elif made.spec.ranks != members:
-                    engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made)))
+                    site = posting_site(sys._getframe(1))
+                    engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made, site)))
             resume = made.join(rank)
+            made.sites[rank] = posting_site(sys._getframe(1)) or ""
         for wake in resume:
             wake()
         pg = SimProcessGroup(self.runtime, made.spec, rank)
@@ -261,9 +264,12 @@ class GroupRegistry:
         return pg
 
 
-def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made) -> str:
-    """Why rank ``rank``'s group of ``members`` and the group ``made`` under the same name cannot both be."""
+def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made, site: str | None) -> str:
+    """Why rank ``rank``'s group of ``members`` (made at the user line ``site``) and the group
+    ``made`` under the same name cannot both be, with where each was made."""
     who = f"rank {made.joined[0]}" if len(made.joined) == 1 else f"ranks {made.joined}"
+    lines = [f"\n  rank {rank} made {list(members)} at {site}" if site else ""]
+    lines += [f"\n  rank {r} made {list(made.spec.ranks)} at {made.sites[r]}" for r in made.joined if made.sites.get(r)]
     return (
         f"dist.new_group: rank {rank} made the group {list(members)} as its group {made.name!r}, but {who} made "
         f"{list(made.spec.ranks)} under that name. torch names a group by how many new_group calls its process "
@@ -272,6 +278,7 @@ def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made) -> str:
         "them (measured on gloo: connection resets, timeouts, or sums that look right; docs/gloo-facts.md §7). "
         "Every rank must call new_group for every group, in the same order, members or not — or pass "
         "use_local_synchronization=True, which names a group by its ranks and is called by its members only."
+        + "".join(lines[:4])
     )
 
 
