@@ -166,7 +166,7 @@ def test_deadlock_lists_each_ranks_blocked_call() -> None:
     with pytest.raises(DeadlockError) as info:
         SimCluster(2, seed=4).run(rank_fn)
     message = str(info.value)
-    assert "rank 0: blocked in wait() on the synchronous all_reduce#0 on WORLD (async_op=False" in message
+    assert "rank 0: blocked in the synchronous all_reduce#0 on WORLD (async_op=False" in message
     assert "posted by ranks [0], never posted by ranks [1]" in message
     assert "replay:" in message
 

@@ -235,7 +235,7 @@ def test_a_deadlock_report_does_not_count_the_engines_own_threads_as_started_by_
 
     with pytest.raises(DeadlockError) as info:
         SimCluster(2).run(rank_fn)
-    assert "rank 0: blocked in wait() on the synchronous all_reduce#0 on WORLD (async_op=False" in str(info.value)
+    assert "rank 0: blocked in the synchronous all_reduce#0 on WORLD (async_op=False" in str(info.value)
     assert "started a thread" not in str(info.value)
 
 

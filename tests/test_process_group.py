@@ -520,6 +520,9 @@ def test_a_gloo_member_waits_in_new_group_until_every_member_made_it() -> None:
     assert run.values == [[3.0, 3.0]] * 2
     waits = [(type(e).__name__, e.rank) for e in run.trace.events if "dist.new_group" in getattr(e, "future", "")]
     assert waits == [("Blocked", 0), ("Resumed", 0)]  # the last member to arrive does not wait
+    told = run.trace.format()  # as the deadlock report and explain word it: no wait() the code never wrote
+    assert "rank 0: blocks in dist.new_group([0, 1]) (torch's group '1')" in told, told
+    assert "rank 0: returns from dist.new_group([0, 1])" in told and "wait()" not in told, told
 
 
 @pytest.mark.parametrize("world, ranks, error, first_line", [

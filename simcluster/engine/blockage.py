@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.matching import MAX_LISTED, Instance, rank_list, unmatched_lines
+from simcluster.engine.trace import waits_in
 
 __all__ = ["Parked", "describe_blockage"]
 
@@ -54,12 +55,7 @@ def describe_blockage(
         frames = stack_user_frames(current.get(p.thread_ident or -1))
         at = f" at {frames[-1]}" if frames else ""
         polled = p.label.removeprefix("polling ")
-        if polled != p.label:
-            how = f"polls {polled}, which never completes"
-        elif p.label.startswith("dist."):  # a wait inside a torch.distributed call (dist.new_group)
-            how = f"blocked in {p.label}"
-        else:
-            how = f"blocked in wait() on {p.label}"
+        how = f"polls {polled}, which never completes" if polled != p.label else f"blocked {waits_in(p.label)}"
         waits.append(f"  rank {p.rank}: {how} ({p.where}){at}")
     pending = [f"  rank {rank}: {context} waits on {label}, which never completes"
                for rank, label, context in sorted(expected)]

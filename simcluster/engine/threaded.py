@@ -58,7 +58,7 @@ from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site
 from simcluster.engine.matching import Instance, Matcher, compute_failure, unmatched_lines
 from simcluster.errors import DeadlockError, SimClusterError, StuckError, UsageError
-from simcluster.engine.trace import Blocked, Resumed, Trace
+from simcluster.engine.trace import Blocked, Resumed, Trace, waits_in
 
 __all__ = ["ThreadedEngine"]
 
@@ -285,7 +285,7 @@ class ThreadedEngine:
         key = (rank, where)
         with self._lock:
             previous = self._status.get(key, "")
-            self._status[key] = f"blocked in wait() on {waitable.label}"
+            self._status[key] = f"blocked {waits_in(waitable.label)}"
 
         def wake() -> None:
             # The waiter counts as running from the moment its future completes — set by

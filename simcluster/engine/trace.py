@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Union
 
 __all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "Event", "Trace",
-           "CollectiveSummary"]
+           "CollectiveSummary", "waits_in", "returns_from"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,24 @@ class Blocked:
 class Resumed:
     rank: int
     future: str
+
+
+_INSIDE_A_CALL = ("dist.", "the synchronous ")
+"""How the label of a wait torch makes *inside a call* begins — ``dist.new_group(…)``, a
+collective called with ``async_op=False`` — where the code under test wrote no ``wait()``."""
+
+
+def waits_in(label: str) -> str:
+    """Where code waiting on ``label`` waits, in words (after "blocked"/"blocks"): ``in wait()
+    on all_reduce#0 on WORLD`` for a future or work; ``in dist.new_group([0, 1]) …`` or ``in the
+    synchronous all_reduce#0 …`` for a wait inside a call. The one wording of the trace, the
+    deadlock report and ``explain``."""
+    return f"in {label}" if label.startswith(_INSIDE_A_CALL) else f"in wait() on {label}"
+
+
+def returns_from(label: str) -> str:
+    """What the code that waited on ``label`` does when it is done (:func:`waits_in`'s pair)."""
+    return f"returns from {label}" if label.startswith(_INSIDE_A_CALL) else f"resumes, {label} is done"
 
 
 @dataclass(frozen=True)
@@ -264,9 +282,9 @@ class Trace:
             elif isinstance(e, CallbackRan):
                 lines.append(f"rank {e.rank}: callback {e.callback} of {e.future} runs {e.where}")
             elif isinstance(e, Blocked):
-                lines.append(f"rank {e.rank}: blocks in wait() on {e.future} ({e.context})")
+                lines.append(f"rank {e.rank}: blocks {waits_in(e.future)} ({e.context})")
             elif isinstance(e, Resumed):
-                lines.append(f"rank {e.rank}: resumes, {e.future} is done")
+                lines.append(f"rank {e.rank}: {returns_from(e.future)}")
             elif isinstance(e, Polled):
                 answer = "complete" if e.complete else "pending"
                 when = "at once" if e.choice == 0 else "after the others ran as far as they could (picked 1 of 2)"

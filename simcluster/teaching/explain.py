@@ -52,7 +52,7 @@ import torch
 from simcluster.checking.render import abridged
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace, waits_in
 from simcluster.ddp.layout import cap_bytes, rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
@@ -138,8 +138,7 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
     if isinstance(e, Blocked):
         held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
         where = _where_words(e.context).removesuffix(" (grad mode on)")
-        blocks = "blocks in" if e.future.startswith("the synchronous ") else "blocks in wait() on"
-        return f"rank {e.rank}: {blocks} {e.future} ({where}{held})"
+        return f"rank {e.rank}: blocks {waits_in(e.future)} ({where}{held})"
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
                 f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
