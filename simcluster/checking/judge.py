@@ -32,14 +32,13 @@ from simcluster.checking.render import bucket_steps, error_text, rebuild_hint, u
 from simcluster.checking.replay import encode_example
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
-from simcluster.checking.supervisor import raise_site
+from simcluster.checking.supervisor import raise_site, watchdog_under
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.errors import (
     HOOK_RAISES, BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
     InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
-from simcluster.names import without_addresses
 from simcluster.fake.backends import backend_model
 from simcluster.fake.cluster import SimCluster
 
@@ -89,10 +88,7 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
              grads: list[list[list[torch.Tensor]]]) -> tuple[list[Any], BaseException | None, int, list[Any]]:
     """Run every step; (step results, the error that stopped the run or None, its step, the states)."""
     seed = opts.seed if example.rng_seed is None else example.rng_seed
-    # Supervised, a hang is the supervisor's to end at the example's deadline (it samples the
-    # stacks and says where the hook's code was): the engine's own watchdog waits longer, so
-    # which of the two reports a hang is never timing (e2e's simulated side, likewise).
-    stuck = 2 * opts.deadline + 30 if opts.monitor.enabled else opts.deadline
+    stuck = watchdog_under(opts.deadline) if opts.monitor.enabled else opts.deadline  # unsupervised: the only bound
     cluster = SimCluster(example.world_size, seed=seed, backend=backend, schedule=schedule, rng=opts.rng,
                          posting_lines=opts.posting_lines, launcher=opts.launcher, stuck_timeout=stuck)
     lay = example.layout
@@ -345,7 +341,7 @@ def repeat_hint(opts: Options, violation: Violation) -> str:
         if (again.prop, again.info.get("error_type"), again.info.get("step")) != (
                 violation.prop, info.get("error_type"), info.get("step")):
             outcome = f"failed {again.prop} at step {again.info.get('step')} instead"
-        elif without_addresses(str(again)) != without_addresses(str(violation)):  # a default repr's address
+        elif str(again) != str(violation):  # error_text masks what differs run to run (addresses)
             outcome = "failed the same way, but with another message"
         elif _same_bits_twice(opts, violation):
             return ""

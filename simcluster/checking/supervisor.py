@@ -65,10 +65,18 @@ from simcluster.usercode.rank_state import CURRENT
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
            "end_process", "one_torch_thread", "how_it_ended", "kill_and_reap", "format_stack", "stuck_in",
-           "raise_site", "die_with_parent"]
+           "raise_site", "die_with_parent", "watchdog_under"]
 
 DEFAULT_DEADLINE = 60.0
 """Seconds one example may take before it is reported stuck (``--deadline``)."""
+
+
+def watchdog_under(deadline: float) -> float:
+    """The stuck timeout of an engine whose run a supervisor bounds by ``deadline``: well past
+    it, so a hang is always the supervisor's to end and tell (every thread's stack, where the
+    hook's code was) — never a race with the engine's terser ``StuckError`` (which won it once,
+    in a loaded CI run, with the same 8 s on both)."""
+    return 2 * deadline + 30
 
 _PAGE = 1 << 16
 _HEADER = struct.Struct("<QdBiiiiI")

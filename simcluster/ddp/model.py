@@ -458,9 +458,9 @@ class SimDDP:
             rank, exc = errors[0]
             for other, other_exc in errors[1:]:
                 add_context_note(exc, f"simcluster: rank {other} also failed: {other_exc}")
-            went_on = [r for r in range(len(futures)) if r not in {r for r, _ in errors}]
+            raised = [r for r, _ in errors]
+            went_on = [r for r in range(len(futures)) if r not in raised]
             if went_on and isinstance(exc, CallbackError):
-                raised = [r for r, _ in errors]
                 failed = f"rank {raised[0]}'s" if len(raised) == 1 else f"ranks {rank_list(raised)}'"
                 done = f"rank {went_on[0]}" if len(went_on) == 1 else f"ranks {rank_list(went_on)}"
                 add_context_note(exc, f"simcluster: {done} "

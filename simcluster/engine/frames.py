@@ -131,10 +131,8 @@ def short_path(path: str) -> str:
         return path
     found = _SHORT.get(key)
     if found is None:
-        library = next((d for d in _LIBRARIES if path.startswith(d)), None)
-        if library is not None:
-            found = path[len(library):]
-        else:
+        found = without_library_dirs(path)
+        if found == path:
             try:
                 rel = os.path.relpath(path, key[0])
             except ValueError:

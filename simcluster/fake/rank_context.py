@@ -43,6 +43,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from simcluster.engine.contract import EngineContract
 from simcluster.engine.frames import is_internal, posting_site, short_path
+from simcluster.engine.matching import MAX_LISTED
 from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import CollectiveMismatchError, UsageError
@@ -149,7 +150,7 @@ class _Made:
     def __init__(self, spec: GroupSpec, name: str, lock: threading.Lock) -> None:
         self.spec, self.name = spec, name
         self.joined: list[int] = []
-        self.sites: dict[int, str] = {}  # rank -> the user line that made it (for a report)
+        self.sites: dict[int, str | None] = {}  # rank -> the user line that made it (for a report)
         self._resumers: list[Callable[[], None]] = []
         self._lock = lock  # the registry's: real DDP's rank threads join and wait at once
 
@@ -206,7 +207,7 @@ class GroupRegistry:
     def __init__(self, runtime: Runtime, worlds: list[RankWorld]) -> None:
         self.runtime = runtime
         self.worlds = worlds
-        self._named: dict[str, _Made] = {}  # torch's name -> the group made under it
+        self._named: dict[str, _Made] = {}  # torch's name (and the rank, for a one-rank group) -> the group
         self._local: dict[tuple[tuple[int, ...], int], _Made] = {}  # use_local_synchronization
         self._calls: dict[tuple[int, tuple[int, ...]], int] = {}
         self._lock = threading.Lock()  # real DDP's rank threads make groups at once
@@ -234,6 +235,7 @@ class GroupRegistry:
             # group translates before the collective's not-in-group check skips it.
             world.pg_group_ranks[dist.GroupMember.NON_GROUP_MEMBER] = {g: i for i, g in enumerate(members)}
             return dist.GroupMember.NON_GROUP_MEMBER
+        site = posting_site(sys._getframe(1))  # the user line of this call, for a collision's report
         with self._lock:
             if local:
                 k = self._calls.get((rank, members), 0)
@@ -243,18 +245,18 @@ class GroupRegistry:
                     spec = GroupSpec(f"group{list(members)}" + (f"#{k + 1}" if k else "") + " (local)", members)
                     made = self._local[(members, k)] = _Made(spec, "", self._lock)
             else:
-                made = self._named.get(name)
+                key = name
+                made = self._named.get(key)
                 if made is not None and made.spec.ranks != members and len(members) == len(made.spec.ranks) == 1:
-                    made = self._named.get(f"{name} {members[0]}")  # one-rank groups connect to no one: apart
-                    name = f"{name} {members[0]}"
+                    key = f"{name} {members[0]}"  # one-rank groups connect to no one: kept apart
+                    made = self._named.get(key)
                 if made is None:
-                    spec = GroupSpec(f"group{name.split()[0]}{list(members)}", members)
-                    made = self._named[name] = _Made(spec, name.split()[0], self._lock)
+                    spec = GroupSpec(f"group{name}{list(members)}", members)
+                    made = self._named[key] = _Made(spec, name, self._lock)
                 elif made.spec.ranks != members:
-                    site = posting_site(sys._getframe(1))
                     engine.abort(CollectiveMismatchError(_crossed_groups(rank, members, made, site)))
             resume = made.join(rank)
-            made.sites[rank] = posting_site(sys._getframe(1)) or ""
+            made.sites[rank] = site
         for wake in resume:
             wake()
         pg = SimProcessGroup(self.runtime, made.spec, rank)
@@ -268,8 +270,8 @@ def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made, site: str 
     """Why rank ``rank``'s group of ``members`` (made at the user line ``site``) and the group
     ``made`` under the same name cannot both be, with where each was made."""
     who = f"rank {made.joined[0]}" if len(made.joined) == 1 else f"ranks {made.joined}"
-    lines = [f"\n  rank {rank} made {list(members)} at {site}" if site else ""]
-    lines += [f"\n  rank {r} made {list(made.spec.ranks)} at {made.sites[r]}" for r in made.joined if made.sites.get(r)]
+    makers = [(rank, members, site), *((r, made.spec.ranks, made.sites[r]) for r in made.joined)]
+    lines = [f"\n  rank {r} made {list(ranks)} at {at}" for r, ranks, at in makers if at]
     return (
         f"dist.new_group: rank {rank} made the group {list(members)} as its group {made.name!r}, but {who} made "
         f"{list(made.spec.ranks)} under that name. torch names a group by how many new_group calls its process "
@@ -278,7 +280,7 @@ def _crossed_groups(rank: int, members: tuple[int, ...], made: _Made, site: str 
         "them (measured on gloo: connection resets, timeouts, or sums that look right; docs/gloo-facts.md §7). "
         "Every rank must call new_group for every group, in the same order, members or not — or pass "
         "use_local_synchronization=True, which names a group by its ranks and is called by its members only."
-        + "".join(lines[:4])
+        + "".join(lines[:MAX_LISTED])
     )
 
 
@@ -366,7 +368,6 @@ class RankContexts:
         call: two threads of one rank under the free-running engine never get the same.)"""
         return next(self._futures_made[self.world_size if rank is None else rank])
 
-    # -- groups -----------------------------------------------------------------
 
 def user_future_class(current_engine: Callable[[], Any], plain: type, number: Callable[[int | None], int]) -> type:
     """The class ``torch.futures.Future`` names during a run: a future made by hook code

@@ -858,6 +858,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
 
     import torch.distributed as dist
 
+    from simcluster.checking.supervisor import watchdog_under
     from simcluster.ddp.real_ddp import run_real_ddp
     from simcluster.usercode.rank_local import own_copies
 
@@ -879,10 +880,6 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         return recording(rank_hook, calls, dist.get_rank), spec.resolve(group, ddp.module), None
 
     output_fd = getattr(monitor, "output_fd", None)
-    # A hang is the supervisor's to end (its deadline, ``timeout``, samples every thread's
-    # stack and tells where the hook's code was, or that none ran): the real reducer's own
-    # watchdog waits longer, so the two never race (under CI load the watchdog's terser
-    # StuckError won at times, with the same 8 s on both).
     # What the hook prints is captured, as the search captures it: under the real reducer its
     # rank threads interleave their lines by timing (dropped); on the DDP model, one baton and
     # a fixed order, the text is the same on every run (kept, shown with a failure).
@@ -890,7 +887,7 @@ def _simulate(scenario: Scenario, hook: str, state: str, backend: str, timeout: 
         try:
             run = run_real_ddp(lambda: GradientModel(scenario.shapes, dtype, scenario.ready_order), scenario.inputs(),
                                world_size=scenario.world_size, hook=None, setup=own_process,
-                               iterations=scenario.steps, backend=backend, timeout=2 * timeout + 30,
+                               iterations=scenario.steps, backend=backend, timeout=watchdog_under(timeout),
                                **scenario.ddp_kwargs())
         except Exception as exc:  # noqa: BLE001 - the hook's (or the simulator's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
