@@ -384,6 +384,24 @@ def divides_after_posting(state, bucket):
     return fut.then(lambda f: f.value()[0])
 
 
+_STAGING: dict[str, torch.Tensor] = {}
+
+
+def shares_one_staging_buffer(state, bucket):
+    """Stages every bucket in one module-level buffer, to save allocations: with two buckets in
+    flight, the second bucket's hook call overwrites what the first one's all_reduce still
+    has in flight (a pattern from hooks in the wild; the report names that call and line)."""
+    n = bucket.buffer().numel()
+    staging = _STAGING.get("buffer")
+    if staging is None or staging.numel() < n:
+        staging = _STAGING["buffer"] = torch.empty(4 * n)
+    view = staging[:n]
+    view.copy_(bucket.buffer())  # stages this bucket
+    view.div_(dist.get_world_size())
+    fut = dist.all_reduce(view, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].clone())
+
+
 def divides_chunk_after_posting_another(state, bucket):
     """Pipelined by halves: divides a half, posts it, then divides the other half — a write
     to the buffer's memory while the first half is in flight, but not to that half: no race."""

@@ -936,3 +936,50 @@ def test_a_write_in_flight_names_the_tensor_written_and_how_it_was_seen() -> Non
     with pytest.raises(InFlightWriteError, match=r"in flight \(float32\[5000\]\).*seen by its version counter, which "
                                                  r"in-place calls that change no value .* move too"):
         SimCluster(2).run(large_only)
+
+
+# --------------------------------------------------------------------------- who wrote in flight
+def _scales(t: torch.Tensor) -> None:
+    t.copy_(t)  # moves the counter, changes no value: not the writer
+    t.mul_(2)  # the writer
+
+
+def test_a_reported_run_names_the_user_line_that_wrote_to_a_tensor_in_flight() -> None:
+    """The report named only the line that posted the call. A run that records posting lines
+    (what ``check`` re-runs a reported failure with) traces user lines and names the one after
+    which the values changed — in a helper, with the hook line that called it — not the
+    same-value write before it."""
+    def rank_fn(rank: int) -> None:
+        t = torch.arange(4.0) + 1
+        work = dist.all_reduce(t, async_op=True)
+        _scales(t)
+        work.wait()
+
+    with pytest.raises(InFlightWriteError) as info:
+        SimCluster(2, posting_lines=True).run(rank_fn)
+    message = str(info.value)
+    assert re.search(r"ranks \[0, 1\] wrote to it at \S*test_process_group.py:\d+ in _scales: t.mul_\(2\)  # the writer "
+                     r"\(called from \S*test_process_group.py:\d+ in rank_fn: _scales\(t\)\)", message), message
+    with pytest.raises(InFlightWriteError) as info:  # the search's runs do not trace
+        SimCluster(2).run(rank_fn)
+    assert "wrote to it at" not in str(info.value)
+
+
+def test_a_write_no_user_line_made_is_blamed_on_none() -> None:
+    """An all_gather completing first writes its result (its counter moved, as gloo moves it)
+    into the memory an all_reduce posted earlier still has in flight: a race, reported; but no
+    user line wrote it, so none is named — not the line that ran last before the engine wrote
+    (the schedule completes the all_gather first and lets each rank run on before the all_reduce)."""
+    def rank_fn(rank: int) -> None:
+        t = torch.ones(4)
+        work = dist.all_reduce(t, async_op=True)
+        gather = dist.all_gather_into_tensor(t, torch.full((2,), float(rank)), async_op=True)
+        t.numel()  # a user line runs before the engine completes anything
+        gather.wait()
+        work.wait()
+
+    with pytest.raises(InFlightWriteError) as info:
+        SimCluster(2, posting_lines=True, schedule=[1, 0, 0]).run(rank_fn)
+    message = str(info.value)
+    assert "wrote to a tensor that all_reduce#0 on WORLD had in flight" in message, message
+    assert "posted it at" in message and "wrote to it" not in message, message

@@ -332,6 +332,29 @@ def test_a_write_to_a_tensor_in_flight_is_a_contract_failure_naming_the_posting_
     assert f"posted it at {HOOKS}:{line} in divides_after_posting" in failure["message"], failure["message"]
 
 
+def test_a_write_in_flight_by_another_buckets_hook_call_is_named_with_its_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One staging buffer for every bucket: the next bucket's hook call copies into the memory
+    the previous bucket's all_reduce has in flight. The report named only the line that posted
+    the all_reduce, in bucket 0's hook call — the write was the next call's. The reporting
+    re-run now traces user lines and names the one that wrote, and in which hook call."""
+    code, out, data = _check(capsys, tmp_path, "shares_one_staging_buffer", "--backend", "gloo", "--world-sizes", "1,2")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["error_type"] == "InFlightWriteError", out
+    message = failure["message"]
+    posted = re.search(r"in DDP iteration (\d+), bucket (\d+)'s hook call, posted it at " + re.escape(HOOKS)
+                       + rf":{_line('fut = dist.all_reduce(view')} ", message)
+    wrote = re.search(r"in DDP iteration (\d+), bucket (\d+)'s hook call, wrote to it at " + re.escape(HOOKS)
+                      + rf":{_line('# stages this bucket')} in shares_one_staging_buffer: view.copy_", message)
+    assert posted and wrote, message
+    assert posted.group(1) == wrote.group(1) and int(wrote.group(2)) > int(posted.group(2)), message
+    replay = shlex.split(failure["replay"])
+    for _ in range(2):  # the printed replay reproduces it, with the writer's line
+        assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
+        assert f"wrote to it at {HOOKS}:{_line('# stages this bucket')}" in capsys.readouterr().out
+
+
 def test_a_write_to_another_part_of_a_tensor_in_flight_is_no_failure(capsys: pytest.CaptureFixture[str],
                                                                       tmp_path: Path) -> None:
     """A view's version counter is its base's: dividing the second half of a bucket moves

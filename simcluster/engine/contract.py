@@ -85,6 +85,12 @@ class InFlight(Protocol):
         was seen (``''`` when sure). Asked once, at the completion: what it kept is let go."""
         ...
 
+    def changed(self) -> bool:
+        """Whether :meth:`written` would say a tensor was written, asked before the completion
+        without letting anything go: after each user line of a reported re-run
+        (:class:`~simcluster.engine.write_watch.WriteWatch`, which names the line that wrote)."""
+        ...
+
 
 @dataclass(slots=True)
 class Call:
@@ -135,6 +141,13 @@ class Call:
     """What the call reads or writes in flight, as it was when posted (the process group's
     record of its tensors), asked at the completion whether the rank wrote to it meanwhile:
     :func:`~simcluster.engine.matching.written_in_flight`."""
+    written_at: str = ""
+    """The user line that wrote to a tensor of :attr:`in_flight` before the completion
+    (``hooks.py:21 in hook: view.copy_(bucket.buffer())``, as :attr:`posted_at`), found only by
+    a run that records posting lines (:class:`~simcluster.engine.write_watch.WriteWatch`);
+    ``""`` when not found."""
+    written_in: str = ""
+    """What the rank's code was doing when it wrote there (as :attr:`posted_in`)."""
 
     @property
     def describe(self) -> str:

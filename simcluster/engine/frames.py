@@ -222,16 +222,24 @@ def posting_site(frame: FrameType | None) -> str | None:
         frame = frame.f_back
     if frame is None:
         return None
-    here = _frame_of(frame)
+    return line_site(frame, frame.f_lineno)
+
+
+def line_site(frame: FrameType, line: int) -> str:
+    """User ``frame`` at ``line`` for a report, with the user frame that called it when there
+    is one: ``hooks.py:559 in _mean_unless: … (called from hooks.py:577 in skip_if_zero: …)``
+    (:func:`posting_site`; the line that wrote to a tensor in flight,
+    :class:`~simcluster.engine.write_watch.WriteWatch`)."""
+    here = _frame_of(frame, line)
     caller = frame.f_back  # the direct caller only: a user frame further out (a test calling SimCluster.run) is not
     if caller is None or is_internal(caller.f_code.co_filename):
         return str(here)
-    return f"{here} (called from {_frame_of(caller)})"
+    return f"{here} (called from {_frame_of(caller, caller.f_lineno)})"
 
 
-def _frame_of(frame: FrameType) -> Frame:
+def _frame_of(frame: FrameType, line: int) -> Frame:
     code = frame.f_code
-    return Frame(code.co_filename, frame.f_lineno, code.co_name, linecache.getline(code.co_filename, frame.f_lineno).strip())
+    return Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip())
 
 
 def format_frames(frames: Iterable[Frame], indent: str = "  ") -> list[str]:

@@ -67,6 +67,7 @@ from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
 from simcluster.engine.frames import posting_site, stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure, written_in_flight
+from simcluster.engine.write_watch import WriteWatch
 from simcluster.engine.scheduler import Scheduler
 from simcluster.engine.slots import Slot, SlotPool
 from simcluster.engine.trace import Blocked, Polled, Resumed, Trace
@@ -154,7 +155,7 @@ class Engine:
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
         "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
-        "_task", "_pollers", "_poll_mark", "_poll_rounds", "_polled_once",
+        "_task", "_pollers", "_poll_mark", "_poll_rounds", "_polled_once", "_watch",
     )
 
     def __init__(
@@ -176,6 +177,9 @@ class Engine:
         """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
         named by the deadlock report): a walk of the stack per call, so off unless a run is
         re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
+        self._watch = WriteWatch(lambda: self._rank, self._posted_in) if posting_lines else None
+        """Names the user line that wrote to a tensor in flight (:mod:`simcluster.engine.write_watch`):
+        only in a run that records posting lines — a line tracer, never on the search's path."""
         self.doing: dict[int, str] = {}
         """What each rank's code is doing, in words, as the layer above says — SimDDP: ``in
         DDP iteration 1, bucket 0's hook call`` — for the posting lines (``Call.posted_in``)."""
@@ -249,6 +253,7 @@ class Engine:
         home = self._pool.take_home()
         collecting = gc.isenabled()
         gc.disable()  # see docs/speed.md: a run allocates many short-lived objects; full passes cost ~30 %
+        tracer = self._watch.start() if self._watch is not None else None
         try:
             self._guard.start_watching(lambda: self._rank, lambda: self.running)
             try:
@@ -263,6 +268,9 @@ class Engine:
                 self._guard.stop_watching()
         finally:
             self.running = False
+            if self._watch is not None:
+                self._watch.stop(tracer)
+                self._watch = None  # it holds this engine (a cycle), the calls it watched and a frame
             if self._rank is not None:
                 self._switch(self._rank, None)
                 self._rank = None
@@ -338,6 +346,8 @@ class Engine:
         if self.posting_lines:
             call.posted_at = posting_site(sys._getframe(1))
             call.posted_in = self._posted_in(call.rank)
+            if self._watch is not None and call.in_flight is not None:
+                self._watch.add(call)
         inst, mismatch = self._matcher.post(call)
         if mismatch is not None:
             self._fail(mismatch)
@@ -510,6 +520,8 @@ class Engine:
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None
         self._matcher.close(inst, inst.first.op, choice, options)
+        if self._watch is not None:
+            self._watch.drop(inst.calls.values())  # judged now: a later write is no longer this call's
         written = written_in_flight(inst)
         if written is not None:
             self._fail(written)
@@ -539,6 +551,8 @@ class Engine:
 
     # -------------------------------------------------------------- driving
     def _pool_main(self, slot: Slot) -> None:
+        if self._watch is not None:  # the thread ends with the run: no tracer to put back
+            self._watch.start()
         while True:
             slot.park()
             if slot.command == "stop" or self._dead:
@@ -620,6 +634,8 @@ class Engine:
                     self._start_queued(pool)
 
     def _enter(self, rank: int, where: str) -> None:
+        if self._watch is not None:
+            self._watch.switched()
         if rank != self._rank:
             self._switch(self._rank, rank)
             self._rank = rank

@@ -216,7 +216,17 @@ def written_in_flight(inst: Instance) -> InFlightWriteError | None:
         "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
         "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
         "docs/gloo-facts.md §14). Write to it only once the work completed (work.wait(), or in a then() callback), "
-        "or post a copy\n" + "\n".join(posted_at_lines({r: inst.calls[r] for r in writers})))
+        "or post a copy\n" + "\n".join(posted_at_lines({r: inst.calls[r] for r in writers})
+                                        + written_at_lines({r: inst.calls[r] for r in writers})))
+
+
+def written_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
+    """``rank 1, in DDP iteration 1, bucket 1's hook call, wrote to it at hooks.py:21 in hook: …``
+    for ``calls`` (rank -> call) whose writing line a reported re-run found
+    (:attr:`Call.written_at`, :class:`~simcluster.engine.write_watch.WriteWatch`), as
+    :func:`posted_at_lines` words the posting lines."""
+    return _site_lines([(rank, call.written_in, call.written_at) for rank, call in sorted(calls.items())
+                        if call.written_at], "wrote to it", "written", indent)
 
 
 def unmatched_line(inst: Instance) -> str | None:
@@ -280,15 +290,21 @@ def posted_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
     hook call, posted it at …``: ``Call.posted_in``); none for calls whose line was not
     recorded (``Call.posted_at``: only a run that asks for posting lines records them).
     At most :data:`MAX_LISTED` lines, then a count."""
+    return _site_lines([(rank, call.posted_in, call.posted_at) for rank, call in sorted(calls.items())
+                        if call.posted_at is not None], "posted it", "posted", indent)
+
+
+def _site_lines(sites: list[tuple[int, str, str]], did: str, done: str, indent: str) -> list[str]:
+    """One line per place — ``(rank, what its code was doing, where)`` — ranks at the same
+    place together: ``ranks [0, 1], in …, <did> at <where>``; at most :data:`MAX_LISTED`
+    lines, then a count of the places left out (``… and 3 more lines it was <done> at``)."""
     ranks_at: dict[tuple[str, str], list[int]] = {}
-    for rank in sorted(calls):
-        call = calls[rank]
-        if call.posted_at is not None:
-            ranks_at.setdefault((call.posted_in, call.posted_at), []).append(rank)
-    lines = [f"{indent}{_ranks(ranks)}{f', {doing},' if doing else ''} posted it at {where}"
+    for rank, doing, where in sites:
+        ranks_at.setdefault((doing, where), []).append(rank)
+    lines = [f"{indent}{_ranks(ranks)}{f', {doing},' if doing else ''} {did} at {where}"
              for (doing, where), ranks in ranks_at.items()]
     if len(lines) > MAX_LISTED:
-        lines = lines[:MAX_LISTED] + [f"{indent}… and {len(lines) - MAX_LISTED} more lines it was posted at"]
+        lines = lines[:MAX_LISTED] + [f"{indent}… and {len(lines) - MAX_LISTED} more lines it was {done} at"]
     return lines
 
 

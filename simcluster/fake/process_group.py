@@ -895,18 +895,31 @@ class InFlightTensors:
         """Which tensor the rank wrote since the post, in words, and how sure (see the class);
         None if none. The copies are let go: they are the size of what was posted."""
         tensors, copies = self._tensors, self._copies
+        i = self._first_written()
         self._copies = [None] * len(copies)
-        for i, (t, version, copy) in enumerate(zip(tensors, self._versions, copies)):
-            if version >= 0 and t._version == version:
-                continue  # not written (the common case: no copy compared)
-            if copy is not None and collectives.bits_equal(t, copy):
-                continue  # the counter moved, the values did not: no race
+        if i is not None:
+            t, copy = tensors[i], copies[i]
             which = f"its tensor {i + 1} of {len(tensors)}, " if len(tensors) > 1 else ""
             caveat = "" if copy is not None else (
                 " (seen by its version counter, which in-place calls that change no value — t.copy_(t), zero_() of an "
                 f"empty slice — move too: for a tensor above {SNAPSHOT_ELEMENTS:,} elements that is no view simcluster "
                 "keeps no copy of the values to tell them apart)")
             return f"{which}{_dtype(t)}{list(t.shape)}", caveat
+        return None
+
+    def changed(self) -> bool:
+        """Whether :meth:`written` would name a tensor now (nothing let go): asked after each
+        user line of a reported re-run (:class:`~simcluster.engine.write_watch.WriteWatch`)."""
+        return self._first_written() is not None
+
+    def _first_written(self) -> int | None:
+        """The index of the first tensor written since the post (see the class), or None."""
+        for i, (t, version, copy) in enumerate(zip(self._tensors, self._versions, self._copies)):
+            if version >= 0 and t._version == version:
+                continue  # not written (the common case: no copy compared)
+            if copy is not None and collectives.bits_equal(t, copy):
+                continue  # the counter moved, the values did not: no race
+            return i
         return None
 
 
