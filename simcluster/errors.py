@@ -30,6 +30,7 @@ __all__ = [
     "DeadlockError",
     "BackendError",
     "HookContractError",
+    "InFlightReadError",
     "InFlightWriteError",
     "SimulatorBug",
     "NOT_THE_HOOKS",
@@ -121,6 +122,14 @@ class InFlightWriteError(HookContractError):
     completed. On a real backend the collective reads and writes that memory meanwhile, so
     the result mixes values from before and after the write, differently on each rank
     and each run (``docs/gloo-facts.md`` §14)."""
+
+
+class InFlightReadError(HookContractError):
+    """DDP's copy-back read a bucket's result while a collective the rank posted still had
+    that memory in flight: the future the hook returned completed before the collective did
+    (it was not tied to it). Real DDP waits on that future only and copies its tensor at
+    once: the values from before the collective, different on each rank (measured on gloo,
+    ``docs/ddp-facts.md``, "A collective the hook's future does not wait for")."""
 
 
 class SimulatorBug(SimClusterError):

@@ -17,7 +17,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from simcluster.hooks import buggy
 from simcluster import DeadlockError, HookContractError, SimCluster
-from simcluster.errors import CallbackError, CopyBackError
+from simcluster.errors import CallbackError, CopyBackError, InFlightReadError, first_line
+from simcluster.engine.scheduler import SeededRandom
+from simcluster.engine.trace import Completed, CopiedBack
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult, subgroups
 from simcluster.real.gloo_runner import GlooCluster
 
@@ -939,3 +941,70 @@ def test_a_callback_error_lists_only_the_frames_a_real_run_has() -> None:
     outer = [m.group(1, 3) for m in map(frame.match, blocks[1].splitlines()) if m]
     assert len(blocks) == 2 and [(os.path.basename(f), name) for f, name in outer] == [
         ("quantization_hooks.py", "dequantize_and_aggregate")], blocks
+
+
+# --------------------------------------------------------------------------- the reducer's copy-back
+def _forgets_its_all_reduce(state, bucket):
+    buf = bucket.buffer().div_(dist.get_world_size())
+    dist.all_reduce(buf, async_op=True)  # never waited on
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def test_a_collective_the_hooks_future_does_not_wait_for_is_read_before_it_writes() -> None:
+    """"Fire and forget": post the all_reduce, return a future completed with the bucket.
+    Real DDP copies the bucket back at once, before the all_reduce writes (193-199 times in
+    200 on gloo, docs/ddp-facts.md); the model copied back after every collective had
+    completed, and the hook passed every property (round 22 of hooks from the wild). The copy
+    now comes first and the race is the hook's InFlightReadError, naming the collective and
+    the line that posted it — on both backends; at world 1 the all_reduce changes nothing:
+    no failure."""
+    for backend in ("gloo", "nccl"):
+        ddp = SimDDP(SimCluster(2, seed=0, backend=backend, posting_lines=True), _forgets_its_all_reduce, [(3,)])
+        with pytest.raises(InFlightReadError) as info:
+            ddp.step([[torch.ones(3)], [torch.full((3,), 3.0)]])
+        message = str(info.value)
+        assert message.startswith("DDP's copy-back on rank 0 read bucket 0's result (float32[3]) at DDP iteration 0 "
+                                  "while all_reduce#0 on WORLD, which the rank posted, still had that memory in flight"), message
+        assert "in _forgets_its_all_reduce: dist.all_reduce(buf, async_op=True)  # never waited on" in message, message
+        assert any("rank 1 also failed" in note for note in info.value.__notes__)
+    alone = SimDDP(SimCluster(1, seed=0), _forgets_its_all_reduce, [(3,)])
+    assert alone.step([[torch.full((3,), 2.0)]]).grads[0][0].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_broadcast_the_future_does_not_wait_for_is_harmless_on_its_source_rank() -> None:
+    """What decides is whether the collective changes what DDP read: a broadcast from rank 0
+    leaves rank 0's tensor as it was (no failure there), and writes rank 0's values into the
+    others' (their failure)."""
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        dist.broadcast(buf, src=0, async_op=True)  # never waited on
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    ddp = SimDDP(SimCluster(3, seed=0), hook, [(2,)])
+    with pytest.raises(InFlightReadError) as info:
+        ddp.step([[torch.ones(2)], [torch.full((2,), 2.0)], [torch.full((2,), 3.0)]])
+    assert first_line(info.value).startswith("DDP's copy-back on rank 1 read bucket 0's result"), info.value
+    notes = "\n".join(info.value.__notes__)
+    assert "rank 2 also failed" in notes and "rank 0 also failed" not in notes
+
+
+def test_a_pending_buckets_copy_back_is_a_choice_of_the_schedule() -> None:
+    """The reducer copies bucket 0 back as soon as its future completes, on the rank's own
+    thread, while gloo may still be completing bucket 1's collective: either order happens on a
+    real rank. The in-order schedule copies back after every completion (what the model always
+    did); another schedule copies bucket 0 back before bucket 1's all_reduce completes."""
+    def copied_before_the_last_completion(schedule: object) -> bool:
+        ddp = SimDDP(SimCluster(2, seed=0, schedule=schedule), default_hooks.allreduce_hook, [(4,), (4,)],
+                     config=DDPConfig(bucket_cap_mb=16 / 2**20, ready_order=[0, 1]))
+        ddp.step([[torch.ones(4), torch.ones(4)]] * 2)  # iteration 0: one bucket
+        events = ddp.step([[torch.ones(4), torch.ones(4)]] * 2).trace.events  # 1: rebuilt, two (the cap)
+        assert len([e for e in events if isinstance(e, Completed)]) == 2
+        copied = next(i for i, e in enumerate(events) if isinstance(e, CopiedBack) and e.bucket == 0)
+        return copied < max(i for i, e in enumerate(events) if isinstance(e, Completed))
+
+    assert not copied_before_the_last_completion("in_order")
+    assert any(copied_before_the_last_completion(SeededRandom(seed)) for seed in range(20))

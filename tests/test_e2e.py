@@ -167,11 +167,15 @@ def test_a_hook_racing_on_real_gloo_is_unconfirmed_not_a_fidelity_bug(census) ->
     race, and e2e called its difference from the simulation a FIDELITY BUG, exit 4 (hooks
     from the wild, round 19). The DDP model shows the race (an InFlightWriteError; outcomes
     that differ with the polls' answers): the verdict is at worst unconfirmed, saying why.
-    A loop polling until done ends alike either way: no race, and it still agrees."""
+    A loop polling until done ends alike either way: no race, and it still agrees. A hook that
+    returns a future of its bucket without waiting for its all_reduce was the same (round 22:
+    FIDELITY BUG, the hook's verdict ok); the DDP model now reports it (InFlightReadError)."""
     scenario = Scenario(2, ((1000,),), steps=2)
     for hook, why in (("divides_after_posting", "the hook writes to a tensor a collective has in flight (ranks [0, 1] "
                                                 "wrote to a tensor that all_reduce#0 on WORLD had in flight (float32[1000])"),
-                      ("skips_the_copy_back_when_already_done", "the hook branches on a poll (rank 0 at ")):
+                      ("skips_the_copy_back_when_already_done", "the hook branches on a poll (rank 0 at "),
+                      ("forgets_its_all_reduce", "DDP's copy-back on rank 0 read bucket 0's result (float32[1000]) at "
+                                                 "DDP iteration 0 while all_reduce#0 on WORLD still had it in flight")):
         result = run_e2e(scenario, f"{REPORT_HOOKS}:{hook}", "none", timeout=60, start_method="forkserver")
         assert result.sim.timing.startswith(why), (hook, result.sim.timing)
         assert result.verdict in ("agree", "unconfirmed"), result.format()

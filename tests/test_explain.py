@@ -712,3 +712,18 @@ def test_powersgd_explained_before_it_compresses_says_how_to_see_it(capsys: pyte
     assert code == 1 and "start_powerSGD_iter" not in out and "4. The hook failed at step 2:" in out
     code, out, _ = run([*target, "--steps", "3", "--backend", "nccl"], capsys)
     assert code == 0 and "start_powerSGD_iter" not in out and "== step 2 (DDP iteration 2) ==" in out
+
+
+def test_the_trace_shows_ddp_reading_a_bucket_before_the_collective_it_did_not_wait_for(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """explain said every rank's future held the mean and the replicas agreed, for a hook that
+    returns a future of its bucket without waiting for its all_reduce (round 22 of hooks from
+    the wild). The trace now shows DDP reading the bucket before the all_reduce completes,
+    and the step fails as the race it is."""
+    code, out, _ = run(["explain", "tests/report_hooks.py:forgets_its_all_reduce"], capsys)
+    assert code == 1, out
+    trace = _step(out, 0).splitlines()
+    read = next(i for i, line in enumerate(trace) if "rank 0: the future the hook returned for bucket 0 is complete" in line)
+    completes = next(i for i, line in enumerate(trace) if "all_reduce #0 on WORLD completes" in line)
+    assert read < completes, "\n".join(trace)
+    assert "InFlightReadError" in out

@@ -36,7 +36,7 @@ from simcluster.checking.supervisor import raise_site, watchdog_under
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.errors import (
     HOOK_RAISES, BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
-    InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
+    InFlightReadError, InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
 from simcluster.fake.backends import backend_model
@@ -600,8 +600,8 @@ def with_posting_lines(opts: Options, violation: Violation) -> Violation:
     line of the first report still there, in order — else (a hook whose state outlives a
     run, say: the re-run passes, or fails otherwise) the first report stands, without the lines."""
     info = violation.info
-    if not isinstance(info.get("error"), (DeadlockError, CollectiveMismatchError, InFlightWriteError)) \
-            or opts.posting_lines:
+    if not isinstance(info.get("error"), (DeadlockError, CollectiveMismatchError, InFlightWriteError,
+                                          InFlightReadError)) or opts.posting_lines:
         return violation
     try:
         _judge_example(dataclasses.replace(opts, posting_lines=True), info["example"], info["backend"])

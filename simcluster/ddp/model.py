@@ -18,9 +18,12 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    ``benchmarks/measure_gloo_facts.py census``). Every rank calls *all* its hooks before
    any collective completes — several buckets in flight, as in a backward pass that
    outruns the network — then the scheduler completes them in its (seeded) order.
-3. **Copy-back.** Once every future has completed, DDP's reducer copies what each
-   future holds into ``p.grad``, bucket by bucket, with its own rules and traps
-   (measured on torch 2.13, gloo; see ``docs/ddp-facts.md``, "Copy-back"):
+3. **Copy-back.** At the end of ``backward()`` DDP's reducer waits on each bucket's
+   future in turn and copies what it holds into ``p.grad`` (:class:`_Finalize`) — at once
+   for a future already complete, before any collective completes; for a pending one, once
+   it completes, when the scheduler picks — with its own rules and traps (measured on torch
+   2.13, gloo; see ``docs/ddp-facts.md``, "Copy-back" and "A collective the hook's future
+   does not wait for"):
 
    * a tensor of any dtype and shape is read as the flat run of its *storage* from
      element 0: parameter ``k`` gets ``result.as_strided((numel_k,), (1,), offset_k)``
@@ -59,9 +62,8 @@ inside the first step, and kept across steps, as DDP keeps it. Like DDP's constr
 Differs from real DDP: the gradients are inputs (no autograd, no forward); the
 ready order is one fixed permutation (``DDPConfig.ready_order``); a failed step leaves
 the simulation usable (real DDP's next iteration fails inside the reducer); the hooks
-of a step all run before any collective completes, and the copy-back after all complete
-(on real gloo a collective may finish, and the reducer copy an earlier bucket's result
-back, while later hooks and callbacks run: timing); then-callbacks run on the rank's own
+of a step all run before any collective completes (on real gloo a collective may finish
+while later hooks run: timing); then-callbacks run on the rank's own
 thread (gloo's run on its worker threads); not modelled: unused parameters' gradients,
 ``no_sync``, sparse gradients, the ``set_grads_to_none`` path, a loop that does not zero
 its gradients to None between steps, mixed-device models.
@@ -77,11 +79,13 @@ import torch
 import torch.distributed as dist
 
 from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
+from simcluster.fake.collectives import bits_equal
 from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
-from simcluster.fake.reducer import call_hook, check_future, collect, copy_bucket, layout_copy, resolved, returned_lines
+from simcluster.fake.reducer import (call_hook, check_future, copy_bucket, expect_future, layout_copy, resolved,
+                                     returned_lines)
 from simcluster.errors import (
-    CallbackError, CopyBackError, DeadlockError, SimClusterError, UsageError, add_context_note, innermost_error,
+    CallbackError, CopyBackError, DeadlockError, InFlightReadError, SimClusterError, UsageError, add_context_note, innermost_error,
     launcher_environment_note,
 )
 from simcluster.names import callable_name
@@ -89,8 +93,8 @@ from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebu
 from simcluster.fake.process_group import SimProcessGroup
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
-from simcluster.engine.trace import Trace
-from simcluster.engine.matching import rank_list
+from simcluster.engine.trace import CopiedBack, Trace
+from simcluster.engine.matching import posted_at_lines, rank_list
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint", "gather_source"]
 
@@ -330,10 +334,11 @@ class SimDDP:
         it, calls = self.iteration, self.layout()
         world = self.cluster.world_size
         futures: list[list[Any]] = [[] for _ in range(world)]
+        finals: list[_Finalize | None] = [None] * world
         bucket_api = "legacy" if self.config.api == "legacy" else "current"
 
         def rank_fn(rank: int) -> None:
-            self._backward_on_rank(rank, it, calls, local[rank], futures[rank], bucket_api=bucket_api, world=world)
+            finals[rank] = self._backward_on_rank(rank, it, calls, local[rank], futures[rank], bucket_api=bucket_api)
 
         try:
             result = self.cluster.run(rank_fn)
@@ -345,7 +350,7 @@ class SimDDP:
             raise
         finally:
             self.iteration += 1
-        grads_out, outputs, warnings = self._copy_back(it, calls, futures, result.replay)
+        grads_out, outputs, warnings = self._copy_back(finals, result.replay)
         return StepResult(
             iteration=it, grads=grads_out, bucket_params=[list(c.params) for c in calls], outputs=outputs,
             trace=result.trace, schedule=result.schedule, replay=result.replay, warnings=warnings,
@@ -362,12 +367,13 @@ class SimDDP:
         return [[p.detach().clone() for p in ps] for ps in self.params]
 
     def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
-                          futures: list[Any], *, bucket_api: str, world: int) -> None:
+                          futures: list[Any], *, bucket_api: str) -> "_Finalize":
         """Rank ``rank``'s part of one backward pass: set up its state on first use, let the
         gradients become ready in the ready order and call the hook for each bucket once it
-        is ready (``futures`` gets what each call returned), then wait on them all as the
-        reducer does. ``bucket_api`` (the buckets' API) and ``world`` (the world size) are the
-        same for every rank: :meth:`step` works them out once per backward."""
+        is ready (``futures`` gets what each call returned), then start DDP's
+        ``finalize_backward`` on them (:class:`_Finalize`), which copies each bucket's result
+        back once its future completes. ``bucket_api`` (the buckets' API) is the same for
+        every rank: :meth:`step` works it out once per backward."""
         if self.groups[rank] is None:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
@@ -396,8 +402,9 @@ class SimDDP:
                 engine.doing.pop(rank, None)
             check_future(future, self.hook, rank, where, self.config.api)
             futures.append(future)
-        for call, future in zip(calls, futures):
-            collect(future, [None] * world, rank, _reducer_wait(it, call.index))
+        finalize = _Finalize(self, rank, it, calls, futures)
+        finalize.run()
+        return finalize
 
     def _buffer_generation(self) -> int | None:
         """The first iteration whose buckets get new buffers: the rebuild's (measured: the
@@ -426,40 +433,28 @@ class SimDDP:
         self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
-    def _copy_back(
-        self, it: int, calls: list[BucketCall], futures: list[list[Any]], replay: str
-    ) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
-        grads: list[list[torch.Tensor]] = [[] for _ in futures]
-        outputs: list[list[Any]] = [[] for _ in futures]
+    def _copy_back(self, finals: "list[_Finalize | None]", replay: str,
+                   ) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
+        """Every rank's gradients, futures' values and warnings as its :class:`_Finalize` left
+        them; raises the lowest failing rank's error (the others' as notes)."""
+        grads: list[list[torch.Tensor]] = []
+        outputs: list[list[Any]] = []
         warnings: list[str] = []
         errors: list[tuple[int, BaseException]] = []
-        for rank, rank_futures in enumerate(futures):
-            try:
-                for call, future in zip(calls, rank_futures):
-                    where = f"rank {rank}, DDP iteration {it}, bucket {call.index}"
-                    try:
-                        value = resolved(future, outputs[rank], where, self.config.api)
-                    except (CopyBackError, CallbackError) as exc:  # a then-callback raised, or the future errored
-                        _hinted(exc, gloo_gather_hint(future, self.cluster.backend, exc))
-                        raise
-                    params = [self.params[rank][i] for i in call.params]
-                    try:
-                        copy_bucket(value, params, self.config.gradient_as_bucket_view, where, warnings)
-                    except CopyBackError as exc:
-                        _hinted(exc, gloo_gather_hint(future, self.cluster.backend))
-                        raise
-                    finally:
-                        outputs[rank][-1] = _apart_from(outputs[rank][-1], self._buffers[rank])
-            except (CopyBackError, SimClusterError) as exc:
-                errors.append((rank, exc))
-            kept = self._buffers[rank] if self.config.gradient_as_bucket_view else {}  # p.grad views them
-            grads[rank] = [_apart_from(p.grad, kept) for p in self.params[rank]]
+        for rank, final in enumerate(finals):
+            assert final is not None and final.grads is not None, "a run that ended had every rank finalize"
+            grads.append(final.grads)
+            outputs.append(final.outputs)
+            warnings.extend(final.warnings)
+            error = final.error or final.read_too_early()
+            if error is not None:
+                errors.append((rank, error))
         if errors:
             rank, exc = errors[0]
             for other, other_exc in errors[1:]:
                 add_context_note(exc, f"simcluster: rank {other} also failed: {other_exc}")
             raised = [r for r, _ in errors]
-            went_on = [r for r in range(len(futures)) if r not in raised]
+            went_on = [r for r in range(len(finals)) if r not in raised]
             if went_on and isinstance(exc, CallbackError):
                 failed = f"rank {raised[0]}'s" if len(raised) == 1 else f"ranks {rank_list(raised)}'"
                 done = f"rank {went_on[0]}" if len(went_on) == 1 else f"ranks {rank_list(went_on)}"
@@ -509,6 +504,111 @@ def _sync_module_states(params: list[list[torch.nn.Parameter]],
             for p, source in zip(ps, params[0]):
                 p.copy_(source)
     return None
+
+
+class _Finalize:
+    """DDP's ``finalize_backward`` on one rank, as the reducer runs it at the end of
+    ``backward()``: for each bucket in order, wait on the future the hook returned, then copy
+    what it holds into the parameters' ``.grad`` (:func:`~simcluster.fake.reducer.copy_bucket`);
+    once the last bucket is copied, the gradients are what the optimizer reads.
+
+    Nothing blocks: a future already complete is copied at once, in the rank's code right
+    after its last hook call — before any collective the hook posted but did not tie to that
+    future completes, as on real gloo, where DDP does not wait for those (a hook that returns a
+    completed future of its bucket while the all_reduce writing into it is still in flight
+    hands DDP the values from before the reduction: measured, docs/ddp-facts.md; until round
+    22 of hooks from the wild the copy-back ran only after every collective had completed and
+    such a hook passed). A pending future is waited on as the engine's ``expect`` (one that
+    never completes is a deadlock); once it completes, the copy runs when the scheduler picks
+    it (:meth:`~simcluster.engine.inline.Engine.run_later`): after every other completion under
+    the in-order schedule, earlier — while later buckets' collectives and callbacks are still to
+    come — under others, as the reducer's thread and gloo's interleave on a real rank.
+
+    ``grads``, ``outputs`` (each future's value, kept apart from the buffers DDP reuses),
+    ``warnings`` and ``error`` (the first copy-back failure: the rank stops there) are filled
+    in as it goes; ``grads`` is None until it is done."""
+
+    def __init__(self, ddp: "SimDDP", rank: int, it: int, calls: list[BucketCall], futures: list[Any]) -> None:
+        self.ddp, self.rank, self.it, self.calls, self.futures = ddp, rank, it, calls, futures
+        self.outputs: list[Any] = []
+        self.warnings: list[str] = []
+        self.error: BaseException | None = None
+        self.grads: list[torch.Tensor] | None = None
+        self._next = 0  # the bucket to copy next
+        self._early: list[tuple[int, torch.Tensor, torch.Tensor, Any]] = []
+        """(bucket, the tensor DDP read, its values then, the collective that had it in flight)."""
+        engine = ddp.cluster.engine
+        assert engine is not None, "finalize runs inside the step's run"
+        self._engine = engine
+        for call, future in zip(calls, futures):  # the reducer waits on every one: a pending one must complete
+            expect_future(future, rank, _reducer_wait(it, call.index))
+
+    def run(self) -> None:
+        """Copy back every bucket whose future has completed, in order, up to the first pending
+        one, which is then waited on (this runs again, as the rank's task, once it completes)."""
+        ddp, rank = self.ddp, self.rank
+        while self._next < len(self.futures) and self.error is None:
+            future, call = self.futures[self._next], self.calls[self._next]
+            if not future.done():
+                future.on_done(lambda: self._engine.run_later(rank, self.run, "DDP's finalize_backward"))
+                return
+            self._next += 1
+            where = f"rank {rank}, DDP iteration {self.it}, bucket {call.index}"
+            label = str(getattr(future, "label", "") or "a torch Future simcluster did not make")
+            try:
+                try:
+                    value = resolved(future, self.outputs, where, ddp.config.api)
+                except (CopyBackError, CallbackError) as exc:  # a then-callback raised, or the future errored
+                    self._engine.trace.log((CopiedBack, (rank, call.index, label, True)))
+                    _hinted(exc, gloo_gather_hint(future, ddp.cluster.backend, exc))
+                    raise
+                except SimClusterError:
+                    self._engine.trace.log((CopiedBack, (rank, call.index, label, True)))
+                    raise
+                self._engine.trace.log((CopiedBack, (rank, call.index, label, False)))
+                self._note_if_in_flight(value, call.index)
+                params = [ddp.params[rank][i] for i in call.params]
+                try:
+                    copy_bucket(value, params, ddp.config.gradient_as_bucket_view, where, self.warnings)
+                except CopyBackError as exc:
+                    _hinted(exc, gloo_gather_hint(future, ddp.cluster.backend))
+                    raise
+                finally:
+                    self.outputs[-1] = _apart_from(self.outputs[-1], ddp._buffers[rank])
+            except (CopyBackError, SimClusterError) as exc:
+                self.error = exc
+        kept = ddp._buffers[rank] if ddp.config.gradient_as_bucket_view else {}  # p.grad views them
+        self.grads = [_apart_from(p.grad, kept) for p in ddp.params[rank]]
+
+    def _note_if_in_flight(self, value: torch.Tensor, bucket: int) -> None:
+        """If a collective this rank posted, not completed yet, holds ``value``'s memory in
+        flight, DDP copies it back now, before the collective writes its result: remember
+        what DDP read, for :meth:`read_too_early` to compare once the step has run."""
+        for call in self._engine.open_calls(self.rank):
+            if call.in_flight is not None and call.in_flight.holds(value):
+                self._early.append((bucket, value, value.clone(), call))
+                return
+
+    def read_too_early(self) -> InFlightReadError | None:
+        """Once the step has run: the error for the first bucket DDP read while a collective of
+        this rank still had its memory in flight, if that memory changed after the read (the
+        collective wrote other values into it: DDP copied the ones from before); else None.
+        A collective that leaves the values as they were (a broadcast from this rank, an
+        all_reduce over one rank) did no harm."""
+        for bucket, value, read, call in self._early:
+            if not bits_equal(value, read):
+                return InFlightReadError(
+                    f"DDP's copy-back on rank {self.rank} read bucket {bucket}'s result "
+                    f"({str(value.dtype).removeprefix('torch.')}{list(value.shape)}) at DDP iteration {self.it} while "
+                    f"{call.op}#{call.seq} on {call.channel}, which the rank posted, still had that memory in flight, "
+                    "and the collective then wrote other values into it: the future the hook returned completed "
+                    "before that collective did. Real DDP waits on the hook's future only and copies its tensor at "
+                    "once, so the gradients get the values from before the collective, different on each rank "
+                    "(measured on gloo, a hook returning a completed future of its bucket without waiting for its "
+                    "all_reduce: 193-199 of 200 gradients not the mean, the ranks disagreeing in 199-200; "
+                    "docs/ddp-facts.md). Return the collective's future (work.get_future()) or a then() of it\n"
+                    + "\n".join(posted_at_lines({self.rank: call})))
+        return None
 
 
 class _ReadyGradients:

@@ -85,6 +85,11 @@ class InFlight(Protocol):
         was seen (``''`` when sure). Asked once, at the completion: what it kept is let go."""
         ...
 
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor``'s memory overlaps one of the tensors in flight (DDP reading a
+        result the collective still writes: :class:`~simcluster.ddp.model.SimDDP`)."""
+        ...
+
     def changed(self) -> bool:
         """Whether :meth:`written` would say a tensor was written, asked before the completion
         without letting anything go: after each user line of a reported re-run
@@ -204,6 +209,11 @@ class EngineContract(Protocol):
 
     def pending_ops(self, channel: str) -> list[str]:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
+        ...
+
+    def open_calls(self, rank: int) -> list[Call]:
+        """The calls ``rank`` posted that have not completed yet, oldest collective first (what
+        DDP's copy-back asks before it reads a result: :class:`~simcluster.ddp.model.SimDDP`)."""
         ...
 
     def abort(self, error: SimClusterError) -> NoReturn:

@@ -151,7 +151,7 @@ class Engine:
     # its dict past the shared-keys size on each construction (~1 µs: docs/speed.md).
     __slots__ = (
         "scheduler", "trace", "choices", "_replay", "_switch", "_workers_per_channel", "_worker_name",
-        "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_finished_seq",
+        "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_later", "_finished_seq",
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
         "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
@@ -200,6 +200,7 @@ class Engine:
         self._matcher = Matcher(trace)
         self._ready: list[Instance] = []
         self._deliveries: list[_Task] = []
+        self._later: list[_Task] = []  # rank code to run when the scheduler picks it (run_later), oldest first
         self._finished_seq: dict[str, int] = {}
         self._fifo = fifo_per_channel
         self._per_rank_delivery = per_rank_delivery
@@ -237,6 +238,20 @@ class Engine:
     def spawn(self, rank: int, fn: Callable[[], None], label: str, where: str | None = None) -> None:
         """Queue ``fn`` to run as rank ``rank``'s code; exceptions escaping it are recorded."""
         self._runnable.append(_Task(rank, fn, label, where or f"rank {rank}"))
+
+    def run_later(self, rank: int, fn: Callable[[], None], label: str) -> None:
+        """Run ``fn`` as rank ``rank``'s code when the scheduler picks it, among what else may
+        happen next — after every pending delivery and ready collective in its order of
+        options, so the in-order schedule (choice 0) runs it only once nothing else can
+        happen, and other schedules run it earlier. What a rank does on a thread of its own
+        that a real run may interleave either way with the backend's completions (DDP's copy
+        of a bucket once its future completed: :class:`~simcluster.ddp.model.SimDDP`).
+
+        A choice only where each rank sees completions at its own moment (``per_rank_delivery``:
+        the gloo model, whose worker threads were measured); the NCCL model, whose timing on a
+        GPU is not measured here, runs it once nothing else can happen, with no choice — as
+        it always copied back, and with the same choices as before."""
+        self._later.append(_Task(rank, fn, label, f"rank {rank}"))
 
     def run(self) -> None:
         """Drive until every task finished and every collective completed.
@@ -366,6 +381,10 @@ class Engine:
     def pending_ops(self, channel: str) -> list[str]:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
         return self._matcher.pending_ops(channel)
+
+    def open_calls(self, rank: int) -> list[Call]:
+        """The calls ``rank`` posted that have not completed yet, oldest collective first."""
+        return self._matcher.open_calls(rank)
 
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Record that ``waitable`` must complete before the run may end, without
@@ -508,12 +527,19 @@ class Engine:
         first), then eligible ready collectives (oldest first) — so choice 0 always
         continues what is under way and the all-zero schedule is in-order."""
         eligible = self._eligible() if self._fifo else self._ready
-        options = len(self._deliveries) + len(eligible)
+        later = self._later if self._per_rank_delivery else ()
+        options = len(self._deliveries) + len(eligible) + len(later)
         if options == 0:
+            if self._later:  # NCCL model: once nothing else can happen, and no choice (see run_later)
+                self._runnable.append(self._later.pop(0))
+                return True
             return False
         choice = self._choose(options)
         if choice < len(self._deliveries):
             self._runnable.append(self._deliveries.pop(choice))
+            return True
+        if choice >= len(self._deliveries) + len(eligible):
+            self._runnable.append(self._later.pop(choice - len(self._deliveries) - len(eligible)))
             return True
         inst = eligible[choice - len(self._deliveries)]
         self._ready.remove(inst)

@@ -135,6 +135,10 @@ class Matcher:
         """The ops of the calls posted on ``channel`` that have not completed yet."""
         return [inst.first.op for inst in self.open.values() if inst.channel == channel and inst.first]
 
+    def open_calls(self, rank: int) -> list[Call]:
+        """The calls ``rank`` posted that have not completed yet, in the order their collectives opened."""
+        return [inst.calls[rank] for inst in self.open.values() if rank in inst.calls]
+
     def take_open(self) -> list[Instance]:
         """Every open collective, forgotten (the run is being aborted)."""
         pending, self.open = list(self.open.values()), {}

@@ -179,6 +179,11 @@ class ThreadedEngine:
         with self._lock:
             return self._matcher.pending_ops(channel)
 
+    def open_calls(self, rank: int) -> list[Call]:
+        """The calls ``rank`` posted that have not completed yet, oldest collective first."""
+        with self._lock:
+            return self._matcher.open_calls(rank)
+
     def set_status(self, status: str) -> None:
         """Say what the calling rank thread is doing (shown if the run hangs)."""
         rank = self.current_rank

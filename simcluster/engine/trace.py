@@ -18,6 +18,8 @@ Events, in the order they happened:
   (``is_completed()``, ``done()``), and the schedule's answer: now, or after the others ran.
 * :class:`Wrapped` — an integer SUM went past its dtype's range (it wraps, silently, on
   gloo and NCCL alike).
+* :class:`CopiedBack` — DDP's reducer read a bucket's result from the future the hook
+  returned and copied it into the gradients (or found it holding an error).
 
 ``Trace.collectives()`` summarises each collective across ranks (op, group, ranks,
 dtype, shape, bytes, issue and completion order): the table ``simcluster explain``
@@ -31,7 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Union
 
-__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "Event", "Trace",
+__all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "CopiedBack",
+           "Event", "Trace",
            "CollectiveSummary", "waits_in", "returns_from"]
 
 
@@ -95,6 +98,19 @@ class CallbackRan:
 
 
 @dataclass(frozen=True)
+class CopiedBack:
+    """DDP's reducer on ``rank`` read bucket ``bucket``'s result from the future the hook
+    returned (``future``: its label) once it completed, at the end of ``backward()``, and
+    copied it into the gradients — or, ``failed``, found it holding an error, which
+    ``backward()`` raises (:class:`~simcluster.ddp.model.SimDDP`)."""
+
+    rank: int
+    bucket: int
+    future: str
+    failed: bool = False
+
+
+@dataclass(frozen=True)
 class Blocked:
     rank: int
     future: str
@@ -140,7 +156,7 @@ class Polled:
     complete: bool
 
 
-Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, Blocked, Resumed, Polled]
+Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, CopiedBack, Blocked, Resumed, Polled]
 
 
 @dataclass(frozen=True)
@@ -281,6 +297,9 @@ class Trace:
                              f"element{'s' if e.elements > 1 else ''}, e.g. {e.example} (integer adds wrap silently)")
             elif isinstance(e, CallbackRan):
                 lines.append(f"rank {e.rank}: callback {e.callback} of {e.future} runs {e.where}")
+            elif isinstance(e, CopiedBack):
+                lines.append(f"rank {e.rank}: DDP reads bucket {e.bucket}'s future ({e.future}): "
+                             + ("it holds an error, which backward() raises" if e.failed else "copies it into the gradients"))
             elif isinstance(e, Blocked):
                 lines.append(f"rank {e.rank}: blocks {waits_in(e.future)} ({e.context})")
             elif isinstance(e, Resumed):

@@ -907,6 +907,13 @@ class InFlightTensors:
             return f"{which}{_dtype(t)}{list(t.shape)}", caveat
         return None
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s memory overlaps one of these tensors' (same storage, bytes in common)."""
+        span = _bytes_spanned(tensor)
+        return span is not None and any(
+            (mine := _bytes_spanned(t)) is not None and mine[0] == span[0] and mine[1] < span[2] and span[1] < mine[2]
+            for t in self._tensors)
+
     def changed(self) -> bool:
         """Whether :meth:`written` would name a tensor now (nothing let go): asked after each
         user line of a reported re-run (:class:`~simcluster.engine.write_watch.WriteWatch`)."""
@@ -921,6 +928,17 @@ class InFlightTensors:
                 continue  # the counter moved, the values did not: no race
             return i
         return None
+
+
+def _bytes_spanned(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(storage address, first byte, end byte)`` of the memory ``t``'s elements lie in (from
+    its first to its last element, gaps of a strided view included); None when empty."""
+    if t.numel() == 0:
+        return None
+    size = t.element_size()
+    first = t.storage_offset()
+    last = first + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return t.untyped_storage().data_ptr(), first * size, (last + 1) * size
 
 
 def _sizes(t: torch.Tensor) -> str:

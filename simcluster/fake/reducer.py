@@ -43,7 +43,7 @@ from simcluster.fake.futures import CALLBACK_ERROR, NOT_A_PYOBJECT, SimFuture, h
 from simcluster.errors import CallbackError, CopyBackError, HookContractError, add_context_note
 from simcluster.names import callable_name, without_addresses
 
-__all__ = ["call_hook", "check_future", "collect", "returned_lines", "raise_stored", "resolved", "cpp_value_why", "copy_bucket",
+__all__ = ["call_hook", "check_future", "collect", "expect_future", "returned_lines", "raise_stored", "resolved", "cpp_value_why", "copy_bucket",
            "layout_copy"]
 
 
@@ -109,12 +109,20 @@ def collect(future: torch._C.Future, into: list[Any], rank: int, context: str) -
         except Exception as exc:  # noqa: BLE001 - DDP raises it from backward(); so do we, later
             into[rank] = _Raised(exc)
 
+    expect_future(future, rank, context)
+    if isinstance(future, SimFuture):
+        future.add_done_callback(store)
+    else:
+        store(future)
+
+
+def expect_future(future: torch._C.Future, rank: int, context: str) -> None:
+    """``future`` (a hook's, on ``rank``) must complete before the run may end, as DDP's
+    reducer waits on it (``context`` names that wait in a deadlock report); a plain torch
+    future simcluster did not make must have completed already: it cannot complete in the run."""
     if isinstance(future, SimFuture):
         future.engine.expect(rank, future, context)
-        future.add_done_callback(store)
-    elif future.done():
-        store(future)
-    else:
+    elif not future.done():
         raise HookContractError(
             f"rank {rank}, {context}: the hook returned a pending plain torch Future that simcluster did not "
             "create; it cannot complete inside the simulation (real DDP would hang in backward())"

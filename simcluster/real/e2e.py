@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simcluster.errors import HookExited, InFlightWriteError, SimClusterError, first_line, innermost_error
+from simcluster.errors import (HookExited, InFlightReadError, InFlightWriteError, SimClusterError, first_line,
+                               innermost_error)
 from simcluster.engine.trace import Polled
 from simcluster.usercode.output import captured_output
 from simcluster.usercode.rank_state import process_generator_states, seed_process_generators
@@ -364,7 +365,8 @@ class Side:
     timing: str = ""
     """On the simulated side: why the hook's outcome on a real cluster is timing, as the DDP
     model's run showed it (:func:`run_model`) — it wrote to a tensor a collective had in
-    flight (``InFlightWriteError``), or branched on a poll's answer: a real run is one draw
+    flight (``InFlightWriteError``), left one in flight that DDP's copy-back read
+    (``InFlightReadError``), or branched on a poll's answer: a real run is one draw
     of that race, and a difference from it is no evidence against the simulator (*unconfirmed*,
     :func:`compare`); the property search (``simcluster check``) explores the race itself."""
 
@@ -985,6 +987,9 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
                 side.timing = ("the hook writes to a tensor a collective has in flight ("
                                f"{first_line(exc).split(': after posting')[0]}"
                                "): a race on a real cluster (docs/gloo-facts.md §14)")
+            elif isinstance(exc, InFlightReadError):
+                side.timing = (f"{first_line(exc).split(', which the rank posted')[0]} still had it in flight: a race "
+                               "on a real cluster (docs/ddp-facts.md, \"A collective the hook's future does not wait for\")")
             break
         poll = next(iter(result.trace.of(Polled)), None)
         if poll is not None and not side.polled:

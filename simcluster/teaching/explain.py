@@ -52,7 +52,7 @@ import torch
 from simcluster.checking.render import abridged
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import Blocked, CallbackRan, Completed, Trace, waits_in
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, CopiedBack, Trace, waits_in
 from simcluster.ddp.layout import cap_bytes, rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
@@ -125,16 +125,15 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
     if isinstance(e, HookCall):
         verb = {"call": "calls the hook on", "return": f"hook returns {e.returned} for", "raise": "hook RAISES on"}
         return f"rank {e.rank}: {verb[e.phase]} bucket {e.bucket}"
+    if isinstance(e, CopiedBack):
+        which = f"the future the hook returned for bucket {e.bucket}"
+        if e.failed:  # torch marks it complete too, holding the error: DDP's wait re-raises it
+            return (f"rank {e.rank}: {which} completed WITH AN ERROR ({e.future}); "
+                    "DDP's wait at the end of backward() raises it")
+        return (f"rank {e.rank}: {which} is complete ({e.future}); DDP, waiting on it at the end of backward(), "
+                "copies it into the gradients now")
     if isinstance(e, CallbackRan):
-        future = e.future
-        if e.callback.endswith("collect.<locals>.store"):
-            bucket = (futures or {}).get((e.rank, future))
-            which = f"the future the hook returned for bucket {bucket}" if bucket is not None else future
-            if e.failed:  # torch marks it complete too, holding the error: DDP's wait re-raises it
-                return (f"rank {e.rank}: {which} completed WITH AN ERROR ({future}); "
-                        "DDP's wait at the end of backward() raises it")
-            return f"rank {e.rank}: {which} is complete ({future}); DDP reads it at the end of backward()"
-        return f"rank {e.rank}: callback {e.callback} of {future} runs {_where_words(e.where)}"
+        return f"rank {e.rank}: callback {e.callback} of {e.future} runs {_where_words(e.where)}"
     if isinstance(e, Blocked):
         held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
         where = _where_words(e.context).removesuffix(" (grad mode on)")

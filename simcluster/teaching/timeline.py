@@ -32,7 +32,7 @@ from pathlib import Path
 
 from simcluster.ddp.layout import rebuild_iteration
 from simcluster.teaching.story import HookCall, Story
-from simcluster.engine.trace import Blocked, CallbackRan, Completed, Posted, Resumed
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, CopiedBack, Posted, Resumed
 from simcluster.teaching.wire import Network, wire_rows
 
 __all__ = ["Mark", "marks", "lanes", "render_svg", "write_timeline", "OP_COLOURS"]
@@ -66,11 +66,7 @@ class Mark:
 
 
 def _callback_label(e: CallbackRan) -> str:
-    """A callback mark's words. The one simcluster adds for DDP's reducer (``collect``'s
-    ``store``) is told as what it stands for: the hook's future is complete, and real DDP
-    reads it when it waits at the end of ``backward()`` on the rank's own thread."""
-    if e.callback.endswith("collect.<locals>.store"):
-        return f"the hook's future is complete: {e.future} (DDP reads it at the end of backward())"
+    """A callback mark's words."""
     return f"{e.callback} of {e.future} ({e.where})"
 
 
@@ -136,6 +132,10 @@ def _step_marks(story: Story, k: int, x0: int, network: Network, t0: float) -> t
         elif isinstance(e, CallbackRan):
             lane[e.rank] = _where_lane(e.rank, e.where)
             out.append(Mark("callback", (lane[e.rank],), x, x + 1, _callback_label(e), "", ev))
+        elif isinstance(e, CopiedBack):
+            what = "holds an error, which backward() raises" if e.failed else "DDP copies it into the gradients"
+            out.append(Mark("callback", (f"rank {e.rank}",), x, x + 1,
+                            f"bucket {e.bucket}'s future is complete: {e.future} ({what})", "", ev))
         elif isinstance(e, Blocked):
             where = _where_lane(e.rank, e.context)
             out.append(Mark("blocked", (where,), x, x0 + ends.get(i, last - x0), f"wait() on {e.future}", "", ev))
