@@ -395,6 +395,15 @@ def test_what_the_hook_prints_is_kept_out_of_the_run_and_shown_with_its_failure(
     assert "replay:" in report_lines[start + len(printed)]
     # everything else the hooks printed (hundreds of examples) was kept out of the output
     assert sum("printing hook:" in line for line in (out + err).splitlines()) == len(printed)
+    # the printed replay prints the same report, output: included (it ran uncaptured: the
+    # section was missing and the prints came unlabelled — round 22 of hooks from the wild)
+    replay = shlex.split(failing["failures"][0]["replay"])
+    for _ in range(2):
+        assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
+        again, again_err = capfd.readouterr()
+        assert [line for line in again.splitlines() if "printing hook:" in line] == \
+            report_lines[start:start + len(printed)], again
+        assert "printing hook:" not in again_err
 
 
 def _first_values(gradients: str) -> list[str]:
@@ -410,6 +419,7 @@ def test_printed_output_is_clipped_with_a_count() -> None:
     assert len(shown) == MAX_OUTPUT_LINES
     assert shown[0] == "line 0" and shown[-2] == f"line {MAX_OUTPUT_LINES - 2}"
     assert shown[-1] == f"… and {100 - MAX_OUTPUT_LINES + 1} more lines (the replay command prints them all)"
+    assert printed_output(text, whole=True).splitlines() == [f"line {i}" for i in range(100)]  # the replay's
     assert printed_output("") == ""
 
 
@@ -1160,3 +1170,21 @@ def test_a_deterministic_failure_gets_no_may_not_repeat_caveat(capsys: pytest.Ca
     messages = [f["message"] for f in data["failures"]]
     assert any(shown in m for m in messages), messages
     assert not any("may not repeat" in m for m in messages), messages
+
+
+def test_a_collective_left_in_flight_when_ddp_reads_the_bucket_is_a_contract_failure(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A hook that posts its all_reduce and returns a future it completed itself passed every
+    property (round 22 of hooks from the wild), where real DDP copies the bucket back before
+    the all_reduce writes. Now: contract, InFlightReadError, with the line that posted the
+    collective; the printed replay reproduces it."""
+    code, out, data = _check(capsys, tmp_path, "forgets_its_all_reduce", "--backend", "gloo", "--world-sizes", "1,2")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "contract" and failure["error_type"] == "InFlightReadError", out
+    line = _line("dist.all_reduce(buf, async_op=True)  # never waited on")
+    assert f"posted it at {HOOKS}:{line} in forgets_its_all_reduce" in failure["message"], failure["message"]
+    replay = shlex.split(failure["replay"])
+    for _ in range(2):
+        assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
+        assert "InFlightReadError: DDP's copy-back on rank" in capsys.readouterr().out

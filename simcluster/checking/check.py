@@ -197,7 +197,7 @@ def _replay(opts: Options, token: str, report: CheckReport, supervise: bool) -> 
 
     def replay_job(monitor: Monitor) -> CheckReport:
         part = _partial(opts, monitor)
-        _run_one(part.opts, example, backend, part.report, steps=example.steps, capture=False)
+        _run_one(part.opts, example, backend, part.report, steps=example.steps, whole_output=True)
         return part.report
 
     _supervised(replay_job, opts, backend, report, example.steps, opts.deadline, supervise)
@@ -308,14 +308,15 @@ def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
 
 
 def _run_one(opts: Options, example: Example, backend: str, report: CheckReport, steps: int, *,
-             capture: bool = True, seen: set[tuple[str, str, str, str]] | None = None) -> None:
-    """Run one example; a violation becomes a report entry (with what the hook printed, when
-    ``capture``: a replay runs uncaptured and its prints show as they happen). With
-    ``seen`` (the distinct bugs reported so far), only a new one, within :data:`MAX_BUGS`."""
+             whole_output: bool = False, seen: set[tuple[str, str, str, str]] | None = None) -> None:
+    """Run one example; a violation becomes a report entry, with what the hook printed, line
+    by line with its rank — all of it with ``whole_output`` (a replay: its report is the one
+    the search printed, the output unclipped; the search's said "the replay command prints
+    them all"), else clipped. With ``seen`` (the distinct bugs reported so far), only a new
+    one, within :data:`MAX_BUGS`."""
     report.examples += 1
     try:
-        with captured_output(opts.monitor.output_fd) if capture else contextlib.nullcontext() as printed, \
-                marking_ranks(printed) if capture else contextlib.nullcontext():
+        with captured_output(opts.monitor.output_fd) as printed, marking_ranks(printed):
             run_example(opts, example, backend)
     except Violation as v:
         if seen is not None:
@@ -323,8 +324,8 @@ def _run_one(opts: Options, example: Example, backend: str, report: CheckReport,
             if key in seen or len(seen) >= MAX_BUGS:
                 return
             seen.add(key)
-        if printed is not None:
-            v.info["output"] = "\n".join(rank_lines(printed.parts()))
+        v.info["output"] = "\n".join(rank_lines(printed.parts()))
+        v.info["whole_output"] = whole_output
         report.failures.append(_failure(opts, v, steps))
 
 

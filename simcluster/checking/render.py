@@ -53,16 +53,16 @@ MAX_LINE_CHARS = 2000
 (a hook's message can hold a whole tensor's repr on one line)."""
 MAX_OUTPUT_LINES = 30
 """Lines of the hook's printed output shown with a failure (the first ones, or the last ones
-of a run that got stuck: :func:`printed_output`; the replay command runs the example again
-uncaptured and prints them all)."""
+of a run that got stuck: :func:`printed_output`; the replay command's report shows them all)."""
 
 
-def printed_output(text: str, *, last: bool = False) -> str:
+def printed_output(text: str, *, last: bool = False, whole: bool = False) -> str:
     """What the hook printed in a failing run, as the report shows it: blank lines dropped,
     at most :data:`MAX_OUTPUT_LINES` lines of at most :data:`MAX_LINE_CHARS` characters —
-    the first ones, or with ``last`` (a run that got stuck: what it did last) the last ones."""
+    the first ones, or with ``last`` (a run that got stuck: what it did last) the last ones;
+    every line, ``whole`` (the replay command's report)."""
     lines = [_clip(line.rstrip()) for line in text.splitlines() if line.strip()]
-    if len(lines) > MAX_OUTPUT_LINES:
+    if len(lines) > MAX_OUTPUT_LINES and not whole:
         more = len(lines) - MAX_OUTPUT_LINES + 1
         if last:
             lines = [f"… {more} earlier lines (the replay command prints them all)"] + lines[-(MAX_OUTPUT_LINES - 1):]
@@ -341,7 +341,7 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
         schedule=list(info.get("schedule", [])),
         replay=replay_command(opts, backend, example.world_size, token, steps),
         error_type=info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
-        hint=hint or "", output=printed_output(info.get("output", "")),
+        hint=hint or "", output=printed_output(info.get("output", ""), whole=info.get("whole_output", False)),
         details={"step": at, "token": token, "line": info.get("line", ""), "ddp_steps": ddp_steps,
                  "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source}
                             for f in frames]},
