@@ -487,3 +487,45 @@ def asserts_with_its_states_repr(state, bucket):
     """Fails its own assert, quoting its state's default repr — an address, new every run."""
     assert state.scale is not None, f"state {state!r} has no scale"
     return _mean(bucket)
+
+
+def returns_its_own_bucket(state, bucket):
+    """Communicates nothing: a future completed with the rank's own bucket."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def averages_then_adds_its_rank(state, bucket):
+    """The mean, then a per-rank offset of a quarter: within a loose norm= tolerance, not rounding."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    rank = dist.get_rank()
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0].add_(0.25 * rank))
+
+
+def divides_on_rank_0_only(state, bucket):
+    """Rank 0 divides its share, the others forget to."""
+    buf = bucket.buffer()
+    if dist.get_rank() == 0:
+        buf.div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+class ResidualByShape:
+    """Error feedback whose residual is keyed by the parameter's shape: two parameters of one
+    shape share (and overwrite) one residual, whatever DDP's buckets."""
+
+    def __init__(self, process_group):
+        self.residuals = {}
+
+
+def sign_with_residual_by_shape(state, bucket):
+    pieces = []
+    for p, grad in zip(bucket.parameters(), bucket.gradients()):
+        key = tuple(p.shape)  # BUG: two parameters of one shape share one residual
+        corrected = grad + state.residuals.get(key, torch.zeros_like(grad))
+        sent = corrected.sign() * corrected.abs().mean()
+        state.residuals[key] = corrected - sent
+        pieces.append(sent.reshape(-1))
+    flat = torch.cat(pieces).div_(dist.get_world_size())
+    return dist.all_reduce(flat, async_op=True).get_future().then(lambda f: f.value()[0])

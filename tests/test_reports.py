@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from simcluster.checking.check import check_hook, encode_example
+from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 from simcluster.cli import main
 
 pytest_plugins = ["pytester"]
@@ -1188,3 +1190,55 @@ def test_a_collective_left_in_flight_when_ddp_reads_the_bucket_is_a_contract_fai
     for _ in range(2):
         assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
         assert "InFlightReadError: DDP's copy-back on rank" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- hints that must not mislead
+def _example(world: int, shapes: tuple[tuple[int, ...], ...], *values: float, steps: int = 1) -> Example:
+    """``values[r]`` everywhere on rank ``r``, the same every step, one bucket per parameter after the rebuild."""
+    base = StepSpec(tuple(RankSpec("const", value=v) for v in values))
+    return Example(world, Layout(shapes, 16 / 2**20, tuple(range(len(shapes)))), base, (0, 0)[:steps - 1])
+
+
+def _report(hook: str, example: Example, **options: Any) -> str:
+    report = check_hook(f"{HOOKS}:{hook}", replay=encode_example(example, "gloo"), backends=("gloo",), **options)
+    assert report.failures, report.format()
+    return report.format()
+
+
+def test_a_sign_of_zero_is_named_by_its_element_and_never_called_rounding_when_nothing_was_communicated() -> None:
+    """A hook that communicates nothing, shrunk to ranks holding 0.0 and -0.0: the report said
+    "a bit pattern differs (e.g. -0.0 vs 0.0) at byte 3" (no element), and under "the hook
+    communicated nothing" that "the replicas differ by rounding alone: the ranks combined the
+    same values in different orders" (round 22 of hooks from the wild)."""
+    text = _report("returns_its_own_bucket", _example(2, ((3,),), 0.0, -0.0), properties=["replicas_agree"])
+    assert "element 0: 0.0 vs -0.0 (zeros of opposite signs)" in text, text
+    assert "communicated nothing" in text or "nothing this hook communicated" in text, text
+    assert "rounding alone" not in text, text
+
+
+def test_a_loose_tolerance_passing_is_no_evidence_of_rounding() -> None:
+    """Replicas a quarter apart passed --tolerance norm=1.0, and the report said they "differ
+    by rounding alone" (round 22 of hooks from the wild): rounding is judged at float32's."""
+    text = _report("averages_then_adds_its_rank", _example(2, ((4,),), 1.0, 1.0), tolerance="norm=1.0",
+                   properties=["replicas_agree", "averages"])
+    assert "differ by 0.25" in text and "rounding alone" not in text, text
+
+
+def test_a_sum_with_a_rank_holding_zeros_does_not_claim_that_rank_did_not_divide() -> None:
+    """Rank 0 divides, rank 1 does not; shrunk to rank 0 holding zeros, the result is the sum,
+    and the report said flatly "the hook did not divide by the world size" (round 22)."""
+    text = _report("divides_on_rank_0_only", _example(2, ((1,),), 0.0, -1.0), properties=["averages"])
+    assert "the hook did not divide by the world size" in text, text
+    assert "rank 0's gradients are all zero in this example, so whether its code divided does not show" in text, text
+
+
+def test_a_lag_the_rebuild_does_not_cause_is_not_blamed_on_it() -> None:
+    """A residual keyed by shape, shared by two parameters of one shape, never drains; the
+    report blamed DDP's bucket rebuild, which the example also had (round 22). A run whose
+    buckets never change (find_unused_parameters=True) keeps the lag: not the rebuild."""
+    example = Example(1, Layout(((8,), (8,)), 16 / 2**20, (0, 1)),
+                      StepSpec((RankSpec("const", value=0.0, specials=((0, 1000.0),)),)), (0, 0))
+    text = _report("sign_with_residual_by_shape", example, state=f"{HOOKS}:ResidualByShape", tolerance="none",
+                   properties=["error_feedback"])
+    assert "error feedback lost" in text and "not DDP's bucket rebuild" in text, text
+    assert "likely cause: DDP rebuilt" not in text, text

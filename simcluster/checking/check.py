@@ -302,7 +302,8 @@ def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
         hint = repeat_hint(opts, v)
         v = with_posting_lines(opts, v)
         if not hint:
-            hint = (order_hint(opts, v) + unreached_hint(opts, v) + rounding_hint(opts, v) + rng_hint(opts, v)
+            unreached = unreached_hint(opts, v)  # nothing communicated reached the result: no rounding of a sum either
+            hint = (order_hint(opts, v) + unreached + ("" if unreached else rounding_hint(opts, v)) + rng_hint(opts, v)
                     + sources_hint(opts, v))
     return failure(opts, v.prop, str(v) + hint, v.info, steps)
 

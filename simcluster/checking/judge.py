@@ -193,17 +193,25 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
         if msg and msg.startswith(P.NOT_DRAINED):
-            msg += _drain_cause(opts, example, drain_from, states)
+            msg += _drain_cause(opts, example, backend, drain_from, states)
         if msg:
             fail("error_feedback", msg)
 
 
-def _drain_cause(opts: Options, example: Example, drain_from: int, states: Sequence[Any]) -> str:
+def _drain_cause(opts: Options, example: Example, backend: str, drain_from: int, states: Sequence[Any]) -> str:
     """What to add to an *error_feedback* failure whose lag did not drain: a bucket rebuild that
     put other parameters at the same positions (memory kept by bucket index now lands on them:
-    the likely cause), else — when the state's names chose the property — which names, and
-    the ``--properties`` that leave it out (EF21's estimator does not promise what it checks)."""
+    the likely cause) — unless the lag stays as well when DDP never rebuilds
+    (:func:`_drains_without_rebuild`: a residual keyed by shape, shared by two same-shaped
+    parameters, was blamed on the rebuild, round 22 of hooks from the wild) — else, when the
+    state's names chose the property, which names, and the ``--properties`` that leave it out
+    (EF21's estimator does not promise what it checks)."""
     moved = rebuild_hint(bucket_steps(example, drain_from), drain_from)
+    if moved and _drains_without_rebuild(opts, example, backend, drain_from) is False:
+        return (f" (not DDP's bucket rebuild: the lag stays as well with buckets that never change "
+                "(find_unused_parameters=True), so the hook's memory misses or reaches the wrong gradients whatever "
+                "the buckets — memory shared by parameters that are not the same one, keyed by a shape, a size or a "
+                "position?)")
     if moved:
         return (f" (likely cause: {moved} — memory a hook keys by what the rebuild changes is added to other "
                 "parameters' gradients from then on, or never found again: a residual keyed by bucket.index() or "
@@ -215,6 +223,23 @@ def _drain_cause(opts: Options, example: Example, drain_from: int, states: Seque
     return (f" (error_feedback is checked because the hook's state holds tensors named "
             f"{', '.join(residual_names(states))}; if the hook does not promise to send, over time, everything it "
             f"was given — EF21's estimator tracks the gradient, not its sum — check it without: --properties {others})")
+
+
+def _drains_without_rebuild(opts: Options, example: Example, backend: str, drain_from: int) -> bool | None:
+    """Whether the example's lag drains when DDP never rebuilds its buckets (the same layout
+    under ``find_unused_parameters=True``, which applies the cap from iteration 0 and keeps
+    it): True, False, or None when that run fails otherwise (the experiment says nothing)."""
+    still = dataclasses.replace(example, layout=dataclasses.replace(example.layout, find_unused_parameters=True))
+    grads, _ = _inputs(opts, still)
+    try:
+        results, error, _, _ = simulate(opts, still, backend, ScheduleChoices(example.schedule), grads)
+    except Exception:  # noqa: BLE001 - an experiment: it says nothing
+        return None
+    if error is not None or len(results) < len(grads):
+        return None
+    msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from,
+                           ranks=groups_of(still)[0], carried=_carried(results))
+    return not (msg and msg.startswith(P.NOT_DRAINED))
 
 
 def _drain_longer(opts: Options, example: Example, backend: str, steps: list[Any], group: list[int]) -> str | None:
@@ -458,8 +483,11 @@ def unreached_hint(opts: Options, violation: Violation) -> str:
 
 def rounding_hint(opts: Options, violation: Violation) -> str:
     """For a reported *replicas_agree* failure at a step where every rank's result is a
-    good average — the *averages* property holds there (within the tolerance of the float64
-    mean; never under tolerance ``none``) — a line saying the replicas differ by rounding
+    good average — the *averages* property holds there within float32's rounding of the
+    float64 mean (``fp32``, or ``exact`` when asked; never under tolerance ``none``: a lossy
+    tolerance such as ``norm=1.0`` passing says nothing of rounding, round 22 of hooks from the
+    wild) — and something the hook communicated reached it (the caller asks
+    :func:`unreached_hint` first) — a line saying the replicas differ by rounding
     alone: the ranks combined the same values in different orders or groupings (each rank
     adding its own part first: ``buggy.allgather_own_first``). Otherwise ``''``. One more
     simulation of the example up to the failing step, once per reported failure."""
@@ -470,8 +498,9 @@ def rounding_hint(opts: Options, violation: Violation) -> str:
         return ""
     example, _, t, grads, step = rerun
     groups = groups_of(example)
+    strict = opts if opts.tolerance == "exact" else dataclasses.replace(opts, tolerance="fp32")  # rounding, not loss
     if example.nonfinite or P.replicas_agree(step.grads, groups) is None \
-            or _step_problem(opts, "averages", step, grads[t], groups, example.nonfinite) is not None:
+            or _step_problem(strict, "averages", step, grads[t], groups, example.nonfinite) is not None:
         return ""
     return ("\n(every rank's result is within the tolerance of the float64 mean — the averages property holds at "
             "this step — so the replicas differ by rounding alone: the ranks combined the same values in different "

@@ -519,6 +519,11 @@ def _sum_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Se
         sizes = sorted({len(g) for g in ranks})
         text = (f"the result is the sum over each group's ranks: the hook did not divide by the group's size "
                 f"({', '.join(map(str, sizes))})")
+    zeros = [r for g in ranks if len(g) > 1 for r in g if not any(bool(x.any()) for x in inputs[r])]
+    if zeros:  # 0 / W is 0: the sum is the same whether such a rank divided or not
+        who = f"rank {zeros[0]}'s gradients are" if len(zeros) == 1 else f"ranks {zeros}' gradients are"
+        text += (f" — on the ranks whose gradients are not zero here: {who} all zero in this example, so whether "
+                 "its code divided does not show")
     if overflowed:
         text += f"; where the sum is beyond {' or '.join(sorted(overflowed))}'s range, inf"
     if tol.kind not in _DECISIVE and _violation(seen, scaled, parse_tolerance("exact"), groups, None) is not None:
@@ -574,8 +579,10 @@ def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
     diff = ~((fa == fb) | (fa.isnan() & fb.isnan())) if fa.is_floating_point() else fa != fb
     if not bool(diff.any()):  # differ only in bits: -0.0 vs 0.0 or NaN payloads
-        diff = fa.contiguous().view(torch.uint8) != fb.contiguous().view(torch.uint8)
-        return f"a bit pattern differs (e.g. -0.0 vs 0.0) at byte {int(diff.nonzero()[0, 0])}"
+        byte = fa.contiguous().view(torch.uint8) != fb.contiguous().view(torch.uint8)
+        i = int(byte.nonzero()[0, 0]) // fa.element_size()
+        what = "zeros of opposite signs" if bool(fa[i] == 0) else "NaNs with different bits (sign or payload)"
+        return f"element {i}: {_fmt(fa[i])} vs {_fmt(fb[i])} ({what})"
     i = int(diff.nonzero()[0, 0])
     return f"element {i}: {_fmt(fa[i])} vs {_fmt(fb[i])} (differ by {abs(float(fa[i]) - float(fb[i])):.3g})"
 
