@@ -529,3 +529,11 @@ def sign_with_residual_by_shape(state, bucket):
         pieces.append(sent.reshape(-1))
     flat = torch.cat(pieces).div_(dist.get_world_size())
     return dist.all_reduce(flat, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def sums_in_float64_then_narrows(state, bucket):
+    """Sums in float64 (no overflow there), casts the sum to float32, then divides: the cast
+    overflows before the division."""
+    wide = bucket.buffer().to(torch.float64)
+    return dist.all_reduce(wide, async_op=True).get_future().then(
+        lambda f: f.value()[0].to(torch.float32).div_(dist.get_world_size()))

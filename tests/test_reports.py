@@ -1242,3 +1242,13 @@ def test_a_lag_the_rebuild_does_not_cause_is_not_blamed_on_it() -> None:
                    properties=["error_feedback"])
     assert "error feedback lost" in text and "not DDP's bucket rebuild" in text, text
     assert "likely cause: DDP rebuilt" not in text, text
+
+
+def test_an_overflow_in_the_cast_after_a_wider_sum_is_explained() -> None:
+    """A float64 sum cast to float32 before the division gives inf at float32's maximum; the
+    report named no cause, since the collective carried float64, where the sum fits (round 22)."""
+    top = float(torch.finfo(torch.float32).max)
+    text = _report("sums_in_float64_then_narrows", _example(2, ((1,),), top, top), properties=["averages"])
+    assert "got inf" in text, text
+    assert "the collectives carried float64, where this sum fits, but the result is float32, which does not hold it" \
+        in text, text

@@ -463,7 +463,9 @@ def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: t
                    carried: Sequence[str] | None) -> str:
     """For a non-finite result whose mean is finite: the :func:`overflow_cause` in a floating
     dtype the hook's collectives ``carried`` — the narrowest that explains it, where a value
-    overflows first — or, when what they carried is unknown (``None``), in the result's dtype."""
+    overflows first — or, when what they carried is unknown (``None``), in the result's dtype;
+    when they carried only wider dtypes, where the sum fits, the cause in the result's dtype,
+    said so (a float64 sum cast to float32 before the division: round 22 of hooks from the wild)."""
     if math.isfinite(got) or not math.isfinite(mean) or not all(map(math.isfinite, xs)):
         return ""
     names = [str(result_dtype).removeprefix("torch.")] if carried is None else list(carried)
@@ -472,6 +474,13 @@ def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: t
         cause = overflow_cause(xs, dtype)
         if cause:
             return f"\n({cause})"
+    own = str(result_dtype).removeprefix("torch.")
+    if floats and result_dtype.is_floating_point and own not in names \
+            and all(overflow_threshold(d) > overflow_threshold(result_dtype) for d in floats):
+        cause = overflow_cause(xs, result_dtype)
+        if cause:
+            return (f"\n(the collectives carried {' and '.join(names)}, where this sum fits, but the result is {own}, "
+                    f"which does not hold it: {cause})")
     return ""
 
 
