@@ -456,6 +456,8 @@ class Engine:
         if traced:
             self.trace.add(Blocked(rank, waitable.label, context or where))
         self._parked[slot.index] = (slot, rank, waitable.label, context or where)
+        if self._watch is not None:  # the line that waits is not the one that wrote what changes meanwhile
+            self._watch.switched()
         waitable.on_done(lambda: self._runnable.append(_Resume(slot, rank, where, waitable.label)))
         driver = self._pool.take_idle()
         driver.command = "drive"
@@ -471,6 +473,8 @@ class Engine:
         if slot.abort or self._dead:
             raise RunAborted()
         self._enter(rank, where)
+        if self._watch is not None:
+            self._watch.switched()
         if traced:
             self.trace.add(Resumed(rank, waitable.label))
 
@@ -535,11 +539,12 @@ class Engine:
                 return True
             return False
         choice = self._choose(options)
-        if choice < len(self._deliveries):
-            self._runnable.append(self._deliveries.pop(choice))
+        delivering = len(self._deliveries)
+        if choice < delivering:  # run at once: the caller runs nothing else before it (_runnable is empty)
+            self._run_task(self._deliveries.pop(choice))
             return True
-        if choice >= len(self._deliveries) + len(eligible):
-            self._runnable.append(self._later.pop(choice - len(self._deliveries) - len(eligible)))
+        if choice >= delivering + len(eligible):
+            self._run_task(self._later.pop(choice - delivering - len(eligible)))
             return True
         inst = eligible[choice - len(self._deliveries)]
         self._ready.remove(inst)
@@ -660,8 +665,6 @@ class Engine:
                     self._start_queued(pool)
 
     def _enter(self, rank: int, where: str) -> None:
-        if self._watch is not None:
-            self._watch.switched()
         if rank != self._rank:
             self._switch(self._rank, rank)
             self._rank = rank

@@ -29,8 +29,8 @@ What it can and cannot name:
 
 A line event fires *before* its line runs, so what changed since the previous event was
 done by the line that ran last: :attr:`WriteWatch._last`, the frame and line of the
-previous event — reset whenever the engine switches code (a task starts, a parked rank
-resumes), so a line of one rank's code is never blamed for what ran after it.
+previous event — cleared when a user frame returns to the engine and whenever a rank parks
+in a wait or resumes, so a line of one rank's code is never blamed for what ran after it.
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ class WriteWatch:
                 watched.remove(call)
 
     def switched(self) -> None:
-        """The engine switched code (a task starts, a parked rank resumes): nothing that
-        changes from now on was done by the line that ran last."""
+        """The engine switches code in the middle of a user line (a rank parks in a wait, and
+        resumes): nothing that changes meanwhile was done by that line. (A task that ends
+        needs no call: its outermost user frame returning to the engine clears the line.)"""
         self._last = None
 
     # -- tracing ---------------------------------------------------------------
