@@ -376,6 +376,29 @@ def returns_offset_view(process_group: dist.ProcessGroup | None, bucket: dist.Gr
     return dist.all_reduce(packed, group=group, async_op=True).get_future().then(unpack)
 
 
+def fire_and_forget_allreduce(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+    """Divides, posts the all_reduce, and returns a future it completed itself with the bucket.
+
+    Bug: nothing ties the returned future to the all_reduce.  DDP's reducer waits on the
+    future the hook returned and nothing else, and copies its tensor into ``p.grad`` at once:
+    the bucket as it was *before* the all_reduce wrote the sum into it.
+    Plausible: the all_reduce works in place on the very tensor returned, so "it will be
+    there"; on one rank (and in any simulator that completes every collective before DDP
+    reads) the result is right.
+    On a real cluster: measured on gloo (docs/ddp-facts.md), 193-199 of 200 gradients are
+    each rank's own share, the ranks disagreeing in nearly every step; no error.
+    Caught by: ``contract`` (``InFlightReadError``: DDP read a bucket a collective of the
+    rank still had in flight, which it then changed).  Fix: return the collective's future,
+    ``dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])``.
+    """
+    group = resolve_group(process_group)
+    buffer = bucket.buffer().div_(group.size())
+    dist.all_reduce(buffer, group=group, async_op=True)  # BUG: never waited on
+    fut: Future[torch.Tensor] = Future()
+    fut.set_result(buffer)
+    return fut
+
+
 def returns_strided_view(process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     """Reduces g and g*g together for a gradient-noise monitor, returns a stride-2 column.
 
