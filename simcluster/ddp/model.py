@@ -93,7 +93,7 @@ from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebu
 from simcluster.fake.process_group import SimProcessGroup
 from simcluster.fake.state import LayoutModel, StateSpec
 from simcluster.usercode.rank_local import as_rank_local
-from simcluster.engine.trace import CopiedBack, Trace
+from simcluster.engine.trace import Completed, CopiedBack, Trace
 from simcluster.engine.matching import posted_at_lines, rank_list
 
 __all__ = ["DDPConfig", "StepResult", "SimDDP", "CopyBackError", "subgroups", "gloo_gather_hint", "gather_source"]
@@ -535,8 +535,9 @@ class _Finalize:
         self.error: BaseException | None = None
         self.grads: list[torch.Tensor] | None = None
         self._next = 0  # the bucket to copy next
-        self._early: list[tuple[int, torch.Tensor, torch.Tensor, Any]] = []
-        """(bucket, the tensor DDP read, its values then, the collective that had it in flight)."""
+        self._early: list[tuple[int, torch.Tensor, torch.Tensor, Any, Completed | None]] = []
+        """(bucket, the tensor DDP read, its values then, the collective that had it in flight, a
+        collective on its group posted after it that had completed by then, or None)."""
         engine = ddp.cluster.engine
         assert engine is not None, "finalize runs inside the step's run"
         self._engine = engine
@@ -568,6 +569,7 @@ class _Finalize:
                 self._engine.trace.log((CopiedBack, (rank, call.index, label, False)))
                 self._note_if_in_flight(value, call.index)
                 params = [ddp.params[rank][i] for i in call.params]
+                self._note_writes_in_flight(value, params, call.index)
                 try:
                     copy_bucket(value, params, ddp.config.gradient_as_bucket_view, where, self.warnings)
                 except CopyBackError as exc:
@@ -586,8 +588,26 @@ class _Finalize:
         what DDP read, for :meth:`read_too_early` to compare once the step has run."""
         for call in self._engine.open_calls(self.rank):
             if call.in_flight is not None and call.in_flight.holds(value):
-                self._early.append((bucket, value, value.clone(), call))
+                later = next((e for e in self._engine.trace.events if isinstance(e, Completed)
+                              and e.group == call.channel and e.seq > call.seq), None)
+                self._early.append((bucket, value, value.clone(), call, later))
                 return
+
+    def _note_writes_in_flight(self, value: torch.Tensor, params: list[torch.nn.Parameter], bucket: int) -> None:
+        """With ``gradient_as_bucket_view`` each ``p.grad`` is a view of the bucket's buffer, and
+        the copy-back writes a result that is another tensor into it: a collective of this rank
+        still holding that buffer in flight then sees a write that no line of the hook made.
+        Say who made it (``Call.written_by``), for the race's report."""
+        if not self.ddp.config.gradient_as_bucket_view:
+            return
+        storage = value.untyped_storage().data_ptr()
+        targets = [p.grad for p in params if p.grad is not None and p.grad.untyped_storage().data_ptr() != storage]
+        for call in self._engine.open_calls(self.rank) if targets else ():
+            if call.in_flight is not None and not call.written_by and any(call.in_flight.holds(t) for t in targets):
+                call.written_by = (f"DDP's copy-back wrote bucket {bucket}'s result into p.grad at DDP iteration "
+                                   f"{self.it} — with gradient_as_bucket_view p.grad is a view of the bucket's "
+                                   "buffer, which this collective still had in flight: the future the hook returned "
+                                   "completed before it did")
 
     def read_too_early(self) -> InFlightReadError | None:
         """Once the step has run: the error for the first bucket DDP read while a collective of
@@ -595,18 +615,22 @@ class _Finalize:
         collective wrote other values into it: DDP copied the ones from before); else None.
         A collective that leaves the values as they were (a broadcast from this rank, an
         all_reduce over one rank) did no harm."""
-        for bucket, value, read, call in self._early:
+        for bucket, value, read, call, later in self._early:
             if not bits_equal(value, read):
+                order = ("" if later is None else
+                         f" ({later.op}#{later.seq} on {later.group}, posted after it, had completed: gloo runs a "
+                         "group's collectives on 2 worker threads, and one posted later may complete first — waiting "
+                         "on it does not wait for the one before)")
                 return InFlightReadError(
                     f"DDP's copy-back on rank {self.rank} read bucket {bucket}'s result "
                     f"({str(value.dtype).removeprefix('torch.')}{list(value.shape)}) at DDP iteration {self.it} while "
                     f"{call.op}#{call.seq} on {call.channel}, which the rank posted, still had that memory in flight, "
-                    "and the collective then wrote other values into it: the future the hook returned completed "
-                    "before that collective did. Real DDP waits on the hook's future only and copies its tensor at "
-                    "once, so the gradients get the values from before the collective, different on each rank "
-                    "(measured on gloo, a hook returning a completed future of its bucket without waiting for its "
-                    "all_reduce: 193-199 of 200 gradients not the mean, the ranks disagreeing in 199-200; "
-                    "docs/ddp-facts.md). Return the collective's future (work.get_future()) or a then() of it\n"
+                    f"and the collective then wrote other values into it: the future the hook returned completed "
+                    f"before that collective did{order}. Real DDP waits on the hook's future only and copies its "
+                    "tensor at once, so the gradients get the values from before the collective, different on each "
+                    "rank (how often, measured on gloo for an all_reduce the hook did not wait for: 193-199 of 200 "
+                    "gradients, docs/ddp-facts.md). Return the collective's future (work.get_future()), a then() of "
+                    "it, or a future of all of them (torch.futures.collect_all)\n"
                     + "\n".join(posted_at_lines({self.rank: call})))
         return None
 

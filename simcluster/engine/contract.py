@@ -153,6 +153,11 @@ class Call:
     ``""`` when not found."""
     written_in: str = ""
     """What the rank's code was doing when it wrote there (as :attr:`posted_in`)."""
+    written_by: str = ""
+    """Who wrote to a tensor of :attr:`in_flight` when it was not the rank's code but the layer
+    above on its behalf — ``DDP's copy-back of bucket 0's result into p.grad, …`` (a view of the
+    bucket's buffer under ``gradient_as_bucket_view``: :class:`~simcluster.ddp.model.SimDDP`);
+    ``""`` when not known."""
 
     @property
     def describe(self) -> str:

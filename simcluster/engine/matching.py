@@ -228,9 +228,12 @@ def written_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:
     """``rank 1, in DDP iteration 1, bucket 1's hook call, wrote to it at hooks.py:21 in hook: …``
     for ``calls`` (rank -> call) whose writing line a reported re-run found
     (:attr:`Call.written_at`, :class:`~simcluster.engine.write_watch.WriteWatch`), as
-    :func:`posted_at_lines` words the posting lines."""
-    return _site_lines([(rank, call.written_in, call.written_at) for rank, call in sorted(calls.items())
-                        if call.written_at], "wrote to it", "written", indent)
+    :func:`posted_at_lines` words the posting lines; before them, one line per rank whose
+    writer was the layer above (:attr:`Call.written_by`: ``rank 0: DDP's copy-back …``)."""
+    by = [f"{indent}{_ranks([rank])}: {call.written_by}" for rank, call in sorted(calls.items())
+          if call.written_by and not call.written_at][:MAX_LISTED]
+    return by + _site_lines([(rank, call.written_in, call.written_at) for rank, call in sorted(calls.items())
+                             if call.written_at], "wrote to it", "written", indent)
 
 
 def unmatched_line(inst: Instance) -> str | None:
