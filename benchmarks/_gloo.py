@@ -52,3 +52,17 @@ def call_and_wait(post: Callable[[], Any]) -> str | None:
     except Exception as exc:  # noqa: BLE001 - the measurement
         return f"raised at {where}: {type(exc).__name__}: {str(exc).splitlines()[0]!r}"
     return None
+
+
+def tally_race(rank: int, world: int, seen: list[float], what: str) -> None:
+    """Print how a race went on this rank, where rank ``r`` contributes ``r + 1`` and the
+    right answer is their mean: of this rank's values (``seen[i]``: iteration ``i``'s), how
+    many were not the mean, and in how many iterations the ranks disagreed (gathered from
+    every rank: call it inside :func:`gloo_world`, on every rank)."""
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, seen)
+    mean = sum(range(1, world + 1)) / world
+    wrong = sum(abs(v - mean) > 1e-6 for v in seen)
+    disagree = sum(len({r[i] for r in everyone}) > 1 for i in range(len(seen)))
+    print(f"world {world} rank {rank}: {wrong}/{len(seen)} {what} not the mean {mean}, ranks disagreed in "
+          f"{disagree}/{len(seen)}; values seen: {sorted({round(v, 6) for v in seen})[:6]}", flush=True)

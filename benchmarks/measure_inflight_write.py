@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from _gloo import gloo_world, spawn_worlds
+from _gloo import gloo_world, spawn_worlds, tally_race
 
 ITERATIONS = 300
 
@@ -34,13 +34,7 @@ def run(rank: int, world: int, port: int) -> None:
             t.div_(world)  # the write while the all_reduce has t in flight
             work.wait()
             results.append(t[0].item())
-        everyone = [None] * world
-        dist.all_gather_object(everyone, results)
-    mean = sum(range(1, world + 1)) / world
-    wrong = sum(abs(v - mean) > 1e-6 for v in results)
-    disagree = sum(len({r[i] for r in everyone}) > 1 for i in range(ITERATIONS))
-    print(f"world {world} rank {rank}: {wrong}/{ITERATIONS} results not the mean, ranks disagreed in "
-          f"{disagree}/{ITERATIONS}; values seen: {sorted(set(results))[:5]}", flush=True)
+        tally_race(rank, world, results, "results")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _gloo import gloo_world, spawn_worlds
+from _gloo import gloo_world, spawn_worlds, tally_race
 
 ITERATIONS = 200
 
@@ -53,13 +53,7 @@ def run(rank: int, world: int, port: int) -> None:
             loss.backward()
             seen.append(model.module.weight.grad[0, 0].item())  # read at once, as an optimizer would
             dist.barrier()  # the stray all_reduce has long finished before the next iteration
-        everyone = [None] * world
-        dist.all_gather_object(everyone, seen)
-    mean = sum(range(1, world + 1)) / world
-    wrong = sum(abs(v - mean) > 1e-6 for v in seen)
-    disagree = sum(len({r[i] for r in everyone}) > 1 for i in range(ITERATIONS))
-    print(f"world {world} rank {rank}: {wrong}/{ITERATIONS} gradients not the mean {mean}, ranks disagreed in "
-          f"{disagree}/{ITERATIONS}; values seen: {sorted(set(round(v, 6) for v in seen))[:6]}", flush=True)
+        tally_race(rank, world, seen, "gradients")
 
 
 if __name__ == "__main__":
