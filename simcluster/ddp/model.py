@@ -85,8 +85,8 @@ from simcluster.fake.cluster import SimCluster
 from simcluster.fake.reducer import (call_hook, check_future, copy_bucket, expect_future, layout_copy, resolved,
                                      returned_lines)
 from simcluster.errors import (
-    CallbackError, CopyBackError, DeadlockError, InFlightReadError, SimClusterError, UsageError, add_context_note, innermost_error,
-    launcher_environment_note,
+    CallbackError, CopyBackError, DeadlockError, InFlightReadError, SimClusterError, UsageError, add_context_note,
+    innermost_error, launcher_environment_note,
 )
 from simcluster.names import callable_name
 from simcluster.ddp.layout import BucketCall, bucket_calls, ready_order_of, rebuild_iteration
@@ -433,8 +433,8 @@ class SimDDP:
         self.states[rank] = self.state_spec.resolve(group, lambda: LayoutModel(self.params[rank]))
 
     # -- copy-back ----------------------------------------------------------------
-    def _copy_back(self, finals: "list[_Finalize | None]", replay: str,
-                   ) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
+    def _copy_back(self, finals: "list[_Finalize | None]",
+                   replay: str) -> tuple[list[list[torch.Tensor]], list[list[Any]], list[str]]:
         """Every rank's gradients, futures' values and warnings as its :class:`_Finalize` left
         them; raises the lowest failing rank's error (the others' as notes)."""
         grads: list[list[torch.Tensor]] = []
