@@ -58,7 +58,7 @@ class Completed:
     seq: int
     ranks: tuple[int, ...]
     order: int  # n-th completion of the run
-    choice: int  # index picked among `options` ready collectives
+    choice: int  # index picked among `options` possible next steps (deliveries, ready collectives, later tasks)
     options: int
 
 

@@ -140,7 +140,8 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
         return f"rank {e.rank}: blocks {waits_in(e.future)} ({where}{held})"
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
-                f"picked it among {e.options} collectives ready to complete; another --seed may pick another)")
+                f"picked it among {e.options} possible next steps — collectives ready to complete, results a rank has "
+                "not seen yet, DDP copy-backs waiting to run; another --seed may pick another)")
     return Trace([e]).format()
 
 
