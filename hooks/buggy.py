@@ -385,7 +385,7 @@ def fire_and_forget_allreduce(process_group: dist.ProcessGroup | None, bucket: d
     Plausible: the all_reduce works in place on the very tensor returned, so "it will be
     there"; on one rank (and in any simulator that completes every collective before DDP
     reads) the result is right.
-    On a real cluster: measured on gloo (docs/ddp-facts.md), 193-199 of 200 gradients are
+    On a real cluster: measured on gloo (docs/ddp-facts.md), 193-200 of 200 gradients are
     each rank's own share, the ranks disagreeing in nearly every step; no error.
     Caught by: ``contract`` (``InFlightReadError``: DDP read a bucket a collective of the
     rank still had in flight, which it then changed).  Fix: return the collective's future,

@@ -125,11 +125,12 @@ class InFlightWriteError(HookContractError):
 
 
 class InFlightReadError(HookContractError):
-    """DDP's copy-back read a bucket's result while a collective the rank posted still had
-    that memory in flight: the future the hook returned completed before the collective did
-    (it was not tied to it). Real DDP waits on that future only and copies its tensor at
-    once: the values from before the collective, different on each rank (measured on gloo,
-    ``docs/ddp-facts.md``, "A collective the hook's future does not wait for")."""
+    """DDP used memory a collective the rank posted still had in flight: its copy-back read a
+    bucket's result before the collective wrote it, or ``backward()`` returned with the
+    collective still holding a bucket's buffer, which DDP refills at the next iteration. The
+    future the hook returned completed before the collective did (it was not tied to it).
+    Real DDP waits on that future only (measured on gloo, ``docs/ddp-facts.md``, "A
+    collective the hook's future does not wait for")."""
 
 
 class SimulatorBug(SimClusterError):

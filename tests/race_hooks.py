@@ -3,8 +3,10 @@ mean, one posting a collective from its ``then`` callback. Loaded as ``tests/rac
 
 * :func:`callback_broadcast_hook` — agrees on "does any rank hold a non-finite gradient?" with a
   *blocking* MAX all_reduce inside the hook, posts the bucket's SUM all_reduce, and in the
-  callback posts ``dist.broadcast(result, src=0, async_op=True)`` "to keep replicas in step",
-  never waited on. With two buckets in flight, a rank whose bucket-0 SUM completes while it is
+  callback posts ``dist.broadcast(result.clone(), src=0, async_op=True)`` "to keep replicas in
+  step", never waited on (of a copy: a broadcast of the bucket itself, left in flight past
+  ``backward()``, is a race of its own, reported first since round 23 of hooks from the wild —
+  tests/test_ddp.py — and these hooks are about the order of collectives). With two buckets in flight, a rank whose bucket-0 SUM completes while it is
   blocked in bucket 1's MAX posts the broadcast first; a rank that got bucket 1's MAX first
   posts bucket 1's SUM first: broadcast meets all_reduce, and a real gloo cluster hangs.
 * :func:`no_callback_collective_hook` — the same hook without the broadcast: every collective
@@ -35,7 +37,7 @@ def _skip_nonfinite_mean(process_group: dist.ProcessGroup | None, bucket: dist.G
     def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         result = fut.value()[0]
         if sync_in_callback:
-            dist.broadcast(result, src=0, group=group, async_op=True)  # never waited on
+            dist.broadcast(result.clone(), src=0, group=group, async_op=True)  # never waited on (a copy: the bucket is not left in flight)
         return result
 
     return future.then(done)

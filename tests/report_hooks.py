@@ -387,7 +387,7 @@ def divides_after_posting(state, bucket):
 def forgets_its_all_reduce(state, bucket):
     """Divides, posts the all_reduce and returns a future it completed itself, never waiting
     for the all_reduce ("fire and forget"): real DDP copies the bucket back before the
-    all_reduce writes, 193-199 times in 200 (docs/ddp-facts.md)."""
+    all_reduce writes, 193-200 times in 200 (docs/ddp-facts.md)."""
     buf = bucket.buffer().div_(dist.get_world_size())
     dist.all_reduce(buf, async_op=True)  # never waited on
     fut = torch.futures.Future()

@@ -342,8 +342,8 @@ def test_a_write_in_flight_by_another_buckets_hook_call_is_named_with_its_line(
     re-run now traces user lines and names the one that wrote, and in which hook call."""
     code, out, data = _check(capsys, tmp_path, "shares_one_staging_buffer", "--backend", "gloo", "--world-sizes", "1,2")
     assert code == 1, out
-    failure = data["failures"][0]
-    assert failure["error_type"] == "InFlightWriteError", out
+    failure = next(f for f in data["failures"] if f["error_type"] == "InFlightWriteError")  # at world 2: a race
+    # (at world 1 no data moves: the shared buffer's damage shows as averages there)
     message = failure["message"]
     posted = re.search(r"in DDP iteration (\d+), bucket (\d+)'s hook call, posted it at " + re.escape(HOOKS)
                        + rf":{_line('fut = dist.all_reduce(view')} ", message)
@@ -1189,7 +1189,8 @@ def test_a_collective_left_in_flight_when_ddp_reads_the_bucket_is_a_contract_fai
     replay = shlex.split(failure["replay"])
     for _ in range(2):
         assert main(replay[1:] + ["--quiet", "--no-database"]) == 1
-        assert "InFlightReadError: DDP's copy-back on rank" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "InFlightReadError: " in out and "copy-back" in out and "read bucket 0" in out, out
 
 
 # --------------------------------------------------------------------------- hints that must not mislead

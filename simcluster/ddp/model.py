@@ -535,6 +535,8 @@ class _Finalize:
         self.error: BaseException | None = None
         self.grads: list[torch.Tensor] | None = None
         self._next = 0  # the bucket to copy next
+        self._left: Any = None
+        """A collective still holding a bucket buffer in flight when ``backward()`` returned (or None)."""
         self._early: list[tuple[int, torch.Tensor, torch.Tensor, Any, Completed | None]] = []
         """(bucket, the tensor DDP read, its values then, the collective that had it in flight, a
         collective on its group posted after it that had completed by then, or None)."""
@@ -581,6 +583,19 @@ class _Finalize:
                 self.error = exc
         kept = ddp._buffers[rank] if ddp.config.gradient_as_bucket_view else {}  # p.grad views them
         self.grads = [_apart_from(p.grad, kept) for p in ddp.params[rank]]
+        if self.error is None:
+            self._note_left_in_flight()
+
+    def _note_left_in_flight(self) -> None:
+        """``backward()`` returns on this rank now: a collective it posted that is still in flight
+        and holds one of DDP's bucket buffers — which DDP fills with the next iteration's
+        gradients while the collective still reads and writes it — is remembered for
+        :meth:`read_too_early` (a group of one rank moves no data: no race)."""
+        buffers = list(self.ddp._buffers[self.rank].values())
+        for call in self._engine.open_calls(self.rank):
+            if call.in_flight is not None and len(call.ranks) > 1 and any(call.in_flight.holds(b) for b in buffers):
+                self._left = call
+                return
 
     def _note_if_in_flight(self, value: torch.Tensor, bucket: int) -> None:
         """If a collective this rank posted, not completed yet, holds ``value``'s memory in
@@ -612,9 +627,11 @@ class _Finalize:
     def read_too_early(self) -> InFlightReadError | None:
         """Once the step has run: the error for the first bucket DDP read while a collective of
         this rank still had its memory in flight, if that memory changed after the read (the
-        collective wrote other values into it: DDP copied the ones from before); else None.
-        A collective that leaves the values as they were (a broadcast from this rank, an
-        all_reduce over one rank) did no harm."""
+        collective wrote other values into it: DDP copied the ones from before) — a collective
+        that leaves the values as they were (a broadcast from this rank, an all_reduce over
+        one rank) did no harm in this step; else, for a collective still holding a bucket
+        buffer when ``backward()`` returned (it mixes into the next step's gradients, whatever
+        values it carries: round 23 of hooks from the wild); else None."""
         for bucket, value, read, call, later in self._early:
             if not bits_equal(value, read):
                 order = ("" if later is None else
@@ -628,10 +645,25 @@ class _Finalize:
                     f"and the collective then wrote other values into it: the future the hook returned completed "
                     f"before that collective did{order}. Real DDP waits on the hook's future only and copies its "
                     "tensor at once, so the gradients get the values from before the collective, different on each "
-                    "rank (how often, measured on gloo for an all_reduce the hook did not wait for: 193-199 of 200 "
+                    "rank (how often, measured on gloo for an all_reduce the hook did not wait for: 193-200 of 200 "
                     "gradients, docs/ddp-facts.md). Return the collective's future (work.get_future()), a then() of "
                     "it, or a future of all of them (torch.futures.collect_all)\n"
                     + "\n".join(posted_at_lines({self.rank: call})))
+        call = self._left
+        if call is not None:
+            read = next((bucket for bucket, _, _, early, _ in self._early if early is call), None)
+            also = ("" if read is None else
+                    f"; DDP's copy-back had read bucket {read} from that memory before the collective wrote it (the "
+                    "values from before it: here the same, which is chance)")
+            return InFlightReadError(
+                f"{call.op}#{call.seq} on {call.channel}, which rank {self.rank} posted, was still in flight when "
+                f"backward() returned on that rank at DDP iteration {self.it} (every future the hook returned had "
+                f"completed and been copied back{also}): it holds one of DDP's bucket buffers, which DDP fills with the "
+                "next iteration's gradients while the collective still reads and writes it, so the next steps' "
+                "gradients and this collective's data mix (measured on gloo, a broadcast of values every rank "
+                "already held, not waited for: 60-184 of 200 gradients wrong over the following steps, docs/ddp-facts.md). Wait for "
+                "every collective the hook posts on the bucket before the future it returns completes\n"
+                + "\n".join(posted_at_lines({self.rank: call})))
         return None
 
 
