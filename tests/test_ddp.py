@@ -952,6 +952,18 @@ def _forgets_its_all_reduce(state, bucket):
     return fut
 
 
+def _raced(hook: Any, backend: str = "gloo") -> InFlightReadError:
+    """What one DDP step of ``hook`` raises at world 2 (a (3,) parameter, ranks holding 1.0 and
+    3.0, posting lines recorded), asserted to be an InFlightReadError; the one-rank run passes,
+    with the rank's own values (a group of one moves no data)."""
+    ddp = SimDDP(SimCluster(2, seed=0, backend=backend, posting_lines=True), hook, [(3,)])
+    with pytest.raises(InFlightReadError) as info:
+        ddp.step([[torch.ones(3)], [torch.full((3,), 3.0)]])
+    alone = SimDDP(SimCluster(1, seed=0, backend=backend), hook, [(3,)])
+    assert alone.step([[torch.full((3,), 2.0)]]).grads[0][0].tolist() == [2.0] * 3
+    return info.value
+
+
 def test_a_collective_the_hooks_future_does_not_wait_for_is_read_before_it_writes() -> None:
     """"Fire and forget": post the all_reduce, return a future completed with the bucket.
     Real DDP copies the bucket back at once, before the all_reduce writes (193-200 times in
@@ -961,16 +973,12 @@ def test_a_collective_the_hooks_future_does_not_wait_for_is_read_before_it_write
     the line that posted it — on both backends; at world 1 the all_reduce changes nothing:
     no failure."""
     for backend in ("gloo", "nccl"):
-        ddp = SimDDP(SimCluster(2, seed=0, backend=backend, posting_lines=True), _forgets_its_all_reduce, [(3,)])
-        with pytest.raises(InFlightReadError) as info:
-            ddp.step([[torch.ones(3)], [torch.full((3,), 3.0)]])
-        message = str(info.value)
+        error = _raced(_forgets_its_all_reduce, backend)
+        message = str(error)
         assert message.startswith("DDP's copy-back on rank 0 read bucket 0's result (float32[3]) at DDP iteration 0 "
                                   "while all_reduce#0 on WORLD, which the rank posted, still had that memory in flight"), message
         assert "in _forgets_its_all_reduce: dist.all_reduce(buf, async_op=True)  # never waited on" in message, message
-        assert any("rank 1 also failed" in note for note in info.value.__notes__)
-    alone = SimDDP(SimCluster(1, seed=0), _forgets_its_all_reduce, [(3,)])
-    assert alone.step([[torch.full((3,), 2.0)]]).grads[0][0].tolist() == [2.0, 2.0, 2.0]
+        assert any("rank 1 also failed" in note for note in error.__notes__)
 
 
 def test_a_broadcast_the_future_does_not_wait_for_changes_what_ddp_read_on_the_others_only() -> None:
@@ -1071,12 +1079,7 @@ def test_a_collective_still_holding_the_bucket_when_backward_returns_is_reported
         fut.set_result(buf)
         return fut
 
-    ddp = SimDDP(SimCluster(2, seed=0, posting_lines=True), hook, [(3,)])
-    with pytest.raises(InFlightReadError) as info:
-        ddp.step([[torch.ones(3)], [torch.full((3,), 3.0)]])
-    message = str(info.value)
+    message = str(_raced(hook))
     assert message.startswith("broadcast#1 on WORLD, which rank 0 posted, was still in flight when backward() returned "
                               "on that rank at DDP iteration 0"), message
     assert "dist.broadcast(buf, src=0, async_op=True)  # never waited on" in message, message
-    alone = SimDDP(SimCluster(1, seed=0), hook, [(3,)])
-    assert alone.step([[torch.full((3,), 2.0)]]).grads[0][0].tolist() == [2.0] * 3
