@@ -537,3 +537,18 @@ def sums_in_float64_then_narrows(state, bucket):
     wide = bucket.buffer().to(torch.float64)
     return dist.all_reduce(wide, async_op=True).get_future().then(
         lambda f: f.value()[0].to(torch.float32).div_(dist.get_world_size()))
+
+
+def joins_the_last_chunk_only(state, bucket):
+    """Halves of the bucket, an all_reduce each, and a future tied to the second only: on gloo
+    the second may complete first, and DDP then copies the bucket while the first still writes."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    futures = [dist.all_reduce(half, async_op=True).get_future() for half in buf.chunk(2)]
+    return futures[-1].then(lambda f: buf)
+
+
+def joins_every_chunk(state, bucket):
+    """The same, joined with collect_all: the future completes once both have."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    futures = [dist.all_reduce(half, async_op=True).get_future() for half in buf.chunk(2)]
+    return torch.futures.collect_all(futures).then(lambda f: buf)

@@ -491,3 +491,15 @@ def test_replicas_agree_compares_parameters_a_hook_updated() -> None:
                for f in apart.failures), apart.format()
     together = check_hook("tests/user_hooks.py:averaged_sgd_step_hook", **QUICK)
     assert not together.failures, together.format()
+
+
+def test_the_late_copy_example_catches_a_join_of_the_last_collective_only() -> None:
+    """Halves all-reduced and a future tied to the second only: the draw met the schedule that
+    shows it (the second completing first, DDP copying before the first) at 100-200 examples
+    (round 23 of hooks from the wild). The late-copy example tries it after every search; the
+    same hook joined with collect_all passes it."""
+    report = check_hook("tests/report_hooks.py:joins_the_last_chunk_only", backends=("gloo",), examples=15,
+                        database=None)
+    assert [f.error_type for f in report.failures] == ["InFlightReadError"], report.format()
+    assert check_hook("tests/report_hooks.py:joins_every_chunk", backends=("gloo",), examples=15,
+                      database=None).passed

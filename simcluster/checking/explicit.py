@@ -29,6 +29,11 @@ so for every seed:
   and rarely repeats one, so that form went unseen in the default 50 examples
   (docs/hooks.md: ``buggy.inflight_shared_compressor``).
 
+* :func:`late_copy_example` — one bucket, the newer of its first two collectives completing
+  first and DDP copying the bucket back before the older: a hook joining only the last of
+  several collectives on its bucket (round 23 of hooks from the wild; the draw needed 100-200
+  examples).
+
 * :func:`nonfinite_examples` — one rank's gradient holding ``inf`` at one element (and,
   in a second example, ``NaN``), every other element finite: what a step of
   mixed-precision training with an overflow hands the hook. No draw produces a
@@ -74,7 +79,8 @@ from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, St
 from simcluster.checking.tolerances import parse_tolerance
 
 __all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "ORDER_VALUES",
-           "SCALAR_SHAPES", "explicit_examples", "edge_example", "race_example", "twins_example",
+           "SCALAR_SHAPES", "NEWEST", "LATE_FIRST", "LATE_SHAPES", "explicit_examples", "edge_example", "race_example",
+           "twins_example", "late_copy_example",
            "nonfinite_examples", "order_example", "scalar_example"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
@@ -130,7 +136,8 @@ step 0 and (DDP's default cap) after the rebuild."""
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
     return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
-                          twins_example(opts, world_sizes, steps), *nonfinite_examples(opts, world_sizes, steps),
+                          twins_example(opts, world_sizes, steps), late_copy_example(opts, world_sizes, steps),
+                          *nonfinite_examples(opts, world_sizes, steps),
                           order_example(opts, world_sizes, steps), scalar_example(opts, world_sizes, steps))
             if ex is not None]
 
@@ -191,6 +198,38 @@ def twins_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Exam
             return None
     world = _smallest_world(world_sizes, 2) or max(world_sizes)
     return _bucket_per_parameter(opts, opts.params or TWIN_SHAPES, world, steps, ())
+
+
+NEWEST = 720719
+"""A choice that is the last of ``n`` options for every ``n`` up to 16: ``lcm(1..16) - 1``
+(a replayed choice past the options is taken modulo their number, ``ChoiceList``)."""
+
+LATE_FIRST: tuple[int, ...] = (NEWEST, 0, NEWEST)
+"""The late-copy example's schedule (then in order): of the ready collectives the newest
+completes; rank 0 sees it first (0, the oldest delivery); then the newest option runs — DDP's
+copy-back of rank 0, which the gloo model lists after the deliveries and ready collectives —
+before the older collectives complete."""
+
+LATE_SHAPES: tuple[tuple[int, ...], ...] = ((8,),)
+"""The late-copy example's parameters when ``--params`` gives none: one bucket of 8 elements."""
+
+
+def late_copy_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """One bucket at the smallest world of 2 or more, under :data:`LATE_FIRST`: a hook that
+    posts two collectives on its bucket (halves) and returns a future tied to the second only
+    gets that one completing first — gloo's two worker threads may finish the
+    group's collectives in either order — and DDP copying the bucket back before the first
+    does. The drawn search needed 100-200 examples to meet this (round 23 of hooks from the
+    wild: a ``then`` of the last chunk's future); a ``wait()`` on the last was found at 15.
+    With three or more, gloo's model starts the third only once a worker of the group's two
+    is free — after an earlier one completed — a longer schedule this example does not take.
+    Small-integer gradients as the race example's; None when no world size is 2 or more."""
+    world = _smallest_world(world_sizes, 2)
+    if world is None:
+        return None
+    shapes = opts.params or LATE_SHAPES
+    layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
+    return _small_ints_example(opts, layout, world, steps, LATE_FIRST)
 
 
 def _bucket_per_parameter(opts: Options, shapes: tuple[tuple[int, ...], ...], world: int, steps: int,
