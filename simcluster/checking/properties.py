@@ -468,13 +468,13 @@ def _overflow_hint(got: float, mean: float, xs: Sequence[float], result_dtype: t
     said so (a float64 sum cast to float32 before the division: round 22 of hooks from the wild)."""
     if math.isfinite(got) or not math.isfinite(mean) or not all(map(math.isfinite, xs)):
         return ""
-    names = [str(result_dtype).removeprefix("torch.")] if carried is None else list(carried)
+    own = str(result_dtype).removeprefix("torch.")
+    names = [own] if carried is None else list(carried)
     floats = sorted((d for d in map(_DTYPE_NAMES.get, names) if d is not None), key=overflow_threshold)
     for dtype in floats:
         cause = overflow_cause(xs, dtype)
         if cause:
             return f"\n({cause})"
-    own = str(result_dtype).removeprefix("torch.")
     if floats and result_dtype.is_floating_point and own not in names \
             and all(overflow_threshold(d) > overflow_threshold(result_dtype) for d in floats):
         cause = overflow_cause(xs, result_dtype)

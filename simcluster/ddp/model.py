@@ -71,7 +71,7 @@ its gradients to None between steps, mixed-device models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -591,22 +591,25 @@ class _Finalize:
         and holds one of DDP's bucket buffers — which DDP fills with the next iteration's
         gradients while the collective still reads and writes it — is remembered for
         :meth:`read_too_early` (a group of one rank moves no data: no race)."""
-        buffers = list(self.ddp._buffers[self.rank].values())
+        self._left = next((call for call in self._holding(self.ddp._buffers[self.rank].values())
+                           if len(call.ranks) > 1), None)
+
+    def _holding(self, tensors: Iterable[torch.Tensor]) -> Iterator[Any]:
+        """This rank's calls not completed yet (oldest first) that hold one of ``tensors``' memory in flight."""
+        tensors = list(tensors)
         for call in self._engine.open_calls(self.rank):
-            if call.in_flight is not None and len(call.ranks) > 1 and any(call.in_flight.holds(b) for b in buffers):
-                self._left = call
-                return
+            if call.in_flight is not None and any(call.in_flight.holds(t) for t in tensors):
+                yield call
 
     def _note_if_in_flight(self, value: torch.Tensor, bucket: int) -> None:
         """If a collective this rank posted, not completed yet, holds ``value``'s memory in
         flight, DDP copies it back now, before the collective writes its result: remember
         what DDP read, for :meth:`read_too_early` to compare once the step has run."""
-        for call in self._engine.open_calls(self.rank):
-            if call.in_flight is not None and call.in_flight.holds(value):
-                later = next((e for e in self._engine.trace.events if isinstance(e, Completed)
-                              and e.group == call.channel and e.seq > call.seq), None)
-                self._early.append((bucket, value, value.clone(), call, later))
-                return
+        call = next(self._holding([value]), None)
+        if call is not None:
+            later = next((e for e in self._engine.trace.events if isinstance(e, Completed)
+                          and e.group == call.channel and e.seq > call.seq), None)
+            self._early.append((bucket, value, value.clone(), call, later))
 
     def _note_writes_in_flight(self, value: torch.Tensor, params: list[torch.nn.Parameter], bucket: int) -> None:
         """With ``gradient_as_bucket_view`` each ``p.grad`` is a view of the bucket's buffer, and
@@ -617,8 +620,8 @@ class _Finalize:
             return
         storage = value.untyped_storage().data_ptr()
         targets = [p.grad for p in params if p.grad is not None and p.grad.untyped_storage().data_ptr() != storage]
-        for call in self._engine.open_calls(self.rank) if targets else ():
-            if call.in_flight is not None and not call.written_by and any(call.in_flight.holds(t) for t in targets):
+        for call in self._holding(targets):
+            if not call.written_by:
                 call.written_by = (f"DDP's copy-back wrote bucket {bucket}'s result into p.grad at DDP iteration "
                                    f"{self.it} — with gradient_as_bucket_view p.grad is a view of the bucket's "
                                    "buffer, which this collective still had in flight: the future the hook returned "

@@ -204,15 +204,11 @@ def written_in_flight(inst: Instance) -> InFlightWriteError | None:
     each rank" was no longer true)."""
     writers: list[int] = []
     told: tuple[str, str] | None = None  # the first writer's tensor, in words, and the caveat
-    if len(inst.ranks) < 2:  # a group of one rank moves no data: nothing to race with (round 23 of hooks from the wild)
-        for rank in inst.ranks:
-            if inst.calls[rank].in_flight is not None:
-                inst.calls[rank].in_flight.written()  # lets go of what it kept
-        return None
+    moves_data = len(inst.ranks) > 1  # a group of one rank does not: nothing to race with (round 23 of hooks from the wild)
     for rank in inst.ranks:
         in_flight = inst.calls[rank].in_flight
-        written = in_flight.written() if in_flight is not None else None
-        if written is not None:
+        written = in_flight.written() if in_flight is not None else None  # asked always: it lets go of its copies
+        if written is not None and moves_data:
             writers.append(rank)
             told = told or written
     if told is None:
