@@ -21,8 +21,8 @@ Both end in :func:`_serve`, the rank's life:
    ``sys.path``, restore the saved RNG state (so every job sees what a fresh process
    would), resolve ``name`` (:func:`resolve_target`; ``__main__`` targets load the
    parent's script by path), call ``fn(rank, world_size, payload)``, send ``returned``,
-   pickle the result, ``gc.collect()``, pass a closing ``dist.barrier()``, send
-   ``("result", rank, bytes)``.
+   pickle the result, ``gc.collect()``, pass the closing rendezvous (:func:`_closing_sync`),
+   send ``("result", rank, bytes)``.
 3. Leave with ``os._exit`` (:func:`_leave`): after the only job when not persistent
    (code 0), when the parent closes the pipe (0), after any exception — reported first as
    ``("error", rank, traceback text)`` naming the phase it failed in (1) — or when a
@@ -129,7 +129,7 @@ def _serve(rank: int, world_size: int, store_path: str, conn: mpc.Connection,
             del result
             phase = "the closing barrier"
             gc.collect()
-            dist.barrier()
+            _closing_sync(dist, torch, world_size)
             conn.send(("result", rank, data))
             if not persistent:
                 _leave(0)
@@ -140,6 +140,24 @@ def _serve(rank: int, world_size: int, store_path: str, conn: mpc.Connection,
         except (OSError, ValueError):
             pass
         _leave(1)
+
+
+def _closing_sync(dist: Any, torch: Any, world_size: int) -> None:
+    """Return once every rank's job has returned: a one-element all_reduce, not ``dist.barrier()``.
+
+    gloo's barrier first waits on every work its worker threads still hold and re-raises the
+    first one's error, and a worker lets go of a failed work only a moment after ``wait()``
+    has raised in the job: a job that caught an error from a collective (an op gloo refuses
+    for the dtype, say) failed the closing barrier in 1 of 23-74 trials, and the group was
+    broken after it (docs/gloo-facts.md, "A barrier re-raises"). An all_reduce waits for no
+    earlier work; like the barrier it hangs until gloo's timeout when a peer never gets here,
+    and a sum other than the world size says the job left collectives unmatched.
+    """
+    arrived = torch.ones(1, dtype=torch.int64)
+    dist.all_reduce(arrived)
+    if int(arrived) != world_size:
+        raise RuntimeError(f"the closing all_reduce summed to {int(arrived)}, not the world size {world_size}: "
+                           "the job left collectives unmatched across ranks")
 
 
 def _child_target(name: str, main_path: str | None) -> Callable[..., Any]:
