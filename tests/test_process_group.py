@@ -726,6 +726,42 @@ def test_gloo_barrier_completes_after_the_groups_earlier_work_and_its_callbacks(
         assert result.values == [(True, True)] * 3
 
 
+def _barrier_behind_a_refused_all_reduce(rank: int, waits: bool) -> str:
+    """An all_reduce gloo refuses at wait() (BAND on floats), waited on (error caught) or not,
+    then a barrier: what the barrier did on this rank."""
+    work = dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND, async_op=True)
+    if waits:
+        with pytest.raises(RuntimeError, match="BAND"):
+            work.wait()
+    try:
+        dist.barrier()
+    except RuntimeError as exc:
+        return f"RuntimeError: {exc}"  # the real backend's type (simcluster's BackendError is one)
+    return "passed"
+
+
+@pytest.mark.parametrize("schedule", ["in_order", "reverse", "random"])
+def test_a_gloo_barrier_re_raises_the_error_of_a_failed_collective_it_waited_for(schedule: str) -> None:
+    """Measured (torch 2.13, 2 real gloo ranks, benchmarks/measure_barrier_reraise.py): a
+    barrier posted behind an unwaited all_reduce that gloo refuses at ``wait()`` raises that
+    all_reduce's error, at once, every run. The model passed the barrier."""
+    for seed in range(3):
+        result = SimCluster(2, seed=seed, backend="gloo", schedule=schedule).run(
+            lambda rank: _barrier_behind_a_refused_all_reduce(rank, waits=False))
+        assert result.values == ["RuntimeError: Cannot use ReduceOp.BAND with non-integral dtype"] * 2
+    rendered = result.trace.format()
+    assert ("barrier #1 on WORLD FAILS on ranks 0, 1: Cannot use ReduceOp.BAND with non-integral dtype "
+            "(the error of all_reduce#0 on WORLD, which the barrier waited for)") in rendered
+    assert "all_reduce #0 on WORLD FAILS on every rank" in rendered
+
+
+def test_a_gloo_barrier_after_a_failed_collective_was_waited_on_passes() -> None:
+    """Once the failed work is finished (its wait() raised) the simulated barrier passes. Real
+    gloo re-raises there too for a moment (1 trial in 3-75, measured): timing, not modelled."""
+    result = SimCluster(2, seed=0, backend="gloo").run(lambda rank: _barrier_behind_a_refused_all_reduce(rank, waits=True))
+    assert result.values == ["passed", "passed"]
+
+
 def test_a_gloo_barrier_called_inside_an_earlier_collectives_callback_deadlocks() -> None:
     """Measured: real gloo hangs (both ranks, past the group's 8 s timeout) when a then-callback
     running on the worker that ran an all_reduce calls ``dist.barrier()`` — the barrier waits

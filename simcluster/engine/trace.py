@@ -64,14 +64,16 @@ class Completed:
 
 @dataclass(frozen=True)
 class Failed:
-    """The collective just completed failed on every rank (its futures hold ``error``):
-    a backend rejecting the call at ``wait()``, as gloo does ``PREMUL_SUM`` and bitwise
-    ops on floats."""
+    """The collective just completed failed (its futures hold ``error``): on every rank
+    when a backend rejects the call at ``wait()``, as gloo does ``PREMUL_SUM`` and bitwise
+    ops on floats; on ``ranks`` only when a gloo barrier re-raises the error of a failed
+    collective it waited for there."""
 
     op: str
     group: str
     seq: int
     error: str
+    ranks: tuple[int, ...] = ()  # () : every rank
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,8 @@ class Trace:
                 pick = f" (picked {e.choice} of {e.options} ready)" if e.options > 1 else ""
                 lines.append(f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)}{pick}")
             elif isinstance(e, Failed):
-                lines.append(f"         {e.op} #{e.seq} on {e.group} FAILS on every rank: {e.error}")
+                where = f"on rank{'s' if len(e.ranks) > 1 else ''} {', '.join(map(str, e.ranks))}" if e.ranks else "on every rank"
+                lines.append(f"         {e.op} #{e.seq} on {e.group} FAILS {where}: {e.error}")
             elif isinstance(e, Wrapped):
                 lines.append(f"         {e.op} #{e.seq} on {e.group}: the {e.dtype} SUM WRAPS AROUND in {e.elements} "
                              f"element{'s' if e.elements > 1 else ''}, e.g. {e.example} (integer adds wrap silently)")

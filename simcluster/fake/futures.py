@@ -405,6 +405,14 @@ class DoneFlag:
     def done(self) -> bool:
         return self._complete
 
+    def failure(self) -> tuple[str, BaseException] | None:
+        """``(label of the work's future, the error its wait() raises)`` when the work failed
+        (a collective the backend refused at ``wait()``), else None. A gloo barrier posted
+        while this work was unfinished re-raises that error (measured, docs/gloo-facts.md)."""
+        if not self._future.errored:
+            return None
+        return self._future.label, _exception_of(self._future)  # type: ignore[return-value] - errored: one exists
+
     def set(self) -> None:
         with _GUARD:
             self._complete = True

@@ -685,8 +685,10 @@ class SimProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> SimWork:
+        runtime = self._runtime
+
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            return {r: ([], None) for r in calls}
+            return _barrier_outcomes(calls, runtime.engine.trace)
 
         return self._post("barrier", None, (), compute, None)
 
@@ -787,6 +789,31 @@ def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: tor
     wrapped = collectives.integer_wrap(inputs, result)
     if wrapped is not None:
         trace.log((Wrapped, (call.op, call.channel, call.seq, call.dtype, *wrapped)))
+
+
+def _barrier_outcomes(calls: dict[int, Call], trace: Trace) -> dict[int, Any]:
+    """Each rank's ``(value, exception)`` of a barrier: ``([], None)``, except that a gloo
+    barrier first waits for the work it was posted behind (``Call.after``) and re-raises the
+    error of the first one that failed, on that rank (measured: a barrier posted behind an
+    all_reduce gloo refuses at ``wait()`` raises that all_reduce's error, docs/gloo-facts.md
+    "A barrier re-raises"). The trace gets a :class:`~simcluster.engine.trace.Failed`
+    naming the ranks and the collective whose error it was."""
+    out: dict[int, Any] = {}
+    failed: dict[int, str] = {}
+    for r, call in calls.items():
+        failure = next((f for f in map(DoneFlag.failure, call.after) if f is not None), None)
+        if failure is None:
+            out[r] = ([], None)
+            continue
+        label, error = failure
+        again = BackendError(str(error))  # a RuntimeError with the same message, as gloo re-raises it
+        again.simcluster_frames = getattr(error, "simcluster_frames", None)  # type: ignore[attr-defined] - the posting line
+        out[r] = (None, again)
+        failed[r] = f"{error} (the error of {label}, which the barrier waited for)"
+    if failed:
+        first = next(iter(calls.values()))
+        trace.log((Failed, (first.op, first.channel, first.seq, next(iter(failed.values())), tuple(failed))))
+    return out
 
 
 def _rejected(error: str, frames: list[Frame], trace: Trace) -> Callable[[dict[int, Call]], dict[int, Any]]:
