@@ -117,14 +117,24 @@ class HookContractError(HookFailure):
     """The hook's result breaks what DDP accepts (not a Future, a list, too short, …)."""
 
 
-class InFlightWriteError(HookContractError):
+class _Race(HookContractError):
+    """A failure that is a race on a real cluster: ``race`` says what raced in one clause
+    (``rank 1 wrote to a tensor that all_reduce#0 on WORLD had in flight (float32[8])``),
+    which ``simcluster e2e`` quotes as why a real run is one draw of it."""
+
+    def __init__(self, message: str, race: str = "") -> None:  # race: a default, so a pickled copy rebuilds
+        super().__init__(message)
+        self.race = race or first_line(self)
+
+
+class InFlightWriteError(_Race):
     """Rank code wrote to a tensor a collective had in flight: after posting it, before it
     completed. On a real backend the collective reads and writes that memory meanwhile, so
     the result mixes values from before and after the write, differently on each rank
     and each run (``docs/gloo-facts.md`` §14)."""
 
 
-class InFlightReadError(HookContractError):
+class InFlightReadError(_Race):
     """DDP used memory a collective the rank posted still had in flight: its copy-back read a
     bucket's result before the collective wrote it, or ``backward()`` returned with the
     collective still holding a bucket's buffer, which DDP refills at the next iteration. The

@@ -641,32 +641,34 @@ class _Finalize:
                          f" ({later.op}#{later.seq} on {later.group}, posted after it, had completed: gloo runs a "
                          "group's collectives on 2 worker threads, and one posted later may complete first — waiting "
                          "on it does not wait for the one before)")
+                read_at = (f"DDP's copy-back on rank {self.rank} read bucket {bucket}'s result "
+                           f"({str(value.dtype).removeprefix('torch.')}{list(value.shape)}) at DDP iteration {self.it} "
+                           f"while {call.op}#{call.seq} on {call.channel}")
                 return InFlightReadError(
-                    f"DDP's copy-back on rank {self.rank} read bucket {bucket}'s result "
-                    f"({str(value.dtype).removeprefix('torch.')}{list(value.shape)}) at DDP iteration {self.it} while "
-                    f"{call.op}#{call.seq} on {call.channel}, which the rank posted, still had that memory in flight, "
+                    f"{read_at}, which the rank posted, still had that memory in flight, "
                     f"and the collective then wrote other values into it: the future the hook returned completed "
                     f"before that collective did{order}. Real DDP waits on the hook's future only and copies its "
                     "tensor at once, so the gradients get the values from before the collective, different on each "
                     "rank (how often, measured on gloo for an all_reduce the hook did not wait for: 193-200 of 200 "
                     "gradients, docs/ddp-facts.md). Return the collective's future (work.get_future()), a then() of "
                     "it, or a future of all of them (torch.futures.collect_all)\n"
-                    + "\n".join(posted_at_lines({self.rank: call})))
+                    + "\n".join(posted_at_lines({self.rank: call})), f"{read_at} still had it in flight")
         call = self._left
         if call is not None:
             read = next((bucket for bucket, _, _, early, _ in self._early if early is call), None)
             also = ("" if read is None else
                     f"; DDP's copy-back had read bucket {read} from that memory before the collective wrote it (the "
                     "values from before it: here the same, which is chance)")
+            left = (f"{call.op}#{call.seq} on {call.channel}, which rank {self.rank} posted, was still in flight when "
+                    f"backward() returned on that rank at DDP iteration {self.it}")
             return InFlightReadError(
-                f"{call.op}#{call.seq} on {call.channel}, which rank {self.rank} posted, was still in flight when "
-                f"backward() returned on that rank at DDP iteration {self.it} (every future the hook returned had "
+                f"{left} (every future the hook returned had "
                 f"completed and been copied back{also}): it holds one of DDP's bucket buffers, which DDP fills with the "
                 "next iteration's gradients while the collective still reads and writes it, so the next steps' "
                 "gradients and this collective's data mix (measured on gloo, a broadcast of values every rank "
                 "already held, not waited for: 60-184 of 200 gradients wrong over the following steps, docs/ddp-facts.md). Wait for "
                 "every collective the hook posts on the bucket before the future it returns completes\n"
-                + "\n".join(posted_at_lines({self.rank: call})))
+                + "\n".join(posted_at_lines({self.rank: call})), left)
         return None
 
 

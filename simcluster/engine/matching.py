@@ -216,16 +216,16 @@ def written_in_flight(inst: Instance) -> InFlightWriteError | None:
     call = inst.calls[writers[0]]
     what, caveat = told
     who = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {rank_list(writers)}"
+    race = f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} had in flight ({what})"
     return InFlightWriteError(
-        f"{who} wrote to a tensor that {call.op}#{inst.seq} on {inst.channel} had in flight ({what}): after posting "
-        "it, before it completed (the rank's code wrote it, or another collective of the rank wrote its result into "
+        f"{race}: after posting it, before it completed (the rank's code wrote it, or another collective of the rank wrote its result into "
         f"the same memory){caveat}. On a real backend the collective "
         "reads and writes that memory meanwhile (gloo: on its worker thread), so the result mixes values from before "
         "and after the write, differently on each rank and each run (measured on gloo, an in-place division right "
         "after posting an all_reduce: 165 of 300 results wrong at world 2, the ranks disagreeing in 108; "
         "docs/gloo-facts.md §14). Write to it only once the work completed (work.wait(), or in a then() callback), "
         "or post a copy\n" + "\n".join(posted_at_lines({r: inst.calls[r] for r in writers})
-                                        + written_at_lines({r: inst.calls[r] for r in writers})))
+                                        + written_at_lines({r: inst.calls[r] for r in writers})), race)
 
 
 def written_at_lines(calls: dict[int, Call], indent: str = "    ") -> list[str]:

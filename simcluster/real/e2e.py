@@ -984,15 +984,11 @@ def run_model(scenario: Scenario, hook: Callable[..., Any], state: Any, *, backe
         except Exception as exc:  # noqa: BLE001 - the hook's (or the model's) failure is the outcome
             side.failure = _sim_failure(exc, calls)
             if isinstance(exc, InFlightWriteError):
-                side.timing = ("the hook writes to a tensor a collective has in flight ("
-                               f"{first_line(exc).split(': after posting')[0]}"
-                               "): a race on a real cluster (docs/gloo-facts.md §14)")
+                side.timing = f"the hook writes to a tensor a collective has in flight ({exc.race}): a race on a real " \
+                              "cluster (docs/gloo-facts.md §14)"
             elif isinstance(exc, InFlightReadError):  # read before the collective wrote, or left in flight past backward()
-                said = first_line(exc)
-                said = (said.split(", which the rank posted")[0] + " still had it in flight"
-                        if ", which the rank posted" in said else said.split(" (every future")[0])
-                side.timing = (f"{said}: a race on a real cluster (docs/ddp-facts.md, \"A collective the hook's future "
-                               "does not wait for\")")
+                side.timing = (f"{exc.race}: a race on a real cluster (docs/ddp-facts.md, \"A collective the hook's "
+                               "future does not wait for\")")
             break
         poll = next(iter(result.trace.of(Polled)), None)
         if poll is not None and not side.polled:
