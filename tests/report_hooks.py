@@ -125,6 +125,22 @@ def broadcasts_from_callbacks(state, bucket):
     return result
 
 
+_NOISE = torch.Generator().manual_seed(7)  # seeded alike in every rank's copy of this module
+
+
+def draws_noise_in_completion_order(state, bucket):
+    """Adds noise drawn from a generator seeded alike on every rank — in the all_reduce's
+    callback, so in each rank's completion order: with several buckets, the ranks may hand
+    the same draw to different buckets."""
+    t = bucket.buffer().div_(dist.get_world_size())
+
+    def add_noise(f):
+        mean = f.value()[0]
+        return mean.add_(torch.randn(mean.shape, generator=_NOISE))
+
+    return dist.all_reduce(t, async_op=True).get_future().then(add_noise)
+
+
 def adds_its_rank(state, bucket):
     """Replicas disagree whatever the schedule."""
     t = bucket.buffer().div_(dist.get_world_size())

@@ -113,8 +113,9 @@ def test_score_counts_cover_the_catalogue() -> None:
 def trigger(entry: CatalogueEntry) -> Example:
     """An example with what ``entry.needs``: 3 parameters of 8 elements and a 16-byte cap
     (3 buckets in flight after the rebuild, at steps 1 and 2), ranks with different
-    values, a non-trivial completion schedule, new values each step (``nonfinite_rank``:
-    the last rank's element 3 is inf)."""
+    values, a non-trivial completion schedule (the third option, wrapped: a paused rank goes
+    on to its next bucket, then the newest of three ready collectives completes first), new
+    values each step (``nonfinite_rank``: the last rank's element 3 is inf)."""
     values = {"fp16": "float16", "bf16": "bfloat16"}.get(entry.tolerance, "float32")
     if entry.tolerance == "none":
         values = "float16"  # the error-feedback domain
@@ -129,7 +130,7 @@ def trigger(entry: CatalogueEntry) -> Example:
                   for r in range(world))
     shifts = (0, 0) if "repeated_grads" in entry.needs else (7, 11)
     layout = Layout(((8,), (8,), (8,)), 16 / 2**20, (2, 1, 0))
-    return Example(world, layout, StepSpec(ranks), shifts, (1,) * 16, "float32", values, False, subgroups)
+    return Example(world, layout, StepSpec(ranks), shifts, (2,) * 16, "float32", values, False, subgroups)
 
 
 def _explicit(world: int, shapes: tuple[tuple[int, ...], ...], value: float, values: str = "float32") -> Example:

@@ -173,16 +173,17 @@ def test_schedule_independence_catches_noise_drawn_in_completion_order() -> None
     grads = randn(2, (4,), (4,))
     steps = [grads, grads]  # step 1 has two buckets (cap 16 B) in flight
     in_order = run(buggy.dp_noise_shared_generator, steps, state=buggy.NoiseState, cap_bytes=16)
-    # step 0 in order, then choice 1 at step 1's first point, with two ready: bucket 1's
-    # all_reduce completes first (the choices of step 0 counted, not assumed: each pick of
-    # the copy-back's moment is one, since round 22 of hooks from the wild)
+    # step 0 in order; at step 1 rank 1's backward() goes on to bucket 1 (choice 0: bucket 0's
+    # all_reduce was ready when it paused, round 24 of hooks from the wild), then choice 1 with
+    # two ready: bucket 1's all_reduce completes first (the choices of step 0 counted, not
+    # assumed: each pick of the copy-back's moment is one, since round 22)
     step_0 = [0] * len(in_order[0].schedule)
     swapped = run(buggy.dp_noise_shared_generator, steps, state=buggy.NoiseState, cap_bytes=16,
-                  schedule=step_0 + [1, 1, 1, 1])
+                  schedule=step_0 + [0, 1, 1, 1, 1])
     msg = P.schedule_independence([r.grads for r in swapped], [r.grads for r in in_order])
     assert msg is not None and "step 1" in msg
     ok_a = run(reference.mean_allreduce_hook, steps, cap_bytes=16)
-    ok_b = run(reference.mean_allreduce_hook, steps, cap_bytes=16, schedule=step_0 + [1, 1, 1, 1])
+    ok_b = run(reference.mean_allreduce_hook, steps, cap_bytes=16, schedule=step_0 + [0, 1, 1, 1, 1])
     assert P.schedule_independence([r.grads for r in ok_a], [r.grads for r in ok_b]) is None
 
 

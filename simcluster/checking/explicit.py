@@ -84,13 +84,14 @@ __all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINI
            "nonfinite_examples", "order_example", "scalar_example"]
 
 RANKS_DISAGREE: tuple[int, ...] = (1,) * 256
-"""The race example's schedule: the second-oldest option at every real choice (in order
-after 256 choices). On the gloo model the options are the per-rank deliveries of completed
-collectives (oldest first), then the ready collectives; taking the second each time
-delivers a collective to rank 1 before rank 0, and then the *next* collective to rank 0
-before the first one: the ranks see completions in different orders, so callbacks run at
-different points of their programs. (Always-newest, ``reverse``, delivers to every rank in
-the same order.) The NCCL model completes each group's collectives in issue order and
+"""The race example's schedule: the second option at every real choice (in order after 256
+choices). On the gloo model the options are a rank's backward pass paused between two hook
+calls (going on: option 0), the per-rank deliveries of completed collectives (oldest first),
+then the ready collectives; taking the second each time completes a bucket's collective
+before the paused rank's next hook call, delivers a collective to one rank before another,
+and then the *next* collective to the other before the first one: the ranks see completions
+in different orders, so callbacks run at different points of their programs. (Always-newest,
+``reverse``, delivers to every rank in the same order.) The NCCL model completes each group's collectives in issue order and
 delivers to every rank at once, so there it only picks which group's collective completes
 next (a race between groups, when the hook uses several)."""
 

@@ -419,9 +419,10 @@ def order_hint(opts: Options, violation: Violation) -> str:
     if polls:
         return ("\n(with every collective completing in order and every first poll looking at once this step passes; "
                 f"{polls})")
-    return ("\n(with every collective completing in order this step passes: the result depends on the order in "
-            "which collectives complete — e.g. collectives posted from callbacks, which run in completion order, "
-            "pair up differently on different ranks, or callbacks share state)")
+    return ("\n(with every collective completing in order this step passes — every rank calling the hook for all "
+            "its buckets first: the result depends on the order in which collectives complete, and on whether their "
+            "callbacks ran before a rank's next hook call — e.g. collectives posted from callbacks, which run in "
+            "completion order, pair up differently on different ranks, or callbacks share state)")
 
 
 def _late_polls(trace: Any) -> str:

@@ -15,9 +15,13 @@ One :meth:`SimDDP.step` is what one ``loss.backward()`` under
    the last step) and calls ``hook(state, bucket)`` for every bucket in index order, once
    that bucket and every lower one are ready, ``is_last()`` only on the highest index —
    so a hook sees ``p.grad`` None for a gradient not ready yet, as in real DDP (measured:
-   ``benchmarks/measure_gloo_facts.py census``). Every rank calls *all* its hooks before
-   any collective completes — several buckets in flight, as in a backward pass that
-   outruns the network — then the scheduler completes them in its (seeded) order.
+   ``benchmarks/measure_gloo_facts.py census``). Under the in-order schedule every rank
+   calls *all* its hooks before any collective completes — several buckets in flight, as
+   in a backward pass that outruns the network — then the scheduler completes them in its
+   (seeded) order. On the gloo model other schedules let a collective complete, and its
+   callbacks run, between two hook calls of a rank (its backward pass pauses where
+   something else could happen: ``Engine.go_on_later``), as gloo's worker does while the
+   autograd thread goes on; the NCCL model never does.
 3. **Copy-back.** At the end of ``backward()`` DDP's reducer waits on each bucket's
    future in turn and copies what it holds into ``p.grad`` (:class:`_Finalize`) — at once
    for a future already complete, before any collective completes; for a pending one, once
@@ -61,9 +65,9 @@ inside the first step, and kept across steps, as DDP keeps it. Like DDP's constr
 
 Differs from real DDP: the gradients are inputs (no autograd, no forward); the
 ready order is one fixed permutation (``DDPConfig.ready_order``); a failed step leaves
-the simulation usable (real DDP's next iteration fails inside the reducer); the hooks
-of a step all run before any collective completes (on real gloo a collective may finish
-while later hooks run: timing); then-callbacks run on the rank's own
+the simulation usable (real DDP's next iteration fails inside the reducer); on the NCCL
+model the hooks of a step all run before any collective completes (on a GPU a collective
+may finish while later hooks run: timing not measured here); then-callbacks run on the rank's own
 thread (gloo's run on its worker threads); not modelled: unused parameters' gradients,
 ``no_sync``, sparse gradients, the ``set_grads_to_none`` path, a loop that does not zero
 its gradients to None between steps, mixed-device models.
@@ -338,7 +342,7 @@ class SimDDP:
         bucket_api = "legacy" if self.config.api == "legacy" else "current"
 
         def rank_fn(rank: int) -> None:
-            finals[rank] = self._backward_on_rank(rank, it, calls, local[rank], futures[rank], bucket_api=bucket_api)
+            self._backward_on_rank(rank, it, calls, local[rank], futures[rank], finals, bucket_api=bucket_api)
 
         try:
             result = self.cluster.run(rank_fn)
@@ -367,13 +371,21 @@ class SimDDP:
         return [[p.detach().clone() for p in ps] for ps in self.params]
 
     def _backward_on_rank(self, rank: int, it: int, calls: list[BucketCall], local: list[torch.Tensor],
-                          futures: list[Any], *, bucket_api: str) -> "_Finalize":
+                          futures: list[Any], finals: "list[_Finalize | None]", *, bucket_api: str) -> None:
         """Rank ``rank``'s part of one backward pass: set up its state on first use, let the
         gradients become ready in the ready order and call the hook for each bucket once it
         is ready (``futures`` gets what each call returned), then start DDP's
-        ``finalize_backward`` on them (:class:`_Finalize`), which copies each bucket's result
-        back once its future completes. ``bucket_api`` (the buckets' API) is the same for
-        every rank: :meth:`step` works it out once per backward."""
+        ``finalize_backward`` on them (:class:`_Finalize`, put in ``finals[rank]``), which
+        copies each bucket's result back once its future completes. ``bucket_api`` (the
+        buckets' API) is the same for every rank: :meth:`step` works it out once per backward.
+
+        Between two hook calls the rank pauses where completions may come first
+        (:meth:`~simcluster.engine.inline.Engine.go_on_later`): on a real rank the autograd
+        thread launches bucket k+1 while gloo's worker may already have completed bucket k's
+        collective and run its callbacks — state those callbacks change is then seen by the
+        next hook call on some ranks and not on others (round 24 of hooks from the wild: a
+        counter advanced in callbacks picked each bucket's dtype, and real gloo aborted on
+        the mismatched sizes; the model, calling every hook before any completion, missed it)."""
         if self.groups[rank] is None:
             self._init_rank(rank)
         state, params = self.states[rank], self.params[rank]
@@ -383,28 +395,42 @@ class SimDDP:
         for p in params:  # the training loop's zero_grad(set_to_none=True), torch's default
             p.grad = None
         ready = _ReadyGradients(self, rank, calls, local, bucket_api)
-        for pos, call in enumerate(calls):
-            bucket = ready.launch(pos)
-            where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
-            if self.on_hook_call is not None:
-                self.on_hook_call(rank, it, call.index)
-            engine = self.cluster.engine
-            if engine is not None and engine.posting_lines:  # a reported run: posts say which hook call made them
-                engine.doing[rank] = f"in DDP iteration {it}, bucket {call.index}'s hook call"
-            try:
-                future = call_hook(self.hook, state, bucket)
-            except Exception as exc:
-                add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
-                if (launcher := launcher_environment_note(exc)) is not None:
-                    add_context_note(exc, launcher)
-                raise
-            if engine is not None and engine.posting_lines:
-                engine.doing.pop(rank, None)
-            check_future(future, self.hook, rank, where, self.config.api)
-            futures.append(future)
-        finalize = _Finalize(self, rank, it, calls, futures)
-        finalize.run()
-        return finalize
+
+        def launch(start: int) -> None:
+            """The hook calls from bucket position ``start`` on, then the finalize."""
+            for pos in range(start, len(calls)):
+                engine = self.cluster.engine
+                if pos > start and engine is not None and engine.go_on_later(
+                        rank, lambda pos=pos: launch(pos), f"rank {rank}'s code"):
+                    return
+                futures.append(self._call_hook(rank, it, calls, pos, ready.launch(pos), state))
+            finalize = _Finalize(self, rank, it, calls, futures)
+            finals[rank] = finalize
+            finalize.run()
+
+        launch(0)
+
+    def _call_hook(self, rank: int, it: int, calls: list[BucketCall], pos: int, bucket: SimGradBucket,
+                   state: Any) -> Any:
+        """Call the hook for bucket position ``pos`` on ``rank`` and check what it returned."""
+        call = calls[pos]
+        where = f"DDP iteration {it}, bucket {call.index} (hook call {pos + 1} of {len(calls)})"
+        if self.on_hook_call is not None:
+            self.on_hook_call(rank, it, call.index)
+        engine = self.cluster.engine
+        if engine is not None and engine.posting_lines:  # a reported run: posts say which hook call made them
+            engine.doing[rank] = f"in DDP iteration {it}, bucket {call.index}'s hook call"
+        try:
+            future = call_hook(self.hook, state, bucket)
+        except Exception as exc:
+            add_context_note(exc, f"simcluster: raised by hook {callable_name(self.hook)} on rank {rank}, {where}")
+            if (launcher := launcher_environment_note(exc)) is not None:
+                add_context_note(exc, launcher)
+            raise
+        if engine is not None and engine.posting_lines:
+            engine.doing.pop(rank, None)
+        check_future(future, self.hook, rank, where, self.config.api)
+        return future
 
     def _buffer_generation(self) -> int | None:
         """The first iteration whose buckets get new buffers: the rebuild's (measured: the

@@ -151,7 +151,7 @@ class Engine:
     # its dict past the shared-keys size on each construction (~1 µs: docs/speed.md).
     __slots__ = (
         "scheduler", "trace", "choices", "_replay", "_switch", "_workers_per_channel", "_worker_name",
-        "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_later", "_finished_seq",
+        "_worker_names", "_stuck_timeout", "_runnable", "_matcher", "_ready", "_deliveries", "_later", "_soon", "_finished_seq",
         "_fifo", "_per_rank_delivery", "_workers", "_parked", "_expected", "_expected_count", "_current",
         "_rank", "_where", "_steps", "_fatal", "_aborting", "_done", "failures", "deadlock", "running",
         "_stop", "_dead", "_guard", "_owned", "_pool", "started_threads", "foreign_calls", "posting_lines", "doing",
@@ -201,6 +201,7 @@ class Engine:
         self._ready: list[Instance] = []
         self._deliveries: list[_Task] = []
         self._later: list[_Task] = []  # rank code to run when the scheduler picks it (run_later), oldest first
+        self._soon: list[_Task] = []  # rank code paused where completions may come first (go_on_later), oldest first
         self._finished_seq: dict[str, int] = {}
         self._fifo = fifo_per_channel
         self._per_rank_delivery = per_rank_delivery
@@ -252,6 +253,24 @@ class Engine:
         GPU is not measured here, runs it once nothing else can happen, with no choice — as
         it always copied back, and with the same choices as before."""
         self._later.append(_Task(rank, fn, label, f"rank {rank}"))
+
+    def go_on_later(self, rank: int, fn: Callable[[], None], label: str) -> bool:
+        """Pause rank ``rank``'s code here, to go on with ``fn`` when the scheduler picks it, if
+        anything else could happen meanwhile: True then (the caller returns at once), False
+        when nothing could (the caller goes on itself; no choice is made).
+
+        What a rank's own thread does while the backend's completions run alongside it: DDP's
+        autograd thread launches the next bucket's hook while a gloo worker completes an
+        earlier bucket's collective and runs its callbacks (:class:`~simcluster.ddp.model.SimDDP`).
+        The paused code is the *first* option of the next pick, so the in-order schedule
+        (choice 0) goes on at once, as if the rank had not paused; other schedules let
+        deliveries and completions — their callbacks included — come first. Only where each
+        rank sees completions at its own moment (``per_rank_delivery``: the gloo model); the
+        NCCL model's timing on a GPU is not measured here, and it goes on with no choice."""
+        if not self._per_rank_delivery or not (self._deliveries or self._ready or self._later):
+            return False
+        self._soon.append(_Task(rank, fn, label, f"rank {rank}"))
+        return True
 
     def run(self) -> None:
         """Drive until every task finished and every collective completed.
@@ -526,27 +545,32 @@ class Engine:
         return choice
 
     def _complete_one(self) -> bool:
-        """Make one scheduled step: deliver a computed result to one rank, or complete
-        (compute) one ready collective. Options: pending deliveries first (oldest
-        first), then eligible ready collectives (oldest first) — so choice 0 always
+        """Make one scheduled step: go on with a paused rank's code, deliver a computed result
+        to one rank, or complete (compute) one ready collective. Options: paused rank code
+        first (:meth:`go_on_later`), then pending deliveries (oldest first), then eligible
+        ready collectives (oldest first), then :meth:`run_later` tasks — so choice 0 always
         continues what is under way and the all-zero schedule is in-order."""
         eligible = self._eligible() if self._fifo else self._ready
         later = self._later if self._per_rank_delivery else ()
-        options = len(self._deliveries) + len(eligible) + len(later)
+        paused = len(self._soon)
+        options = paused + len(self._deliveries) + len(eligible) + len(later)
         if options == 0:
             if self._later:  # NCCL model: once nothing else can happen, and no choice (see run_later)
                 self._runnable.append(self._later.pop(0))
                 return True
             return False
         choice = self._choose(options)
-        delivering = len(self._deliveries)
+        if choice < paused:  # run at once, as deliveries: _runnable is empty
+            self._run_task(self._soon.pop(choice))
+            return True
+        delivering = paused + len(self._deliveries)
         if choice < delivering:  # run at once: the caller runs nothing else before it (_runnable is empty)
-            self._run_task(self._deliveries.pop(choice))
+            self._run_task(self._deliveries.pop(choice - paused))
             return True
         if choice >= delivering + len(eligible):
             self._run_task(self._later.pop(choice - delivering - len(eligible)))
             return True
-        inst = eligible[choice - len(self._deliveries)]
+        inst = eligible[choice - delivering]
         self._ready.remove(inst)
         self._finished_seq[inst.channel] = inst.seq + 1
         assert inst.first is not None

@@ -140,8 +140,9 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
         return f"rank {e.rank}: blocks {waits_in(e.future)} ({where}{held})"
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
-                f"picked it among {e.options} possible next steps — collectives ready to complete, results a rank has "
-                "not seen yet, DDP copy-backs waiting to run; another --seed may pick another)")
+                f"picked it among {e.options} possible next steps — a rank's backward() going on to its next bucket, "
+                "collectives ready to complete, results a rank has not seen yet, DDP copy-backs waiting to run; "
+                "another --seed may pick another)")
     return Trace([e]).format()
 
 
@@ -229,10 +230,11 @@ def _layout_lines(story: Story, step: StepStory, previous: StepStory | None) -> 
 
 
 def _overlap_line(step: StepStory) -> str:
-    """Whether the step's buckets were in flight together: DDP calls the hook for every
-    bucket before any collective completes — unless the hook itself waits (a synchronous
-    collective, ``wait()`` on a work), so one bucket's collective completed before a later
-    bucket's hook call: then the buckets went one at a time (read from the trace)."""
+    """Whether the step's buckets were in flight together (read from the trace): DDP calls
+    the hook for every bucket before any collective completes, unless the hook itself waits
+    (a synchronous collective, ``wait()`` on a work) — the buckets then go one at a time —
+    or, on the gloo model, the schedule lets a collective complete while a rank's backward
+    pass goes on to its next bucket, as on a real cluster."""
     n = len(step.bucket_params)
     last_call = max((i for i, e in enumerate(step.events) if isinstance(e, HookCall) and e.phase == "call"), default=-1)
     first_done = next((i for i, e in enumerate(step.events) if isinstance(e, Completed)), None)
@@ -243,6 +245,11 @@ def _overlap_line(step: StepStory) -> str:
     bucket = next((e.bucket for e in reversed(step.events[:first_done]) if isinstance(e, HookCall)
                    and e.phase == "call" and e.rank in done.ranks), 0)
     later = next(e for e in step.events[first_done:last_call + 1] if isinstance(e, HookCall) and e.phase == "call")
+    if not any(isinstance(e, Blocked) for e in step.events[:first_done]):
+        return (f"{done.op} #{done.seq} on {done.group} completed before rank {later.rank}'s hook was called for "
+                f"bucket {later.bucket}: as on a real cluster, a collective may finish while a rank's "
+                "backward() goes on to its next buckets (the seeded schedule's pick; in order, every rank calls the "
+                f"hook for all {n} buckets first)")
     return (f"the hook waits inside for its collectives: bucket {bucket}'s collective completed before rank "
             f"{later.rank}'s hook was called for bucket {later.bucket}, so the {n} buckets went one at a time "
             "(no overlap of their communication)")
