@@ -458,15 +458,19 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
             print(f"{report.target}: " + ("notes and warnings (each shown once):" if report.notes and report.warnings
                                           else "notes:" if report.notes else "warnings (each shown once):"))
             print("\n".join([*(f"  note: {n}" for n in report.notes), *(f"  warning: {w}" for w in report.warnings)]))
+    missed: list[str] = []
     if e2e is not None:
         print()
         print(e2e.format())
+        missed = [line for r in reports if r.status != "FAILED" and (line := e2e.missed_line(r.target))]
+        if missed:
+            print("\n".join(missed))
     _write_json(args, reports, e2e)
     if internal:
         return EXIT_INTERNAL
     if e2e is not None and e2e.fidelity_bugs:
         return EXIT_FIDELITY  # the simulator's verdicts cannot be trusted: before the hook's verdict
-    return EXIT_FAILED if any(r.status == "FAILED" for r in reports) else EXIT_OK
+    return EXIT_FAILED if missed or any(r.status == "FAILED" for r in reports) else EXIT_OK
 
 
 def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any = None) -> None:

@@ -977,6 +977,48 @@ def test_check_e2e_reports_a_wrong_backend_model_apart_from_the_hooks_verdict(ce
     assert "this is simcluster's bug, not the hook's" in out
 
 
+def test_check_e2e_fails_a_row_whose_search_passed_when_the_hook_failed_alike_end_to_end(
+        capsys, monkeypatch, tmp_path: Path) -> None:
+    """Round 24 of hooks from the wild: a hook the search passed failed on both sides (the real
+    reducer on simulated groups met a mismatch, real gloo aborted) in two drawn scenarios, and
+    ``check --e2e`` printed ``e2e ok 4`` and exit 0. Such a confirmed failure now fails the
+    row: exit 1, the cell ``failed alike k/N``, a line saying the search passed; the plugin's
+    assert raises. (The end-to-end side is given here, as a scenario where both sides failed.)"""
+    import simcluster.real.e2e_check as e2e_check
+    from simcluster.real.e2e import E2EResult
+
+    def both_failed(rows, reports, options, count, progress=None, **_):
+        summary = e2e_check.E2ESummary()
+        for row in rows:
+            mismatch = SideFailure("raised", 1, "CollectiveMismatchError", "mismatched collectives on WORLD", 1)
+            aborted = SideFailure("died", 1, "died", "rank 1 was killed by SIGABRT", 1)
+            failed = E2EResult(Scenario(2, ((4,), (3,)), steps=2, label="drawn 1"), row["target"],
+                               Side("sim", failure=mismatch), Side("real", failure=aborted), [], "agree")
+            fine = E2EResult(Scenario(2, ((4,),), steps=2, label="drawn 2"), row["target"], Side("sim"), Side("real"),
+                             [], "agree")
+            summary.results[row["name"]] = [failed, fine] if count else [fine]
+            summary.notes[row["name"]] = []
+        return summary
+
+    monkeypatch.setattr(e2e_check, "e2e_for_rows", both_failed)
+    argv = ["check", MEAN, "--e2e", "--world-sizes", "2", "--examples", "3", "--backend", "gloo", "--no-database",
+            "--quiet", "--steps", "2", "--json", str(tmp_path / "r.json")]
+    code = main(argv + ["--e2e-examples", "1"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    row = next(line for line in out.splitlines() if line.startswith(MEAN))
+    assert row.split()[-3:] == ["failed", "alike", "1/2"], row
+    assert (f"{MEAN}: FAILED end to end — the search passed, but the hook failed alike on the simulator and on real "
+            "gloo in 1 of 2 scenarios (drawn 1)") in out
+    assert json.loads((tmp_path / "r.json").read_text())[0]["e2e"] == "failed alike 1/2"
+    assert main(argv + ["--e2e-examples", "0"]) == 0  # the same row, end to end fine: ok
+    capsys.readouterr()
+    from simcluster.plugin import assert_hook
+    with pytest.raises(AssertionError, match="FAILED end to end — the search passed"):
+        assert_hook(MEAN, e2e=True, e2e_examples=1, world_sizes=(2,), examples=3, backends=("gloo",), database=None,
+                    steps=2)
+
+
 def test_powersgd_one_bucket_with_a_state_factory_agrees_bitwise(census) -> None:
     """PowerSGD seeds torch's global generator inside ``fork_rng`` and draws its random
     projections there (step 2 here, its first compressed one): the state is put back, so the

@@ -54,9 +54,27 @@ class E2ESummary:
     def fidelity_bugs(self) -> list[E2EResult]:
         return [r for rs in self.results.values() for r in rs if r.verdict == "fidelity bug"]
 
+    def failed_alike(self, name: str) -> list[E2EResult]:
+        """Row ``name``'s scenarios in which the hook failed on both sides alike: its own failure,
+        confirmed on real gloo — a failure of the row even when its search passed (the real
+        reducer on simulated groups met an interleaving the search's DDP model did not draw:
+        round 24 of hooks from the wild printed ``e2e ok 4`` and exit 0 over two such)."""
+        return [r for r in self.results.get(name, []) if r.hook_failed]
+
+    def missed_line(self, name: str) -> str:
+        """For a row whose search passed: the line saying end to end found it failing, or ``''``."""
+        failed = self.failed_alike(name)
+        if not failed:
+            return ""
+        labels = ", ".join(r.scenario.label or r.scenario.describe() for r in failed)
+        return (f"{name}: FAILED end to end — the search passed, but the hook failed alike on the simulator and on "
+                f"real gloo in {len(failed)} of {len(self.results[name])} scenarios ({labels}): its failure, "
+                "confirmed (shown above); the search did not draw what these scenarios met — more --examples may")
+
     def column(self, name: str) -> str:
         """The table cell: ``ok N``, ``FIDELITY k/N``, ``unsupported k/N`` (the hook used what
-        the simulator does not model), ``unconfirmed k/N`` or ``-``."""
+        the simulator does not model), ``failed alike k/N`` (the hook's failure, confirmed on
+        real gloo), ``unconfirmed k/N`` or ``-``."""
         results = self.results.get(name, [])
         if not results:
             return "-"
@@ -67,6 +85,9 @@ class E2ESummary:
             return f"FIDELITY {bugs}/{len(results)}"
         if unsupported:
             return f"unsupported {unsupported}/{len(results)}"
+        failed = len(self.failed_alike(name))
+        if failed:
+            return f"failed alike {failed}/{len(results)}"
         if unconfirmed:
             return f"unconfirmed {unconfirmed}/{len(results)}"
         return f"ok {len(results)}"
@@ -255,8 +276,14 @@ def confirm_report(report: Any, hook: Any, state: Any, options: dict[str, Any], 
 
 
 def raise_fidelity(report: Any) -> None:
-    """Raise :class:`SimulatorFidelityError` if ``report`` was confirmed end to end and disagreed."""
+    """Raise :class:`SimulatorFidelityError` if ``report`` was confirmed end to end and disagreed;
+    else ``AssertionError`` if its search passed but end to end the hook failed alike on both
+    sides (:meth:`E2ESummary.failed_alike`)."""
     __tracebackhide__ = True  # pytest shows the test's line and the comparison
     summary = getattr(report, "e2e", None)
-    if summary is not None and summary.fidelity_bugs:
+    if summary is None:
+        return
+    if summary.fidelity_bugs:
         raise SimulatorFidelityError(summary.format(), summary)
+    if report.status != "FAILED" and summary.failed_alike(report.target):
+        raise AssertionError(f"{summary.format()}\n{summary.missed_line(report.target)}")
