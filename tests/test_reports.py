@@ -291,6 +291,19 @@ def test_an_order_dependent_failure_says_the_in_order_schedule_passes(capsys: py
     assert "with every collective completing in order this step passes" in failure["message"]
 
 
+def test_a_hook_that_gives_up_after_a_few_polls_is_caught_in_order(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """Round 24 of hooks from the wild: three polls, then the local gradient. Every poll after
+    the first let the other ranks run, so the second always saw the all_reduce complete and
+    the give-up path (which real gloo took in most steps) was never run; the check passed."""
+    code, out, data = _check(capsys, tmp_path, "gives_up_after_three_polls", "--backend", "gloo",
+                             "--world-sizes", "2")
+    assert code == 1, out
+    failure = data["failures"][0]
+    assert failure["property"] == "contract" and "InFlightReadError" in failure["message"], out
+    assert "schedule:  in order" in out  # the path a quiet cluster mostly takes
+
+
 def test_a_failure_on_the_rare_answer_of_a_poll_names_the_poll(capsys: pytest.CaptureFixture[str],
                                                                 tmp_path: Path) -> None:
     """``if work.is_completed():`` right after posting: every poll once let the others run

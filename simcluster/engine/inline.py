@@ -102,6 +102,17 @@ story). A hook that polls a bounded number of times and then goes another way ge
 rounds, up to this."""
 
 
+POLL_PATIENCE = 8
+"""How many polls in a row of one pending work or future may each answer at once — a scheduler
+choice each (:meth:`Engine.let_others_run`): 0, pending, as a poll on real gloo mostly answers
+(the all-zero schedule does this), 1, after the others ran. The next poll lets the others run
+first, with no choice, so a loop that waits by polling ends. A hook that polls a few times and
+then gives up (a straggler timeout) takes its give-up path in order, and its other path under
+other schedules (round 24 of hooks from the wild: three polls, then the local gradient —
+every later poll let the others run, so the give-up path was never taken; on real gloo it was,
+in most steps)."""
+
+
 class _PollTurn:
     """What a polling rank parks on (:meth:`Engine.let_others_run`): done when the engine
     next lets the pollers look again; named after what it polls."""
@@ -187,7 +198,7 @@ class Engine:
         self._pollers: list[Callable[[], None]] = []  # ranks polling a pending work or future (let_others_run)
         self._poll_mark: tuple[int, int] | None = None  # (completions, posts) when the pollers last looked
         self._poll_rounds = 0  # rounds of polls since either moved
-        self._polled_once: dict[Waitable, None] = {}  # pending waitables the code under test polled (let_others_run)
+        self._polled_once: dict[Waitable, int] = {}  # pending waitables the code under test polled: how often (let_others_run)
         self.trace = trace
         self.choices: list[tuple[int, int]] = []
         self._replay = replay
@@ -430,28 +441,30 @@ class Engine:
     def let_others_run(self, polled: Waitable, at: str = "") -> None:
         """The running rank's code polls ``polled`` — ``Work.is_completed()`` or
         ``Future.done()`` found it pending — as a hook does that checks once whether its
-        collective is done, or a loop that waits by polling (a Horovod ``poll`` port, an
-        asyncio gather). On a real rank the backend's threads complete collectives
-        meanwhile, so a poll's answer is timing: measured on gloo, a poll right after
-        posting answers pending 86-100 % of the time, complete otherwise
-        (``docs/gloo-facts.md`` §12). Here the first poll of each work or future is a
-        scheduler choice (:class:`~simcluster.engine.trace.Polled`): 0, look now — it
-        answers pending, as mostly on gloo, and the all-zero schedule does this; 1, let the
-        others run first. A later poll of the same one always lets the others run: the
-        poller parks until nothing else can run — every other rank waits, returns or polls,
-        every collective that can complete has — and then looks again. Polls that see
-        nothing move for :data:`POLL_ROUNDS` rounds end the run as a deadlock. ``at``: the
-        poll's user line, for the trace; later polls are not traced (a spinning poller would
-        fill it)."""
+        collective is done, a few times before it gives up, or a loop that waits by polling
+        (a Horovod ``poll`` port, an asyncio gather). On a real rank the backend's threads
+        complete collectives meanwhile, so a poll's answer is timing: measured on gloo, a
+        poll right after posting answers pending 86-100 % of the time, complete otherwise
+        (``docs/gloo-facts.md`` §12). Here each of the first :data:`POLL_PATIENCE` polls of
+        a work or future is a scheduler choice (the first traced:
+        :class:`~simcluster.engine.trace.Polled`): 0, look now — it answers pending, as
+        mostly on gloo, and the all-zero schedule does this; 1, let the others run first.
+        Past them a poll always lets the others run: the poller parks until nothing else can
+        run — every other rank waits, returns or polls, every collective that can complete
+        has — and then looks again. Polls that see nothing move for :data:`POLL_ROUNDS`
+        rounds end the run as a deadlock. ``at``: the poll's user line, for the trace; later
+        polls are not traced (a spinning poller would fill it)."""
         if not self.running or self._current is None or self._current.thread is not threading.current_thread():
             return  # outside the run, or a thread simcluster does not run (its own check reports it)
-        first = polled not in self._polled_once
-        if first:
-            self._polled_once[polled] = None
-            rank = self._rank
-            assert rank is not None
+        looks = self._polled_once.get(polled, 0)
+        first = looks == 0
+        rank = self._rank
+        assert rank is not None
+        if looks < POLL_PATIENCE:
+            self._polled_once[polled] = looks + 1
             if self._choose(2) == 0:
-                self.trace.add(Polled(rank, polled.label, 0, at, False))
+                if first:
+                    self.trace.add(Polled(rank, polled.label, 0, at, False))
                 return
         self._park(_PollTurn(self._pollers, polled), "", traced=False)
         if first:  # traced when it looks, with what it sees
