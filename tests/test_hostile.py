@@ -62,6 +62,32 @@ def test_a_hook_that_exits_is_a_liveness_failure(name, code):
     assert code in message and "rank 0" in message and f"in {name}" in message
 
 
+@pytest.mark.parametrize("name, line", [("os_exit_caught", "os._exit(1)"), ("os_exit_in_del", "os._exit(0)"),
+                                         ("os_exit_in_joined_thread", None)])
+def test_an_os_exit_the_code_caught_is_still_a_liveness_failure(name, line):
+    """Under supervision os._exit raises in place of ending the process; code that caught
+    that (``except Exception``, a ``__del__``, a thread) went on, and the check passed. On a
+    real cluster the process had ended (an audit of hostile hooks, 2026-12-07)."""
+    report, _ = check(name)
+    assert not report.passed
+    assert {f.property for f in report.failures} == {"liveness"}, report.format()
+    message = report.failures[0].message
+    assert "HookExited: os._exit(" in message and "this rank's process ends here" in message, message
+    if line is not None:
+        assert f"in {name}: {line}" in message or line in message, message
+
+
+@pytest.mark.parametrize("name", ["forks_a_child_that_exits", "forks_a_child_that_raises", "joins_a_multiprocessing_fork"])
+def test_a_hook_that_forks_ends_and_passes(name):
+    """The fork inherited the os._exit that raises, or fell back into the engine, and carried
+    the search on — refreshing the deadline its parent watches — for ever (an audit of hostile
+    hooks, 2026-12-07: 300 s timeouts). A fork of a rank now leaves once its code is back in
+    the engine, and os._exit ends it."""
+    report, elapsed = check(name, examples=3)
+    assert report.passed, report.format()
+    assert elapsed < 60
+
+
 def test_a_killed_process_is_a_liveness_failure_with_its_position():
     report, _ = check("kills_itself")
     failure = report.failures[0]
@@ -100,6 +126,16 @@ def test_stuck_code_is_reported_within_the_deadline(name, lines):
     assert any(f"\n        {line}" in failure.message for line in lines), failure.message
     assert "rank " in failure.message and "DDP step 0" in failure.message
     assert report.examples == 1  # the stuck example is reported as it is, not shrunk by re-running it
+
+
+def test_a_hook_that_replaces_the_clock_is_still_stopped_at_the_deadline():
+    """The example's start was written, and read, through ``time.monotonic``: a hook that
+    pushed that clock ahead in one example and spun in the next was never stopped (an audit
+    of hostile hooks, 2026-12-07). The deadline's clock is now simcluster's own reference."""
+    report, elapsed = check("pushes_the_clock_ahead_then_spins", deadline=2.0, backends=("gloo",), world_sizes=(1,))
+    assert elapsed < 2.0 + SLACK, f"took {elapsed:.1f}s"
+    [failure] = report.failures
+    assert failure.property == "liveness" and "did not return within 2 s" in failure.message, failure.message
 
 
 def test_a_slow_hook_under_the_deadline_passes():

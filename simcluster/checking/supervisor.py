@@ -59,9 +59,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simcluster.checking import ctrl_c
+from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, stack_user_frames, user_frames
+from simcluster.engine.inline import mark_forked
 from simcluster.errors import HookExited
-from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, user_frames
 from simcluster.usercode.rank_state import CURRENT
+
+_monotonic = time.monotonic
+"""The clock of every deadline, taken when simcluster is imported: code under test that replaces
+``time.monotonic`` (a clock pushed ahead, or stopped) must not move the start an example
+writes or the parent's reading of it (an audit of hostile hooks, 2026-12-07: a hook that
+pushed the clock ahead in one example and spun in the next was never stopped)."""
 
 __all__ = ["DEFAULT_DEADLINE", "Monitor", "ChildDeath", "Outcome", "run_supervised", "fork_child", "write_all",
            "end_process", "one_torch_thread", "how_it_ended", "kill_and_reap", "format_stack", "stuck_in",
@@ -113,7 +120,7 @@ class Monitor:
         data = json.dumps(payload).encode()[: _PAGE - _HEADER.size]
         self._seq += 1
         self._page[_HEADER.size:_HEADER.size + len(data)] = data
-        _HEADER.pack_into(self._page, 0, self._seq, time.monotonic(), 1, -1, -1, -1, -1, len(data))
+        _HEADER.pack_into(self._page, 0, self._seq, _monotonic(), 1, -1, -1, -1, -1, len(data))
 
     def at(self, rank: int, step: int, bucket: int) -> None:
         """A hook call starts on ``rank`` at DDP step ``step``, bucket ``bucket``."""
@@ -134,7 +141,7 @@ class Monitor:
     def end(self) -> None:
         """The example ended (passed or failed)."""
         if self._page is not None:
-            struct.pack_into("<dB", self._page, 8, time.monotonic(), 0)
+            struct.pack_into("<dB", self._page, 8, _monotonic(), 0)
 
 
 @dataclass
@@ -193,7 +200,7 @@ def run_supervised(job: Callable[[Monitor], Any], *, deadline: float = DEFAULT_D
     to the exception as a note, so the report says where the checked code was — then
     kills the child and propagates.
     """
-    start = time.monotonic()
+    start = _monotonic()
     page = mmap.mmap(-1, _PAGE)
     stack_file = tempfile.TemporaryFile()
     output_file = tempfile.TemporaryFile()
@@ -326,10 +333,24 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
     faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
     one_torch_thread()
 
+    real_exit = os._exit
+
     def exit_is_a_finding(status: int = 0) -> None:
-        raise HookExited(f"os._exit({status}) was called: on a real cluster this rank's process ends here")
+        exc = HookExited(f"os._exit({status}) was called: on a real cluster this rank's process ends here")
+        exc.simcluster_frames = stack_user_frames(sys._getframe(1))  # type: ignore[attr-defined] - the calling line
+        CURRENT.exits.append(exc)  # caught or not, the run fails (SimCluster)
+        raise exc
+
+    def forked_by_user_code() -> None:
+        """In a process the code under test forked from this child (``os.fork``, a
+        ``multiprocessing`` fork): ``os._exit`` ends it again, it dies with this child, and
+        it never runs simcluster's own code on (:func:`~simcluster.engine.inline.leave_if_forked`)."""
+        os._exit = real_exit  # type: ignore[assignment]
+        mark_forked(real_exit)
+        die_with_parent(os.getppid())
 
     os._exit = exit_is_a_finding  # type: ignore[assignment]
+    os.register_at_fork(after_in_child=forked_by_user_code)
 
 
 def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: float, start: float) -> Outcome:
@@ -348,10 +369,10 @@ def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: floa
             # ``deadline`` bounds an example; simcluster's own work between examples
             # (Hypothesis generating, shrinking) gets the generous default as a backstop.
             limit = deadline if active else max(deadline, DEFAULT_DEADLINE)
-            if time.monotonic() - (stamp or start) > limit:
+            if _monotonic() - (stamp or start) > limit:
                 stacks = _dump_and_kill(pid, stack_file)
                 return Outcome(death=_death(page, "deadline", f"did not return within {deadline:g} s", stacks),
-                               seconds=time.monotonic() - start)
+                               seconds=_monotonic() - start)
     except BaseException as exc:
         stacks = _dump_and_kill(pid, stack_file)
         if stacks:
@@ -361,7 +382,7 @@ def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: floa
 
 def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: float) -> Outcome:
     _, status = os.waitpid(pid, 0)
-    seconds = time.monotonic() - start
+    seconds = _monotonic() - start
     if data:
         try:
             kind, payload = pickle.loads(data)
@@ -387,9 +408,9 @@ def _dump_and_kill(pid: int, stack_file: Any) -> str:
     except ProcessLookupError:
         pass
     else:
-        limit = time.monotonic() + _DUMP_GRACE
+        limit = _monotonic() + _DUMP_GRACE
         size = -1
-        while time.monotonic() < limit:
+        while _monotonic() < limit:
             time.sleep(0.05)
             now = os.fstat(stack_file.fileno()).st_size
             if now and now == size:

@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from simcluster.errors import DeadlockError, SimClusterError, SimulatorBug, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
@@ -72,7 +72,7 @@ from simcluster.engine.scheduler import Scheduler
 from simcluster.engine.slots import Slot, SlotPool
 from simcluster.engine.trace import Blocked, Polled, Resumed, Trace
 
-__all__ = ["Engine", "is_stop_request"]  # is_stop_request lives in simcluster.engine.guard
+__all__ = ["Engine", "is_stop_request", "mark_forked"]  # is_stop_request lives in simcluster.engine.guard
 
 
 _NO_ARG = object()
@@ -92,6 +92,34 @@ class _Task:
     worker: int = -1
     call: Call | None = None
     """For a completion: the call it completes (what its callbacks' posts were posted in)."""
+
+
+_forked_exit: Callable[[int], Any] | None = None
+"""Set in a process the code under test forked from a supervised child (:func:`mark_forked`):
+the real ``os._exit``, with which that process ends once its code is back in the engine."""
+
+
+def mark_forked(real_exit: Callable[[int], Any]) -> None:
+    """This process is a fork the code under test made (``os.fork``, a ``multiprocessing``
+    fork) of a process running a simulation: it runs the user's code on, as a fork of a real
+    rank would, but once that code returns to the engine — or blocks on the simulation, whose
+    other ranks and threads the fork does not have — it ends (code 0; 1 if the code raised),
+    never running simcluster's own search on beside the process it was forked from (a hook's
+    forked child used to carry the search on, and refresh the deadline its parent watches,
+    for ever: an audit of hostile hooks, 2026-12-07)."""
+    global _forked_exit
+    _forked_exit = real_exit
+
+
+def _leave_fork(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
+            pass
+    assert _forked_exit is not None
+    _forked_exit(code)
+    raise AssertionError("os._exit returned")  # pragma: no cover
 
 
 POLL_ROUNDS = 1000
@@ -686,6 +714,8 @@ class Engine:
         except RunAborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to the caller by the cluster
+            if _forked_exit is not None:
+                _leave_fork(1)
             if is_stop_request(exc):
                 if self._stop is None:
                     exc.add_note(f"simcluster: raised on rank {task.rank} ({task.label}, {task.where})")
@@ -693,6 +723,8 @@ class Engine:
             else:
                 self.failures.append((task.rank, task.label, exc))
         finally:
+            if _forked_exit is not None:  # the code under test forked, and this is the fork: it ends here
+                _leave_fork(0)
             self._task = None  # not kept past its task: it holds its call, whose future holds this engine (a cycle)
             pool = task.pool
             if pool is not None and not self._aborting:  # the worker is free: it takes the next queued call
@@ -709,6 +741,8 @@ class Engine:
 
     # ---------------------------------------------------------------- failure
     def _check_alive(self) -> None:
+        if _forked_exit is not None:  # a fork of a rank, about to wait on what only its parent runs
+            _leave_fork(0)
         if self._aborting or self._fatal is not None or self._stop is not None or self._dead:
             raise RunAborted()
         if not self.running:

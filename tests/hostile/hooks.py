@@ -170,3 +170,78 @@ def spins_announced(state, bucket):
 def sleeps_announced(state, bucket):
     _announce("sleeps")
     time.sleep(10_000)  # sleeps here
+
+
+# ---------------------------------------------------------------- os._exit caught, forks (an audit, 2026-12-07)
+def _mean(bucket):
+    bucket.buffer().div_(dist.get_world_size())
+    return _allreduce(bucket)
+
+
+def os_exit_caught(state, bucket):
+    """A clean-up path that tries to end the process and ignores whatever goes wrong."""
+    try:
+        os._exit(1)
+    except Exception:
+        pass
+    return _mean(bucket)
+
+
+class _ExitsWhenCollected:
+    def __del__(self):
+        os._exit(0)  # Python only prints what a __del__ raises
+
+
+def os_exit_in_del(state, bucket):
+    _ExitsWhenCollected()
+    return _mean(bucket)
+
+
+def os_exit_in_joined_thread(state, bucket):
+    watchdog = threading.Thread(target=os._exit, args=(3,))
+    watchdog.start()
+    watchdog.join()
+    return _mean(bucket)
+
+
+def forks_a_child_that_exits(state, bucket):
+    """Correct: the child leaves at once with os._exit(0), the hook waits for it."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return _mean(bucket)
+
+
+def forks_a_child_that_raises(state, bucket):
+    """Correct for its parent: the forked child raises, back into the code that called the hook."""
+    pid = os.fork()
+    if pid == 0:
+        raise RuntimeError("the forked child")
+    os.waitpid(pid, 0)
+    return _mean(bucket)
+
+
+def joins_a_multiprocessing_fork(state, bucket):
+    """Correct: a multiprocessing (fork) child doing nothing, joined; it leaves with os._exit."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=int)
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"the child exited with {child.exitcode}")
+    return _mean(bucket)
+
+
+_pushed = []
+
+
+def pushes_the_clock_ahead_then_spins(state, bucket):
+    """First example: replaces time.monotonic with a clock 10^9 s ahead. Any later one: spins."""
+    if _pushed:
+        while True:
+            pass
+    _pushed.append(time.monotonic)
+    time.monotonic = lambda: _pushed[0]() + 1e9
+    return _mean(bucket)
