@@ -508,6 +508,29 @@ def test_a_rank_changing_filters_after_an_import_is_still_reported() -> None:
     assert warnings.filters == before
 
 
+def test_a_filter_replaced_in_place_is_reported_to_the_rank_that_replaced_it() -> None:
+    """Rank 0 replaces the second filter (the list's length and first filter kept); rank 1
+    warns. The audit compared only the length and the first filter: the change went unseen,
+    and rank 1's warning, an error under rank 0's filter, failed rank 1 — a process of its
+    own never has that filter (an audit of hostile hooks, 2026-12-07)."""
+    def rank_fn(rank: int) -> None:
+        if rank == 0:
+            warnings.filters[1] = ("error", None, UserWarning, None, 0)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+        else:
+            warnings.warn("rank 1's harmless warning", UserWarning)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.filterwarnings("ignore", message="never matches anything")
+        before = list(warnings.filters)
+        assert len(before) >= 2
+        with pytest.raises(SharedSettingError, match=r"rank 0 changed warnings.filters from \d+ filters to \d+ filters, "
+                                                     r"filter 1 now \('error'"):
+            SimCluster(2).run(rank_fn)
+        assert warnings.filters == before
+
+
 def test_a_generator_function_a_rank_assigns_is_its_value_in_the_run_and_undone_after() -> None:
     original_seed, original_rand = random.seed, numpy.random.rand
 

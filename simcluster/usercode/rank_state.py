@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover - no numpy: nothing to swap
 class _Current:
     """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
 
-    __slots__ = ("generators", "rank", "modules", "announce", "audit")
+    __slots__ = ("generators", "rank", "modules", "announce", "audit", "exits")
 
     def __init__(self) -> None:
         self.generators: RankGenerators | None = None
@@ -78,6 +78,11 @@ class _Current:
         self.audit: SettingsAudit | None = None
         """The settings audit of the run in progress (None between runs): module copies
         loaded inside a run tell it what their import changed (:func:`imports_set_the_baseline`)."""
+        self.exits: list[BaseException] = []
+        """Every ``os._exit`` the code under test called in the run in progress, as the error
+        raised in its place (a supervised child's: the call cannot end a rank that is not a
+        process): a run whose code caught that error — ``except Exception``, a ``__del__``,
+        a finalizer, a thread — still ends as a failure (``SimCluster`` reports it)."""
 
 
 CURRENT = _Current()
@@ -286,11 +291,6 @@ def _set_cudnn(value: tuple[bool, bool]) -> None:
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = value
 
 
-def _filters() -> tuple[int, Any]:
-    filters = warnings.filters
-    return len(filters), filters[0] if filters else None
-
-
 def _deterministic() -> bool | str:
     """``torch.are_deterministic_algorithms_enabled()``, or ``"warn_only"`` when enabled with
     ``warn_only=True``. The flag is read only while enabled: disabled, it has no effect (and
@@ -488,7 +488,6 @@ class SettingsAudit:
         self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
         self._run = _run_settings()
         self._filters = list(warnings.filters)
-        self._filter_key = _filters()
         self._modules = len(sys.modules)
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         if self._environ_data is not os.environ._data:  # type: ignore[attr-defined]  # once per process, as a rule
@@ -510,7 +509,7 @@ class SettingsAudit:
         here = rank if thread == self._thread else self._moved(thread, rank)
         if _all_settings() != self._all:
             self._check_settings(rank, new, thread, here)
-        if _filters() != self._filter_key:
+        if warnings.filters != self._filters:  # every filter (identical ones compare by identity: ~0.1 µs)
             self._check_filters(rank)
         data = os.environ._data  # type: ignore[attr-defined]
         if data is not self._environ_data or self._environ_stamp is None or self._environ_stamp() != self._environ_seen:
@@ -616,10 +615,12 @@ class SettingsAudit:
         the new baseline. Any other change is the rank's own: undone and reported."""
         now = warnings.filters
         if len(sys.modules) > self._modules and _kept_in_order(self._filters, now):
-            self._filters, self._filter_key = list(now), _filters()
+            self._filters = list(now)
             return
+        at = next((i for i, (was, new) in enumerate(zip(self._filters, now)) if was != new),
+                  min(len(self._filters), len(now)))
         self.changes.append(("warnings.filters", rank, f"{len(self._filters)} filters",
-                             f"{len(now)} filters, first {now[:1]!r}"))
+                             f"{len(now)} filters" + (f", filter {at} now {now[at]!r}" if at < len(now) else "")))
         warnings.filters[:] = self._filters
         warnings._filters_mutated()  # type: ignore[attr-defined]
 
