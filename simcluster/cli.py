@@ -377,7 +377,8 @@ def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] | None, per_rank: bool) -> None:
+def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] | None, per_rank: bool,
+          separate: bool = False) -> None:
     """Load every hook and state before running anything: a bad TARGET exits 2 at once.
 
     Importing a TARGET runs its module's code, which may spin, exit or crash like a hook:
@@ -387,7 +388,9 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
     and cost their import twice (~1.5 s of the default run, measured). A TARGET's hook is a
     :class:`~simcluster.usercode.rank_local.RankLocal`: each simulated rank gets its own copy of its
     module (and of the ``--isolate`` modules); the default run's hooks (``per_rank=False``:
-    torch's and the reference hooks, which keep no module state) are shared."""
+    torch's and the reference hooks, which keep no module state) are shared. ``separate``
+    (several TARGETs): none is imported here — each row's worker imports its own
+    (:func:`_run_rows`)."""
     from simcluster.errors import TargetLoadError
     from simcluster.checking.supervisor import format_stack, run_supervised
     from simcluster.usercode.rank_local import RankLocal
@@ -413,6 +416,14 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
             what = "" if outcome.death.kind == "deadline" else "'s process"
             raise TargetLoadError(f"importing the TARGETs{what} {outcome.death.detail}"
                                   + (f" (at {frames[-1]})" if frames else ""))
+        if separate:
+            # Not imported here: each row is checked in a process of its own that imports its
+            # TARGET alone (_run_rows), as separate programs would — what one module's import
+            # does to the process (torch.distributed.all_reduce replaced, say) reached every
+            # other row (an audit of hostile hooks, 2026-12-07).
+            for row in rows:
+                row["hook"] = row["target"]
+            return
     load_all()
 
 
@@ -426,7 +437,10 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         args.e2e_timeout = E2E_TIMEOUT if args.e2e_timeout is None else check_deadline(args.e2e_timeout,
                                                                                         "--e2e-timeout")
     rows = _rows(args)
-    _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets))
+    # several TARGETs, checked for real: each row in a worker process of its own (_run_rows);
+    # an injected checker (a test's double) gets the rows in this process, hooks loaded
+    args.separate = check is None and bool(args.targets) and sum(row["skipped"] is None for row in rows) > 1
+    _load(rows, options["deadline"], options["isolate"], per_rank=bool(args.targets), separate=args.separate)
     if check is None:
         from simcluster.checking.check import check_hook as check
     progress = ProgressLine(sys.stderr, enabled=not args.quiet)
@@ -488,7 +502,8 @@ def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dic
     run them in parallel worker processes (:func:`_run_rows_in_workers`)."""
     jobs = _jobs(args)
     plans = [_plan(row, options) for row in rows]
-    if jobs > 1 and sum(isinstance(plan, dict) for plan in plans) > 1:
+    if (jobs > 1 or getattr(args, "separate", False)) and sum(isinstance(plan, dict) for plan in plans) > 1:
+        # several TARGETs: each in a forked worker of its own, even one at a time (_load)
         return _run_rows_in_workers(args, rows, plans, check, progress, reports, jobs)
     internal = False
     for n, (row, plan) in enumerate(zip(rows, plans), 1):

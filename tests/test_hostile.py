@@ -329,6 +329,23 @@ def test_cli_sys_exit_fails_and_other_targets_are_still_reported(tmp_path):
     assert [r["passed"] for r in reports] == [False, False]
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_what_one_targets_import_does_to_its_process_reaches_no_other_row(tmp_path, jobs):
+    """One TARGET's module replaces torch.distributed.all_reduce at import; a correct hook
+    checked in the same command failed ``averages`` — in either order, with any ``--jobs``
+    (an audit of hostile hooks, 2026-12-07). Each row is now checked in a process of its own
+    that imports its TARGET alone, as separate programs would."""
+    leaky = f"{HERE / 'hostile' / 'import_replaces_all_reduce.py'}:hook"
+    for first, second in ((leaky, "simcluster.hooks.reference:mean_allreduce_hook"),
+                          ("simcluster.hooks.reference:mean_allreduce_hook", leaky)):
+        out = tmp_path / "report.json"
+        result = run_cli(first, second, "--examples", "5", "--world-sizes", "2", "--backend", "gloo", "--jobs", jobs,
+                         "--json", str(out))
+        assert result.returncode == 1, result.stderr
+        passed = {r["target"].rsplit(":", 1)[0].rsplit("/", 1)[-1]: r["passed"] for r in json.loads(out.read_text())}
+        assert passed == {"import_replaces_all_reduce.py": False, "simcluster.hooks.reference": True}, result.stdout
+
+
 def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
     out = tmp_path / "report.json"
     start = time.monotonic()
