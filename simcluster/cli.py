@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -205,6 +206,8 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
 
     ``check`` replaces :func:`simcluster.checking.check.check_hook` (tests inject a fake).
     """
+    if argv is None and "PYTHONHASHSEED" not in os.environ:
+        _run_again_with_a_fixed_hash_seed()
     with ctrl_c.remembering():  # a Ctrl-C whose KeyboardInterrupt was swallowed is raised again
         try:
             try:
@@ -223,6 +226,16 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             for note in getattr(exc, "__notes__", ()):
                 print(note, file=sys.stderr)
             return EXIT_INTERRUPTED
+
+
+def _run_again_with_a_fixed_hash_seed() -> NoReturn:
+    """Replace this process by the same command with ``PYTHONHASHSEED=0``: Python seeds its
+    string hashes at start-up, from OS entropy unless that variable is set, and the order of
+    a set of strings follows them — a hook iterating one gave another verdict, and its replay
+    another outcome, from one invocation to the next (an audit of hostile hooks, 2026-12-07).
+    Set ``PYTHONHASHSEED`` yourself to run under another seed (docs/isolation.md)."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    os.execve(sys.executable, [sys.executable, "-m", "simcluster", *sys.argv[1:]], env)
 
 
 def _run_command(args: argparse.Namespace, check: CheckFunction | None) -> int:

@@ -346,6 +346,24 @@ def test_what_one_targets_import_does_to_its_process_reaches_no_other_row(tmp_pa
         assert passed == {"import_replaces_all_reduce.py": False, "simcluster.hooks.reference": True}, result.stdout
 
 
+def test_the_cli_runs_with_a_fixed_string_hash_seed(tmp_path):
+    """Python seeds its string hashes at start-up from OS entropy: a hook iterating a set of
+    strings gave another verdict, and its replay another outcome, on each invocation (an
+    audit of hostile hooks, 2026-12-07). The command runs itself again with PYTHONHASHSEED=0
+    when it is not set; a seed the user sets is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    said = []
+    for seed in (None, None, "7"):
+        out = tmp_path / "report.json"
+        result = run_cli(target("says_its_string_order"), "--examples", "1", "--world-sizes", "1", "--backend", "gloo",
+                         "--json", str(out), env=env if seed is None else {**env, "PYTHONHASHSEED": seed})
+        assert result.returncode == 1, result.stderr
+        [failure] = json.loads(out.read_text())[0]["failures"]
+        said.append(re.search(r"PYTHONHASHSEED=(\S+) order=(\[[^]]*\])", failure["message"]).groups())
+    assert said[0] == said[1] and said[0][0] == "0", said
+    assert said[2][0] == "7"
+
+
 def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
     out = tmp_path / "report.json"
     start = time.monotonic()

@@ -245,3 +245,9 @@ def pushes_the_clock_ahead_then_spins(state, bucket):
     _pushed.append(time.monotonic)
     time.monotonic = lambda: _pushed[0]() + 1e9
     return _mean(bucket)
+
+
+def says_its_string_order(state, bucket):
+    """Fails on purpose, naming the hash seed and the order of a set of strings."""
+    order = list({f"key{i}" for i in range(8)})
+    raise RuntimeError(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')} order={order}")
