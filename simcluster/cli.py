@@ -71,7 +71,7 @@ from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
 
-__all__ = ["main", "build_parser", "add_isolate_option", "DEFAULT_DATABASE", "CheckFunction"]
+__all__ = ["main", "console_main", "build_parser", "add_isolate_option", "DEFAULT_DATABASE", "CheckFunction"]
 
 DEFAULT_DATABASE = ".simcluster/examples"
 """Where counterexamples are kept, relative to the current directory."""
@@ -206,8 +206,6 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
 
     ``check`` replaces :func:`simcluster.checking.check.check_hook` (tests inject a fake).
     """
-    if argv is None and "PYTHONHASHSEED" not in os.environ:
-        _run_again_with_a_fixed_hash_seed()
     with ctrl_c.remembering():  # a Ctrl-C whose KeyboardInterrupt was swallowed is raised again
         try:
             try:
@@ -226,6 +224,14 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             for note in getattr(exc, "__notes__", ()):
                 print(note, file=sys.stderr)
             return EXIT_INTERRUPTED
+
+
+def console_main() -> int:
+    """The ``simcluster`` console script and ``python -m simcluster``: :func:`main`, in a
+    process whose string hash seed is fixed (:func:`_run_again_with_a_fixed_hash_seed`)."""
+    if "PYTHONHASHSEED" not in os.environ:
+        _run_again_with_a_fixed_hash_seed()
+    return main()
 
 
 def _run_again_with_a_fixed_hash_seed() -> NoReturn:
