@@ -50,15 +50,8 @@ __all__ = [
     "add_context_note",
     "first_line",
     "innermost_error",
-    "HOOK_RAISES",
     "exit_meaning",
 ]
-
-HOOK_RAISES: tuple[type[BaseException], ...] = (Exception, SystemExit, GeneratorExit)
-"""What the code under test can raise that is *its* failure, to report: every ``Exception``,
-and ``SystemExit`` (``sys.exit()`` in a hook ends a real rank's process — never the
-harness's run). ``KeyboardInterrupt`` is left to propagate: it is the user's Ctrl-C."""
-
 
 class SimClusterError(Exception):
     """Root of every exception simcluster raises on its own account."""

@@ -364,6 +364,19 @@ def test_the_cli_runs_with_a_fixed_string_hash_seed(tmp_path):
     assert said[2][0] == "7"
 
 
+def test_a_base_exception_of_the_hooks_own_is_its_failure_and_its_keyboard_interrupt_stops_the_check():
+    """A hook raising a BaseException subclass of its own (defined in its module, so its class
+    cannot be unpickled by the parent) was an internal error with a traceback, exit 3; a
+    KeyboardInterrupt subclass of its own too, where Ctrl-C's 130 is due (an audit of hostile
+    hooks, 2026-12-07)."""
+    report, _ = check("raises_a_base_exception_of_its_own", backends=("gloo",))
+    assert {f.property for f in report.failures} == {"liveness"}, report.format()
+    assert "BaseOfItsOwn: the hook's own BaseException" in report.failures[0].message, report.failures[0].message
+    result = run_cli(target("raises_a_keyboard_interrupt_of_its_own"), "--examples", "2", "--world-sizes", "1")
+    assert result.returncode == 130, result.stderr
+    assert "raised as" in result.stderr and "InterruptOfItsOwn" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
     out = tmp_path / "report.json"
     start = time.monotonic()

@@ -34,8 +34,9 @@ from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site, watchdog_under
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
+from simcluster.engine.guard import is_stop_request
 from simcluster.errors import (
-    HOOK_RAISES, BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
+    BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
     InFlightReadError, InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
@@ -106,7 +107,9 @@ def simulate(opts: Options, example: Example, backend: str, schedule: Any,
             results.append(ddp.step(step_grads))
         except NOT_THE_HOOKS:
             raise
-        except HOOK_RAISES as exc:  # the hook's failure is the finding
+        except BaseException as exc:  # the hook's failure is the finding (a BaseException of its own too)
+            if is_stop_request(exc):
+                raise
             return results, exc, t, ddp.states
     return results, None, len(grads), ddp.states
 

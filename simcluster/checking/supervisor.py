@@ -277,12 +277,33 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
         try:
             data = pickle.dumps(message)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
-            data = pickle.dumps(("error", RuntimeError(f"unpicklable result from the supervised child: {exc!r}")))
+            stand_in = _builtin_stand_in(message[1]) if message[0] == "error" else None
+            data = pickle.dumps(("error", stand_in if stand_in is not None else
+                                 RuntimeError(f"unpicklable result from the supervised child: {exc!r}")))
         write_all(out, data)
     except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
         code = 70
     finally:
         end_process(code, real_exit)
+
+
+def _builtin_stand_in(exc: BaseException) -> BaseException | None:
+    """``exc`` as the nearest builtin exception class it derives from, with its message and
+    notes, and a note naming its own class: for an exception whose class the parent cannot
+    unpickle (one defined in a module copy of the code under test). A ``KeyboardInterrupt``
+    subclass a hook raised then stops the check as Ctrl-C does, not as an internal error."""
+    import builtins
+
+    base = next((k for k in type(exc).__mro__ if getattr(builtins, k.__name__, None) is k), None)
+    if base is None:
+        return None
+    try:
+        stand_in = base(str(exc))
+    except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+        return None
+    stand_in.__notes__ = [f"simcluster: raised as {type(exc).__module__}.{type(exc).__qualname__}, a class of the "
+                          "code under test this process cannot unpickle", *getattr(exc, "__notes__", ())]
+    return stand_in
 
 
 def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked child

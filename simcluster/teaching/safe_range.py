@@ -33,7 +33,8 @@ import torch
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP
 from simcluster.checking.properties import averages
-from simcluster.errors import HOOK_RAISES, NOT_THE_HOOKS, exit_meaning, first_line
+from simcluster.engine.guard import is_stop_request
+from simcluster.errors import NOT_THE_HOOKS, exit_meaning, first_line
 
 __all__ = ["RangeResult", "probe", "safe_range", "range_command"]
 
@@ -77,7 +78,9 @@ def probe(hook: Callable[[Any, Any], Any], world_size: int, magnitude: float, *,
         result = ddp.step(grads)
     except NOT_THE_HOOKS:  # not modelled, or a bug of ours: no range, exit 3
         raise
-    except HOOK_RAISES as exc:  # a hook that raises (or exits) on this input is not safe there
+    except BaseException as exc:  # a hook that raises (or exits) on this input is not safe there
+        if is_stop_request(exc):
+            raise
         return exit_meaning(exc) or f"the hook raised {first_line(exc, typed=True)}"
     return averages(result.grads, grads, tolerance, dtypes=result.trace.dtypes)
 

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from simcluster.checking.properties import build_refusal, registration_problem
 from simcluster.fake.cluster import SimCluster
 from simcluster.ddp.model import DDPConfig, SimDDP, StepResult
-from simcluster.errors import HOOK_RAISES, NOT_THE_HOOKS
+from simcluster.engine.guard import is_stop_request
+from simcluster.errors import NOT_THE_HOOKS
 from simcluster.limits import SEEDS, STEPS, WORLD_SIZES, check_int
 from simcluster.usercode.output import captured_output, marking_ranks
 from simcluster.usercode.rank_local import as_rank_local, rank_local_state
@@ -215,7 +216,9 @@ def record(
                 one.result = ddp.step(grads)
             except NOT_THE_HOOKS:  # not the hook's failure: not modelled, or a bug of ours
                 raise
-            except HOOK_RAISES as exc:  # the hook's failure is the lesson; explain prints it whole
+            except BaseException as exc:  # the hook's failure is the lesson; explain prints it whole
+                if is_stop_request(exc):
+                    raise
                 one.error = exc
         one.printed, one.printed_by = printed.text, printed.parts()
         if one.result is None:

@@ -251,3 +251,19 @@ def says_its_string_order(state, bucket):
     """Fails on purpose, naming the hash seed and the order of a set of strings."""
     order = list({f"key{i}" for i in range(8)})
     raise RuntimeError(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')} order={order}")
+
+
+class BaseOfItsOwn(BaseException):
+    """Neither an Exception nor a stop request: it ends a real rank's process as any uncaught error."""
+
+
+def raises_a_base_exception_of_its_own(state, bucket):
+    raise BaseOfItsOwn("the hook's own BaseException")
+
+
+class InterruptOfItsOwn(KeyboardInterrupt):
+    pass
+
+
+def raises_a_keyboard_interrupt_of_its_own(state, bucket):
+    raise InterruptOfItsOwn()
