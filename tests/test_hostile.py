@@ -166,6 +166,15 @@ def test_keyboard_interrupt_from_a_hook_stops_the_whole_check():
     assert any("raises_keyboard_interrupt" in note for note in info.value.__notes__)
 
 
+def test_a_hook_that_sends_its_own_process_sigint_stops_the_check_as_a_raise_does():
+    """The supervised child ignored SIGINT, so a hook doing ``os.kill(os.getpid(), SIGINT)``
+    went on and passed, where a real rank's process ends (an audit of hostile hooks,
+    2026-12-07: exit 0)."""
+    with pytest.raises(KeyboardInterrupt) as info:
+        check("sends_itself_sigint")
+    assert any("os.kill(os.getpid(), signal.SIGINT)" in note for note in info.value.__notes__), info.value.__notes__
+
+
 def test_keyboard_interrupt_in_process_needs_one_raise_and_cleans_up():
     cluster = SimCluster(4)
     rng = torch.get_rng_state()
