@@ -166,6 +166,28 @@ def test_keyboard_interrupt_from_a_hook_stops_the_whole_check():
     assert any("raises_keyboard_interrupt" in note for note in info.value.__notes__)
 
 
+@pytest.mark.parametrize("name", ["leaves_a_raising_tracer", "leaves_a_raising_profiler",
+                                  "leaves_a_tracer_raising_in_the_engine"])
+def test_a_trace_or_profile_function_left_by_the_hook_is_no_internal_error(name):
+    """Left behind, it ran in simcluster's engine and judge and raised there: "internal error",
+    tracebacks, exit 3 (an audit of hostile hooks, 2026-12-07). The run now puts it back when it
+    ends and says what it was; one raising inside the engine's step is the code's exception."""
+    result = run_cli(target(name), "--examples", "5", "--world-sizes", "2")
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    if name == "leaves_a_raising_tracer":  # left behind: it was the run's, not one rank's
+        assert result.returncode == 3, result.stderr
+        assert "not modelled by the simulator: a rank changed sys.gettrace(), sys.getprofile()" in result.stderr
+        assert f"to ({name}.<locals>.tracer, None) during the run" in result.stderr, result.stderr
+    elif name == "leaves_a_raising_profiler":  # it raised in rank 1's hook, 500 events on: that rank's failure
+        assert result.returncode == 1, result.stderr
+        assert "RuntimeError: the profiler says stop" in result.stdout
+    else:  # it raised inside the engine's step: the code's exception, where and why told
+        assert result.returncode == 1, result.stderr
+        assert "RuntimeError: the tracer stops the engine" in result.stdout
+        assert "raised by the code under test while simcluster's engine ran" in result.stdout
+        assert 'in tracer: raise RuntimeError("the tracer stops the engine")' in result.stdout
+
+
 def test_a_hook_that_sends_its_own_process_sigint_stops_the_check_as_a_raise_does():
     """The supervised child ignored SIGINT, so a hook doing ``os.kill(os.getpid(), SIGINT)``
     went on and passed, where a real rank's process ends (an audit of hostile hooks,

@@ -277,7 +277,8 @@ def _settings() -> tuple[object, ...]:
             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
             os.getcwd(), list(sys.path), sys.getrecursionlimit(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
-            torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+            torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory, sys.gettrace(),
+            sys.getprofile())
 
 
 def _run_shared(name: str) -> str:
@@ -318,6 +319,8 @@ def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name
     ("mkldnn", "torch.backends.mkldnn.enabled"),
     ("nnpack", "torch.backends.nnpack (torch._C._get_nnpack_enabled())"),
     ("fill_uninitialized_memory", "torch.utils.deterministic.fill_uninitialized_memory"),
+    ("trace_function", "sys.gettrace(), sys.getprofile() (the run's thread)"),  # a tracer left behind ran in
+    ("profile_function", "sys.gettrace(), sys.getprofile() (the run's thread)"),  # simcluster's code, and all ranks'
 ])
 def test_a_rank_changing_a_setting_read_once_per_run_is_reported_for_the_run_and_undone(name: str,
                                                                                         setting: str) -> None:
@@ -333,6 +336,7 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert f"from {limit} to {limit + 123} during the run" in _run_shared("recursion_limit")
     assert "entries, added ['/simcluster-test-nowhere'] during the run" in _run_shared("sys_path")
     assert f"from {os.getcwd()!r} to {str(HOOKS)!r} during the run" in _run_shared("chdir")
+    assert "from (None, None) to (None, _count_events) during the run" in _run_shared("profile_function")
     streams = _run_shared("stdout")
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 

@@ -25,10 +25,10 @@ intra-op thread; reductions inside hook code can then differ in their last bits 
 multi-threaded run — identically on every simulated rank, and identically on every
 replay, which also runs supervised.
 
-The child also: raises ``KeyboardInterrupt`` on ``SIGINT`` as any Python process does (a
-hook that sends its own process ``SIGINT`` stops the check with 130, as one raising
-``KeyboardInterrupt`` does, never passes; Ctrl-C in a terminal reaches the parent too, which
-kills the child and re-raises), dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
+The child also: runs in a process group of its own, so a terminal's Ctrl-C reaches only
+the parent (which asks the child for its stack, kills it and re-raises), and raises
+``KeyboardInterrupt`` on ``SIGINT`` as any Python process does (a hook that sends its own
+process ``SIGINT`` stops the check with 130, as one raising ``KeyboardInterrupt`` does), dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
 ``os._exit(code)`` into :class:`~simcluster.errors.HookExited` raised at the call, so the
 report can name the line. Time limits are the one place where wall-clock time reaches
 a verdict: a hook that needs longer than ``deadline`` for one example is reported as
@@ -350,8 +350,12 @@ def kill_and_reap(pid: int) -> int:
 
 
 def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - runs in the child
-    # Python's own handler, not SIG_IGN: a rank that sends itself SIGINT ends on a real cluster,
-    # and ignoring it let such a hook pass (an audit of hostile hooks, 2026-12-07: exit 0)
+    # A process group of its own: the terminal's Ctrl-C goes to the foreground group, so it
+    # reaches the parent only, which asks this child for its stack and then kills it. The
+    # child keeps Python's own SIGINT handler: a rank that sends itself SIGINT ends on a real
+    # cluster, and ignoring it let such a hook pass (an audit of hostile hooks, 2026-12-07).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent(parent)
     faulthandler.enable(file=stack_fd, all_threads=True)

@@ -64,7 +64,7 @@ from typing import Any, NoReturn
 from simcluster.errors import DeadlockError, SimClusterError, SimulatorBug, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
-from simcluster.engine.frames import posting_site, stack_user_frames
+from simcluster.engine.frames import is_internal, posting_site, stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure, written_in_flight
 from simcluster.engine.write_watch import WriteWatch
@@ -689,6 +689,13 @@ class Engine:
                 if self._stop is None:
                     if isinstance(exc, SimClusterError):
                         self._stop = exc
+                    elif _raised_in_user_code(exc):
+                        # a trace or profile function, a __del__ or a gc callback of the code
+                        # under test ran inside the engine's step and raised: the code's failure
+                        exc.add_note(f"simcluster: raised by the code under test while simcluster's engine "
+                                     f"ran (last ran: rank {self._rank}'s code) — a trace or profile "
+                                     f"function, a __del__ or a gc callback it left behind")
+                        self._stop = exc
                     else:
                         self._stop = SimulatorBug(f"simcluster's engine broke completing a step: {exc!r}")
                         self._stop.__cause__ = exc
@@ -807,3 +814,14 @@ class Engine:
         parked = [Parked(slot.thread.ident, rank, label, where) for slot, rank, label, where in self._parked.values()]
         return describe_blockage(parked, self._expected.values(), self._matcher.open.values(),
                                  self._workers_per_channel, self.started_threads, self._matcher.crossed)
+
+
+def _raised_in_user_code(exc: BaseException) -> bool:
+    """Whether ``exc``'s innermost frame is code under test's (not simcluster's, torch's or
+    Python's own): an exception from the engine's own step that user code raised there."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return not is_internal(tb.tb_frame.f_code.co_filename)

@@ -329,6 +329,27 @@ def _set_streams(value: tuple[Any, Any]) -> None:
     sys.stdout, sys.stderr = value
 
 
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _tracing() -> tuple[Any, Any]:
+    """The thread's trace and profile functions, None for simcluster's own (``explain``'s
+    line tracer, :class:`~simcluster.engine.write_watch.WriteWatch`, is set and taken back
+    around the rank code it watches)."""
+    def code_under_test(function: Any) -> Any:
+        code = getattr(function, "__code__", None) or getattr(getattr(function, "__func__", None), "__code__", None)
+        return None if code is not None and code.co_filename.startswith(_OWN_CODE) else function
+    trace, profile = sys.gettrace(), sys.getprofile()
+    return (trace and code_under_test(trace), profile and code_under_test(profile))
+
+
+def _set_tracing(value: tuple[Any, Any]) -> None:
+    """Put the thread's trace and profile functions back (a hook that left one that raises
+    broke simcluster's own code after the run: an audit of hostile hooks, 2026-12-07)."""
+    sys.settrace(value[0])
+    sys.setprofile(value[1])
+
+
 def _set_path(value: tuple[list[str], tuple[str, ...]]) -> None:
     listed, entries = value
     listed[:] = entries  # the same list object as before the run (a rank may have replaced it)
@@ -344,6 +365,7 @@ _RUN_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("torch.backends.mkldnn.enabled", torch._C._set_mkldnn_enabled),
     ("torch.backends.nnpack (torch._C._get_nnpack_enabled())", torch._C._set_nnpack_enabled),
     ("torch.utils.deterministic.fill_uninitialized_memory", torch._C._set_deterministic_fill_uninitialized_memory),
+    ("sys.gettrace(), sys.getprofile() (the run's thread)", _set_tracing),
 )
 """The settings read when a run starts and when it ends, not at every rank switch: (name,
 setter that undoes a change), in :func:`_run_settings`' order. ``os.getcwd()`` is a system
@@ -357,7 +379,8 @@ def _run_settings() -> tuple[Any, ...]:
     """The values of :data:`_RUN_SETTINGS`, in order (C getters called directly)."""
     return (os.getcwd(), (sys.path, tuple(sys.path)), sys.getrecursionlimit(),
             _C.is_anomaly_enabled() and (True, _C.is_anomaly_check_nan_enabled()), (sys.stdout, sys.stderr),
-            _C._get_mkldnn_enabled(), _C._get_nnpack_enabled(), _C._get_deterministic_fill_uninitialized_memory())
+            _C._get_mkldnn_enabled(), _C._get_nnpack_enabled(), _C._get_deterministic_fill_uninitialized_memory(),
+            _tracing())
 
 
 _get_default_dtype, _get_num_threads = torch.get_default_dtype, torch.get_num_threads  # C functions already
@@ -687,4 +710,8 @@ def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
             return ", ".join(type(s).__name__ + (f"({s.name!r})" if isinstance(getattr(s, "name", None), str) else "")
                              for s in pair)
         return f"({streams(before)})", f"({streams(now)})"
+    if name.startswith("sys.gettrace()"):
+        def functions(pair: tuple[Any, Any]) -> str:
+            return ", ".join("None" if f is None else getattr(f, "__qualname__", type(f).__qualname__) for f in pair)
+        return f"({functions(before)})", f"({functions(now)})"
     return repr(before), repr(now)

@@ -52,14 +52,6 @@ def raises_keyboard_interrupt(state, bucket):
     raise KeyboardInterrupt
 
 
-def sends_itself_sigint(state, bucket):
-    """Python's default SIGINT handler raises KeyboardInterrupt here: a real rank ends."""
-    import signal
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(0.01)
-    return _allreduce(bucket)
-
-
 def posts_from_thread(state, bucket):
     """Posts the all_reduce from a thread it starts (and does not join)."""
     box = {}
@@ -275,3 +267,45 @@ class InterruptOfItsOwn(KeyboardInterrupt):
 
 def raises_a_keyboard_interrupt_of_its_own(state, bucket):
     raise InterruptOfItsOwn()
+
+
+def leaves_a_raising_tracer(state, bucket):
+    """A trace function that raises in whatever code runs 2000 events later: simcluster's
+    engine, the judge, Hypothesis."""
+    events = [0]
+
+    def tracer(frame, event, arg):
+        events[0] += 1
+        if events[0] > 2000:
+            raise RuntimeError("the tracer says stop")
+        return tracer
+    sys.settrace(tracer)
+    return _allreduce(bucket)
+
+
+def leaves_a_tracer_raising_in_the_engine(state, bucket):
+    """A trace function that raises when simcluster's engine completes a collective."""
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_complete_one":
+            raise RuntimeError("the tracer stops the engine")
+    sys.settrace(tracer)
+    return _allreduce(bucket)
+
+
+def leaves_a_raising_profiler(state, bucket):
+    events = [0]
+
+    def profiler(frame, event, arg):
+        events[0] += 1
+        if events[0] > 500:
+            raise RuntimeError("the profiler says stop")
+    sys.setprofile(profiler)
+    return _allreduce(bucket)
+
+
+def sends_itself_sigint(state, bucket):
+    """Python's default SIGINT handler raises KeyboardInterrupt here: a real rank ends."""
+    import signal
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.01)
+    return _allreduce(bucket)

@@ -51,6 +51,14 @@ fill_uninitialized_memory = _on_rank_1(lambda: setattr(
     torch.utils.deterministic, "fill_uninitialized_memory", not torch.utils.deterministic.fill_uninitialized_memory))
 
 
+def _count_events(frame, event, arg):
+    return None
+
+
+trace_function = _on_rank_1(lambda: sys.settrace(_count_events))
+profile_function = _on_rank_1(lambda: sys.setprofile(_count_events))
+
+
 def flush_denormal_then_wait(process_group, bucket):
     """Rank 1 sets flush-denormal and then blocks in its hook: its thread parks and another
     thread, started from it (inheriting its FPU bits), runs the other ranks."""
