@@ -28,7 +28,11 @@ __all__ = [
     "HookFailure",
     "CollectiveMismatchError",
     "DeadlockError",
+    "BackendRejection",
     "BackendError",
+    "BackendTypeError",
+    "BackendValueError",
+    "backend_error",
     "HookContractError",
     "InFlightReadError",
     "InFlightWriteError",
@@ -98,12 +102,39 @@ class DeadlockError(HookFailure):
     """
 
 
-class BackendError(HookFailure, RuntimeError):
+class BackendRejection(HookFailure):
+    """The modelled backend rejects the call as the real one does: the base of
+    :class:`BackendError`, :class:`BackendValueError` and :class:`BackendTypeError`."""
+
+
+class BackendError(BackendRejection, RuntimeError):
     """The modelled backend rejects the call as the real one does (e.g. gloo and ``PREMUL_SUM``).
 
     A ``RuntimeError`` too, as the real backend's error is, so hook code that catches it
-    behaves as it would on a cluster.
+    behaves as it would on a cluster. Where the real backend raises another built-in class
+    (NCCL: ``ValueError`` for ``BAND``, ``TypeError`` for an unsupported dtype), the error
+    is a :class:`BackendValueError` or :class:`BackendTypeError` (:func:`backend_error`):
+    an ``except RuntimeError`` in the hook must not catch what it would not catch on a cluster.
     """
+
+
+class BackendValueError(BackendRejection, ValueError):
+    """:class:`BackendError`'s kind for a backend whose real error is a ``ValueError``."""
+
+
+class BackendTypeError(BackendRejection, TypeError):
+    """:class:`BackendError`'s kind for a backend whose real error is a ``TypeError``."""
+
+
+def backend_error(builtin: type[Exception], message: str) -> BackendRejection:
+    """The backend's rejection as raised to the hook: of ``builtin``'s class (``RuntimeError``,
+    ``ValueError`` or ``TypeError``), so the hook's ``except`` clauses see what they would.
+
+    >>> isinstance(backend_error(ValueError, "Cannot use ReduceOp.BAND with NCCL"), RuntimeError)
+    False
+    """
+    kind = {ValueError: BackendValueError, TypeError: BackendTypeError}.get(builtin, BackendError)
+    return kind(message)
 
 
 class HookContractError(HookFailure):

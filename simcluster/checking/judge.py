@@ -36,7 +36,7 @@ from simcluster.checking.supervisor import raise_site, watchdog_under
 from simcluster.ddp.model import DDPConfig, SimDDP, gather_source, subgroups
 from simcluster.engine.guard import is_stop_request
 from simcluster.errors import (
-    BackendError, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
+    BackendRejection, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
     InFlightReadError, InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
 from simcluster.engine.trace import Polled, Posted
@@ -708,7 +708,7 @@ def _judge_error(opts: Options, error: BaseException, at: int, check_ef: bool, f
         fail("liveness", f"{exit_text}{raise_site(error)}", error)
     if "liveness" in opts.props and P.liveness(error):
         fail("liveness", head, error)
-    if isinstance(error, (HookContractError, GradBucketMisuse, BackendError)):
+    if isinstance(error, (HookContractError, GradBucketMisuse, BackendRejection)):
         if "contract" in opts.props:
             fail("contract", head, error)
     elif _from_state_factory(error) and "liveness" in opts.props:

@@ -689,12 +689,12 @@ class Engine:
                 if self._stop is None:
                     if isinstance(exc, SimClusterError):
                         self._stop = exc
-                    elif _raised_in_user_code(exc):
-                        # a trace or profile function, a __del__ or a gc callback of the code
-                        # under test ran inside the engine's step and raised: the code's failure
+                    elif _raised_through_user_code(exc):
+                        # code under test that ran inside the engine's step raised: its failure
                         exc.add_note(f"simcluster: raised by the code under test while simcluster's engine "
-                                     f"ran (last ran: rank {self._rank}'s code) — a trace or profile "
-                                     f"function, a __del__ or a gc callback it left behind")
+                                     f"ran (last ran: rank {self._rank}'s code): code it left to run later "
+                                     f"(a trace or profile function, a __del__, a gc callback) or gave the "
+                                     f"engine (a schedule)")
                         self._stop = exc
                     else:
                         self._stop = SimulatorBug(f"simcluster's engine broke completing a step: {exc!r}")
@@ -816,12 +816,12 @@ class Engine:
                                  self._workers_per_channel, self.started_threads, self._matcher.crossed)
 
 
-def _raised_in_user_code(exc: BaseException) -> bool:
-    """Whether ``exc``'s innermost frame is code under test's (not simcluster's, torch's or
-    Python's own): an exception from the engine's own step that user code raised there."""
+def _raised_through_user_code(exc: BaseException) -> bool:
+    """Whether a frame of code under test (not simcluster's, torch's or Python's own) is in
+    ``exc``'s traceback: an exception from the engine's own step that went through user code."""
     tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
+    while tb is not None:
+        if not is_internal(tb.tb_frame.f_code.co_filename):
+            return True
         tb = tb.tb_next
-    return not is_internal(tb.tb_frame.f_code.co_filename)
+    return False

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 import torch.distributed
 
-from simcluster.errors import BackendError, UnsupportedError, UsageError
+from simcluster.errors import UnsupportedError, UsageError, backend_error
 from simcluster.limits import BACKEND_NAMES
 
 __all__ = [
@@ -326,7 +326,7 @@ def _as_raw(t: torch.Tensor, backend: str = "gloo") -> torch.Tensor:
             "elements of memory from its data pointer, not the view's elements, so the ranks' views "
             "end up different; compute on collectives.memory_window(t) of each rank to reproduce it")
     else:
-        raise BackendError("nccl rejects a non-contiguous tensor: ValueError: Tensors must be contiguous")
+        raise backend_error(ValueError, "nccl rejects a non-contiguous tensor: ValueError: Tensors must be contiguous")
     if flat.is_complex():
         return torch.view_as_real(flat).reshape(-1)
     return flat.view(torch.uint8) if flat.dtype == torch.bool else flat
@@ -377,8 +377,8 @@ def _prepare(inputs: Sequence[torch.Tensor], op: str, backend: str, collective: 
                                    "gloo reduces each rank's memory order, so the ranks' results would differ")
     found = rejection(collective, op, first.dtype, backend)
     if found is not None:
-        raise BackendError(f"{backend} rejects {collective}({op}, {first.dtype}): {found.exc_type.__name__}: "
-                           f"{found.message}")
+        raise backend_error(found.exc_type, f"{backend} rejects {collective}({op}, {first.dtype}): "
+                                             f"{found.exc_type.__name__}: {found.message}")
     return [_as_raw(t, backend) for t in inputs]
 
 
@@ -682,7 +682,8 @@ def _compute(raw: list[torch.Tensor], op: str, backend: str, factor: Factor, dty
 def reduce(inputs: Sequence[torch.Tensor], op: str, backend: str, *, premul_factor: Factor = None) -> torch.Tensor:
     """What ``all_reduce(op)`` leaves on every rank; ``inputs[r]`` is rank r's tensor.
 
-    Raises :class:`BackendError` (with the backend's message) for calls the backend rejects.
+    Raises a :class:`~simcluster.errors.BackendRejection` of the real error's class (with the
+    backend's message) for calls the backend rejects.
     """
     raw = _prepare(inputs, op, backend, "all_reduce")
     return _from_raw(_compute(raw, op, backend, premul_factor, inputs[0].dtype), inputs[0])

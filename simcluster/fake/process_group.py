@@ -36,7 +36,7 @@ from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
 from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
-from simcluster.errors import BackendError, UnsupportedError, UsageError
+from simcluster.errors import BackendError, UnsupportedError, UsageError, backend_error
 from simcluster.fake.futures import DoneFlag, SimFuture, polled_by_user
 from simcluster.names import MASKED_ADDRESS, MASKED_STAMP, wear_torchs_name
 
@@ -77,7 +77,7 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ReduceOp = dist.ReduceOp
 # torch's front end: a collective called with async_op=False waits on its work from here
 _C10D_FILE = dist.distributed_c10d.__file__
-_REDUCTIONS: dict[tuple[str, int, torch.dtype, str], tuple[str, str | None, str]] = {}
+_REDUCTIONS: dict[tuple[str, int, torch.dtype, str], tuple[str, collectives.Rejection | None, str]] = {}
 """``(op, ReduceOp kind's number, dtype, backend)`` -> ``(reduce-op name, rejection, dtype name)``
 (see :meth:`SimProcessGroup._reduce_signature`). The kind is keyed by its number
 (``ReduceOp.RedOpType.value``), not by the ``RedOpType`` itself: pybind makes a new enum
@@ -284,7 +284,7 @@ class SimProcessGroup(dist.ProcessGroup):
         detail: str = "",
         channel: str | None = None,
         ranks: tuple[int, ...] | None = None,
-        error: str | None = None,
+        error: collectives.Rejection | None = None,
         watched: tuple[torch.Tensor, ...] | None = None,
     ) -> SimWork:
         """Post this rank's part; ``compute`` maps every rank's call (in group order) to
@@ -296,10 +296,10 @@ class SimProcessGroup(dist.ProcessGroup):
             engine = self._engine(op)  # raises its UsageError
         backend = self._runtime.backend
         if error is not None:
-            if backend.errors_at_call:
-                raise BackendError(error)
+            if backend.errors_at_call:  # of the real backend's class: NCCL's BAND is a ValueError
+                raise backend_error(error.exc_type, error.message)
             # the collective runs, and fails at wait() on every rank; its error names this call's line
-            compute = _rejected(error, stack_user_frames(sys._getframe(1)), engine.trace)
+            compute = _rejected(error.message, stack_user_frames(sys._getframe(1)), engine.trace)
         future = SimFuture(engine, self.global_rank, "")
         after: tuple[DoneFlag, ...] = ()
         grad_mode = backend.completion_grad_mode
@@ -353,7 +353,7 @@ class SimProcessGroup(dist.ProcessGroup):
         known = _REDUCTIONS.get(key) if key is not None else None
         if known is None:
             name, factor = collectives.reduce_op_name(reduce_op)
-            known = (name, collectives.unsupported_reason(op, name, dtype, backend), _dtype(tensor))
+            known = (name, collectives.rejection(op, name, dtype, backend), _dtype(tensor))
             if key is not None and factor is None and name != "PREMUL_SUM":
                 _REDUCTIONS[key] = known
         else:
@@ -394,7 +394,7 @@ class SimProcessGroup(dist.ProcessGroup):
             raise ValueError(f"all_reduce_coalesced on rank {self.global_rank}: no tensors")
         first = tensors[0]
         name, factor = collectives.reduce_op_name(_reduce_op(opts))
-        error = collectives.unsupported_reason("all_reduce_coalesced", name, first.dtype, self._runtime.backend.name)
+        error = collectives.rejection("all_reduce_coalesced", name, first.dtype, self._runtime.backend.name)
         backend = self._runtime.backend.name
         shapes = tuple((_dtype(t), tuple(t.shape)) for t in tensors)
 
@@ -471,7 +471,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_post(
         self, op: str, out: torch.Tensor, chunks: list[torch.Tensor], sig: tuple[Any, ...], name: str, factor: Any,
-        error: str | None, whole: torch.Tensor | None = None,
+        error: collectives.Rejection | None, whole: torch.Tensor | None = None,
     ) -> SimWork:
         backend = self._runtime.backend.name
         group = self.spec.ranks
@@ -680,7 +680,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = ([out_full], None)
             return results
 
-        return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins), error=error)
+        return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins),
+                          error=None if error is None else collectives.Rejection(RuntimeError, error, "wait", "measured"))
 
     alltoall_base = all_to_all_single
 
