@@ -429,6 +429,34 @@ def test_bitwise_op_on_float_fails_at_wait_on_gloo_and_at_call_on_nccl() -> None
         ["TypeError: Cannot use ReduceOp.AVG with boolean inputs"] * 2
 
 
+def test_an_all_gather_of_uneven_outputs_is_one_broadcast_per_rank_under_the_nccl_model() -> None:
+    """ProcessGroupNCCL broadcasts each rank's input into that rank's output when the outputs
+    differ in size (torch's sources); the model raised ValueError, a false alarm on a hook that
+    gathers uneven shards (a round of hooks written outside the project, 2026-12-07). gloo
+    refuses it (measured)."""
+    sizes = [2, 1, 1]
+
+    def gather(rank: int) -> list[list[float]]:
+        outs = [torch.zeros(s) for s in sizes]
+        dist.all_gather(outs, torch.full((sizes[rank],), float(rank + 1)))
+        return [o.tolist() for o in outs]
+
+    assert SimCluster(3, backend="nccl").run(gather).values == [[[1.0, 1.0], [2.0], [3.0]]] * 3
+    with pytest.raises(RuntimeError, match="invalid tensor size"):
+        SimCluster(3, backend="gloo").run(gather)
+
+    def own_input_off(rank: int) -> None:  # rank i's input must have output i's size
+        dist.all_gather([torch.zeros(s) for s in sizes], torch.ones(1))
+    with pytest.raises(ValueError, match="Tensor input and output of _broadcast_oop must have the same number"):
+        SimCluster(3, backend="nccl").run(own_input_off)
+
+    def one_rank_even(rank: int) -> None:  # rank 0 takes NCCL's allgather, the others broadcast
+        mine = [1, 1, 1] if rank == 0 else sizes
+        dist.all_gather([torch.zeros(s) for s in mine], torch.ones(mine[rank]))
+    with pytest.raises(CollectiveMismatchError, match="uneven outputs"):
+        SimCluster(3, backend="nccl").run(one_rank_even)
+
+
 def test_world_and_rank_resolve_per_rank_and_are_restored() -> None:
     seen = SimCluster(3).run(lambda r: (dist.get_rank(), dist.get_world_size(), dist.is_initialized())).values
     assert seen == [(0, 3, True), (1, 3, True), (2, 3, True)]

@@ -509,8 +509,11 @@ class SimProcessGroup(dist.ProcessGroup):
         if self._runtime.backend.strict_gather_shapes:
             _raise_gloo_gather_error(outs, t, self.size())
         self._list_len("all_gather", "tensor_list", outs)
+        signature: tuple[Any, ...] = (_dtype(t), tuple(t.shape))
+        if len({o.numel() for o in outs}) > 1:  # NCCL (gloo raised above): one broadcast per rank
+            signature = self._uneven_all_gather(outs, t)
         for o in outs:
-            if o.numel() != t.numel() or o.dtype != t.dtype:
+            if (o.numel() != t.numel() and len(signature) == 2) or o.dtype != t.dtype:
                 raise ValueError(
                     f"all_gather on rank {self.global_rank}: output {_dtype(o)}{list(o.shape)} does not match "
                     f"input {_dtype(t)}{list(t.shape)}"
@@ -526,11 +529,27 @@ class SimProcessGroup(dist.ProcessGroup):
                 for o, s in zip(mine, sources):
                     collectives.copy_bits_(o, s.view(o.shape))
                     increment_version(o)  # gloo's all_gather moves each output's version once, by its completion
-                results[r] = (backend.all_gather_value(mine), None)
+                # uneven: the value of NCCL's coalesced broadcasts' work is not known (unverified): the outputs
+                results[r] = (backend.all_gather_value(mine) if len(signature) == 2 else list(mine), None)
             return results
 
-        return self._post("all_gather", t, (_dtype(t), tuple(t.shape)), compute, (list(outs), t), watched=(t, *outs),
+        return self._post("all_gather", t, signature, compute, (list(outs), t), watched=(t, *outs),
                           nbytes=t.numel() * t.element_size())
+
+    def _uneven_all_gather(self, outs: list[torch.Tensor], t: torch.Tensor) -> tuple[Any, ...]:
+        """An ``all_gather`` whose outputs differ in size, under the NCCL model: ProcessGroupNCCL
+        then broadcasts each rank's input into that rank's output on every rank, one
+        ``_broadcast_oop`` per rank in a coalesced group (read from torch's sources; no GPU
+        here to measure). Rank ``i``'s input must have output ``i``'s size (else the call
+        raises ``ValueError``); every rank must pass the same sizes — the signature the ranks'
+        calls are matched on — where a rank with equal sizes takes NCCL's allgather and the
+        ranks' calls do not fit together."""
+        if outs[self.rank()].numel() != t.numel():
+            raise backend_error(ValueError, f"Tensor input and output of _broadcast_oop must have the same number "
+                                            f"of elements (all_gather on rank {self.global_rank}: input "
+                                            f"{_dtype(t)}{list(t.shape)}, output {self.rank()} "
+                                            f"{_dtype(outs[self.rank()])}{list(outs[self.rank()].shape)})")
+        return (_dtype(t), "uneven outputs", tuple(o.numel() for o in outs))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         self._check_tensors("all_gather_into_tensor", [output, input])
