@@ -499,11 +499,20 @@ def _check_command(args: argparse.Namespace, check: CheckFunction | None) -> int
         if missed:
             print("\n".join(missed))
     _write_json(args, reports, e2e)
+    if not args.quiet:
+        print(_timing_line(reports), file=sys.stderr)
     if internal:
         return EXIT_INTERNAL
     if e2e is not None and e2e.fidelity_bugs:
         return EXIT_FIDELITY  # the simulator's verdicts cannot be trusted: before the hook's verdict
     return EXIT_FAILED if missed or any(r.status == "FAILED" for r in reports) else EXIT_OK
+
+
+def _timing_line(reports: list[CheckReport]) -> str:
+    """Where the run's time went, for stderr: the rows' total and the slowest ones."""
+    timed = sorted((r for r in reports if r.skipped is None), key=lambda r: -r.seconds)
+    slowest = ", ".join(f"{r.target} {r.seconds:.1f} s" for r in timed[:3])
+    return f"simcluster: rows took {sum(r.seconds for r in timed):.1f} s" + (f" (slowest: {slowest})" if slowest else "")
 
 
 def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any = None) -> None:
@@ -680,12 +689,15 @@ def _backend_status(report: CheckReport, backend: str) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], reports: list[CheckReport], e2e: Any = None) -> str:
-    """The summary table: hook, state, tolerance, one status column per backend, time;
+    """The summary table: hook, state, tolerance, one status column per backend, examples;
     with ``e2e`` (:class:`simcluster.real.e2e_check.E2ESummary`) an ``e2e`` column too.
 
-    Skipped rows follow the checked ones, with their reason.
+    Skipped rows follow the checked ones, with their reason. No wall-clock time: the report
+    on stdout is the same, byte for byte, on every run of the same command (a time column
+    made two replays of a deterministic hook differ: an audit of hostile hooks, 2026-12-07);
+    times go to stderr (the progress lines and :func:`_timing_line`) and ``--json``.
     """
-    head = ("hook", "state", "tolerance", "gloo", "nccl", "time") + (("e2e",) if e2e is not None else ())
+    head = ("hook", "state", "tolerance", "gloo", "nccl", "examples") + (("e2e",) if e2e is not None else ())
     body: list[tuple[str, ...]] = []
     skipped: list[tuple[str, str]] = []
     for row, report in zip(rows, reports):
@@ -694,7 +706,7 @@ def format_table(rows: list[dict[str, Any]], reports: list[CheckReport], e2e: An
             continue
         state = row["state"].rpartition(":")[2] if ":" in row["state"] else row["state"]
         body.append((row["name"], state, row["tolerance"], _backend_status(report, "gloo"),
-                     _backend_status(report, "nccl"), f"{report.seconds:.1f}s")
+                     _backend_status(report, "nccl"), str(report.examples))
                     + ((e2e.column(row["name"]),) if e2e is not None else ()))
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head, *body]]

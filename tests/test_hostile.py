@@ -395,6 +395,20 @@ def test_the_cli_runs_with_a_fixed_string_hash_seed(tmp_path):
     assert said[2][0] == "7"
 
 
+def test_the_report_on_stdout_is_the_same_bytes_on_every_run_of_a_command():
+    """The table's wall-clock time column made two runs of one replay of a deterministic hook
+    differ (an audit of hostile hooks, 2026-12-07): the table counts examples instead, and
+    the times go to stderr."""
+    command = ("simcluster.hooks.buggy:forgot_division", "--examples", "5", "--world-sizes", "2")
+    first, second = run_cli(*command), run_cli(*command)
+    assert first.returncode == second.returncode == 1, first.stderr
+    assert first.stdout == second.stdout and "examples" in first.stdout.splitlines()[0], first.stdout
+    loud = subprocess.run([sys.executable, "-m", "simcluster", "check", "--no-database", *command],
+                          capture_output=True, text=True, timeout=240, cwd=HERE.parent)
+    assert re.search(r"simcluster: rows took \d+\.\d s \(slowest: simcluster.hooks.buggy:forgot_division "
+                     r"\d+\.\d s\)", loud.stderr), loud.stderr
+
+
 def test_a_base_exception_of_the_hooks_own_is_its_failure_and_its_keyboard_interrupt_stops_the_check():
     """A hook raising a BaseException subclass of its own (defined in its module, so its class
     cannot be unpickled by the parent) was an internal error with a traceback, exit 3; a

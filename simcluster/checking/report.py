@@ -101,7 +101,7 @@ class CheckReport:
         head = f"{self.target}: {self.status}"
         if self.skipped is not None:
             return f"{head} ({self.skipped})"
-        lines = [head + f" ({self.examples} examples, {self.seconds:.1f}s; properties: {', '.join(self.properties)})"]
+        lines = [head + f" ({self.examples} examples; properties: {', '.join(self.properties)})"]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
         lines += [f.format() for f in self.failures]
