@@ -581,3 +581,14 @@ def joins_every_chunk(state, bucket):
     buf = bucket.buffer().div_(dist.get_world_size())
     futures = [dist.all_reduce(half, async_op=True).get_future() for half in buf.chunk(2)]
     return torch.futures.collect_all(futures).then(lambda f: buf)
+
+
+def dtype_from_local_data_hook(state, bucket):
+    """Each rank picks fp32 or bf16 from its own gradients: either rank may be the one that
+    posts bf16, so the same mismatch comes out with the ranks' roles swapped."""
+    buf = bucket.buffer()
+    if buf.numel() and buf.abs().max() > 1e4:
+        return _mean(bucket)
+    t = buf.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    return fut.then(lambda f: buf.copy_(f.value()[0]))

@@ -1266,3 +1266,14 @@ def test_an_overflow_in_the_cast_after_a_wider_sum_is_explained() -> None:
     assert "got inf" in text, text
     assert "the collectives carried float64, where this sum fits, but the result is float32, which does not hold it" \
         in text, text
+
+
+def test_a_mismatch_with_the_ranks_roles_swapped_is_one_bug_not_two() -> None:
+    """A hook choosing its dtype from local data mismatches with rank 0 posting bf16 in one
+    example and rank 1 in another: keyed by the line of the call that completed the mismatch,
+    they were two bugs, reported twice as mirror images (a round of hooks written outside the
+    project, 2026-12-07). One bug: the calls that disagree."""
+    report = check_hook(f"{HOOKS}:dtype_from_local_data_hook", world_sizes=(2,), examples=60, seed=0, database=None,
+                        tolerance="bf16", backends=("gloo",))
+    mismatches = [f for f in report.failures if "CollectiveMismatchError" in f.message]
+    assert len(mismatches) == 1, report.format()

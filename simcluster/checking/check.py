@@ -580,6 +580,8 @@ def _violations(exc: BaseException) -> list[Violation]:
 
 def _bug_key(v: Violation) -> tuple[int, str, str, str, str]:
     """Sort key and identity of a distinct bug: property (in checking order), exception type,
-    user line, and for *averages* what the result is (:func:`~simcluster.checking.judge.averages_outcome`:
+    user line (a collective mismatch: its calls, whichever rank's line raised), and for
+    *averages* what the result is (:func:`~simcluster.checking.judge.averages_outcome`:
     another bucket's data, or not)."""
-    return ORDER.index(v.prop), v.prop, v.info.get("error_type", ""), v.info.get("line", ""), v.info.get("outcome", "")
+    return (ORDER.index(v.prop), v.prop, v.info.get("error_type", ""), v.info.get("identity", v.info.get("line", "")),
+            v.info.get("outcome", ""))

@@ -63,7 +63,8 @@ _KEYED: dict[tuple[str, str, str], type[Violation]] = {}
 
 
 def violation_class(prop: str, error_type: str, line: str) -> type[Violation]:
-    """The class raised for a distinct bug — (property, exception type, user-code line).
+    """The class raised for a distinct bug — (property, exception type, user-code line, or
+    for a collective mismatch the calls that disagree).
 
     Hypothesis tells bugs apart by exception type and origin; every Violation is raised
     from one place, so the key must be in the type: one subclass per key (cached, so a
@@ -166,8 +167,9 @@ def _failer(info: dict[str, Any]) -> Fail:
     def fail(prop: str, message: str, error: BaseException | None = None, **extra: Any) -> None:
         etype = type(error).__name__ if error is not None else ""
         line = user_line(error)
-        cls = violation_class(prop, etype, line)
-        raise cls(message, {**info, **extra, "error": error, "error_type": etype, "line": line})
+        identity = getattr(error, "simcluster_identity", None) or line  # a mismatch: its calls, not a side's line
+        cls = violation_class(prop, etype, identity)
+        raise cls(message, {**info, **extra, "error": error, "error_type": etype, "line": line, "identity": identity})
     return fail
 
 
