@@ -31,6 +31,7 @@
   and 3 when the hook used what the simulator does not model (*unsupported*: nothing compared).
 * **130** — interrupted (Ctrl-C, or a hook raised ``KeyboardInterrupt``): the run stops
   at once; ``--json`` still gets the reports finished so far.
+* **143** — terminated (``SIGTERM`` to the command, a CI job's time limit): as 130, said as such.
 
 Hooks run in a supervised child process (:mod:`simcluster.checking.supervisor`): a hook that
 spins, blocks, sleeps, calls ``sys.exit``/``os._exit`` or kills its process is a
@@ -79,7 +80,7 @@ DEFAULT_DATABASE = ".simcluster/examples"
 CheckFunction = Callable[..., CheckReport]
 """``simcluster.checking.check.check_hook``'s shape: ``check(hook, *, target=…, state=…, …) -> CheckReport``."""
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_FIDELITY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_FIDELITY, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 4, 130, 143
 CHECK_WORLD_SIZES = "1,2,3,4,8"
 """``check --world-sizes``' default."""
 
@@ -220,10 +221,11 @@ def main(argv: Sequence[str] | None = None, *, check: CheckFunction | None = Non
             print(f"simcluster: error: {first_line(exc) or type(exc).__name__}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt as exc:
-            print("simcluster: interrupted", file=sys.stderr)
+            terminated = isinstance(exc, ctrl_c.Terminated)
+            print("simcluster: terminated (SIGTERM)" if terminated else "simcluster: interrupted", file=sys.stderr)
             for note in getattr(exc, "__notes__", ()):
                 print(note, file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def console_main() -> int:

@@ -46,6 +46,17 @@ def descendants(root: int | None = None) -> set[int]:
     return found
 
 
+def in_session(session: int) -> set[int]:
+    """Live processes of session ``session`` (a command started with ``start_new_session``:
+    its pid), whatever their process group or parent now."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None and fields[0] != "Z" \
+                and int(fields[3]) == session:
+            found.add(int(entry))
+    return found
+
+
 def alive(pid: int) -> bool:
     """``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from processes import children, ctrl_c_as_from_a_terminal
+from processes import children, ctrl_c_as_from_a_terminal, in_session
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError, ForeignThreadError, StuckError, ThreadedRankCodeError
@@ -453,6 +453,29 @@ def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process(tmp_path):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no process of the run's group is left
+    assert not in_session(proc.pid)  # nor the supervised child, in a group of its own
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_cli_sigterm_ends_the_run_with_143_and_says_where_it_was(tmp_path, jobs):
+    """SIGTERM (a CI job's time limit) ended the command at once, status 143 and not a word
+    of what was being checked (an audit of hostile hooks, 2026-12-07: a hook that sent its
+    parent SIGTERM). Now it stops as Ctrl-C does: where the checked code was, no process left."""
+    rows = [target("spins_announced")] + ([target("spins_announced"), target("sleeps_announced")] if jobs == "2" else [])
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database", *rows,
+                             "--backend", "gloo", "--jobs", jobs], cwd=HERE.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)})
+    limit = time.monotonic() + 120
+    while time.monotonic() < limit and not any(tmp_path.iterdir()):
+        time.sleep(0.1)
+    assert any(tmp_path.iterdir())
+    proc.send_signal(signal.SIGTERM)  # to the command only, as `timeout` does
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 143, err
+    assert "simcluster: terminated (SIGTERM)" in err and "was being checked" in err, err
+    time.sleep(0.5)
+    assert not in_session(proc.pid)  # no process of the run is left (the supervised child has a group of its own)
 
 
 SIGINT_WHILE_IMPORTING = """

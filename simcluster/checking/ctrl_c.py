@@ -29,9 +29,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["remembering", "raise_if_lost", "seen", "press", "held_back"]
+__all__ = ["remembering", "raise_if_lost", "seen", "press", "held_back", "Terminated", "terminate"]
 
 _pressed = False
+_terminated = False
+
+
+class Terminated(KeyboardInterrupt):
+    """``SIGTERM`` arrived (a CI job's time limit, ``timeout``, ``kill``): the run stops as it
+    does for Ctrl-C — the child's stack taken, every process ended, what was being checked
+    and where said — and exits with 143 (128 + 15), as a process ended by ``SIGTERM`` does.
+    Without it the command died at once with no word of where the checked code was (an
+    audit of hostile hooks, 2026-12-07)."""
+
+
+def terminate(signum: int = signal.SIGTERM, frame: Any = None) -> None:
+    """The ``SIGTERM`` handler of a command: remember it, raise :class:`Terminated`."""
+    global _pressed, _terminated
+    _pressed = _terminated = True
+    raise Terminated
 
 
 def press(signum: int = signal.SIGINT, frame: Any = None) -> None:
@@ -46,15 +62,15 @@ def raise_if_lost() -> None:
     """Raise ``KeyboardInterrupt`` if an interrupt arrived and no simcluster code has seen it
     yet (:func:`seen`): its handler's exception was swallowed where it ran."""
     if _pressed:
-        raise KeyboardInterrupt
+        raise Terminated if _terminated else KeyboardInterrupt
 
 
 def seen() -> None:
     """The interrupt reached simcluster's code (a ``except KeyboardInterrupt`` that goes on
     working — to ask the workers where they were, say): forget it, so that only a new
     press counts from here on. Also called in a freshly forked worker."""
-    global _pressed
-    _pressed = False
+    global _pressed, _terminated
+    _pressed = _terminated = False
 
 
 @contextmanager
@@ -66,13 +82,17 @@ def remembering() -> Iterator[None]:
     and state come back afterwards (tests call :func:`~simcluster.cli.main` in their own
     process)."""
     previous = signal.getsignal(signal.SIGINT)
-    ours = False
-    if previous is signal.default_int_handler:
-        try:
+    previous_term = signal.getsignal(signal.SIGTERM)
+    ours = ours_term = False
+    try:
+        if previous is signal.default_int_handler:
             signal.signal(signal.SIGINT, press)
             ours = True
-        except ValueError:  # not the main thread
-            pass
+        if previous_term == signal.SIG_DFL:  # SIGTERM too (:class:`Terminated`), unless someone set a handler
+            signal.signal(signal.SIGTERM, terminate)
+            ours_term = True
+    except ValueError:  # not the main thread
+        pass
     seen()
     try:
         yield
@@ -80,6 +100,8 @@ def remembering() -> Iterator[None]:
         seen()
         if ours:
             signal.signal(signal.SIGINT, previous)
+        if ours_term:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 @contextmanager

@@ -207,6 +207,7 @@ def _worker(task: Callable[[], Any], out: int, parent: int, mask: Any) -> None: 
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as SIGINT: the parent's to act on (it kills the workers)
         ctrl_c.seen()  # the parent's state is not the worker's
         signal.signal(_WHERE_SIGNAL, ctrl_c.press)  # remembered: the worker's supervisor polls for it
         die_with_parent(parent)

@@ -357,6 +357,7 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the command's handler: a hook's SIGTERM to itself kills it
     die_with_parent(parent)
     faulthandler.enable(file=stack_fd, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
