@@ -434,8 +434,9 @@ def _load(rows: list[dict[str, Any]], deadline: float, isolate: tuple[str, ...] 
             raise outcome.error
         if outcome.death is not None:
             frames = [line.strip() for line in format_stack(outcome.death.stacks).splitlines() if " in " in line]
-            what = "" if outcome.death.kind == "deadline" else "'s process"
-            raise TargetLoadError(f"importing the TARGETs{what} {outcome.death.detail}"
+            what = "" if outcome.death.kind == "deadline" else "the process "
+            loaded = ", ".join(row["target"] for row in rows if row["skipped"] is None)
+            raise TargetLoadError(f"importing {loaded}: {what}{outcome.death.detail}"
                                   + (f" (at {frames[-1]})" if frames else ""))
         if separate:
             # Not imported here: each row is checked in a process of its own that imports its

@@ -322,15 +322,16 @@ def innermost_error(message: str) -> str | None:
     return named[-1] if named else None
 
 
-def exit_meaning(error: BaseException) -> str | None:
-    """What a hook's ``sys.exit(code)`` means on a real cluster (None for any other error).
+def exit_meaning(error: BaseException, who: str = "the hook") -> str | None:
+    """What a hook's (or ``who``'s: its state factory's) ``sys.exit(code)`` means on a real
+    cluster (None for any other error).
 
     >>> exit_meaning(SystemExit(0))
     "the hook called sys.exit(0) (SystemExit): on a real cluster this rank's process ends here and its peers hang or crash"
     """
     if not isinstance(error, SystemExit):
         return None
-    return (f"the hook called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's process ends here "
+    return (f"{who} called sys.exit({error.code!r}) (SystemExit): on a real cluster this rank's process ends here "
             "and its peers hang or crash")
 
 

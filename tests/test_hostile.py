@@ -606,7 +606,9 @@ _spec.loader.exec_module(HOOK_MODULE)
 
 
 @pytest.mark.parametrize("module, says", [("import_spins", "did not return within 2 s (at tests/hostile/import_spins.py:"),
-                                           ("import_exits", "raised SystemExit: 0")])
+                                           ("import_exits", "raised SystemExit: 0"),
+                                           ("import_kills_itself", "import_kills_itself.py:hook: the process was killed "
+                                                                   "by SIGTERM")])
 def test_a_target_whose_import_spins_or_exits_is_a_load_error(module, says):
     result = run_cli(f"{HERE / 'hostile' / module}.py:hook", "--deadline", "2")
     assert result.returncode == 2, result.stderr
@@ -652,6 +654,16 @@ def test_explain_of_a_state_factory_calling_sys_exit_fails_and_says_so():
     assert result.returncode == 1, (result.stdout, result.stderr)
     failure = result.stdout[result.stdout.index("4. The hook failed at step 0:"):]
     assert "sys.exit(3)" in failure and "hooks.py:98 in exiting_state" in failure
+
+
+def test_a_state_factory_that_exits_or_spins_is_named_as_such():
+    """Its sys.exit was "the hook called sys.exit(3)" (the line was the factory's), and a spin
+    was "stuck at before the first hook call" (an audit of hostile hooks, 2026-12-07)."""
+    report, _ = check("slow_but_fine", state=target("exiting_state"), backends=("gloo",))
+    assert "the state factory called sys.exit(3)" in report.failures[0].message, report.failures[0].message
+    report, _ = check("slow_but_fine", state=target("spinning_state"), backends=("gloo",), deadline=1.0)
+    message = report.failures[0].message
+    assert "stuck before the first hook call of the example" in message and "stuck at before" not in message, message
 
 
 def test_explain_of_a_hook_killing_its_process_says_where():

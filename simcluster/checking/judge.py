@@ -684,7 +684,7 @@ constants of each sign and a ramp, each different from what was there at every e
 
 def exit_head(error: BaseException, at: int) -> str | None:
     """How a hook that tried to end its process is described (None for other errors)."""
-    meaning = exit_meaning(error)
+    meaning = exit_meaning(error, "the state factory" if _from_state_factory(error) else "the hook")
     if meaning is not None:
         return f"step {at}: {meaning}"
     if isinstance(error, HookExited):

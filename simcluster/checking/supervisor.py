@@ -177,9 +177,11 @@ class ChildDeath:
         its code was — the function it was stuck in, from the stack sample."""
         function = stuck_in(self.stacks)
         inside = f", in {function}" if function else ""
+        place = self.where()
+        place = place if place.startswith("before") else f"at {place}"  # not "stuck at before …"
         if self.kind == "deadline":
-            return f"{subject} {self.detail} (hook code spinning or blocked); stuck at {self.where()}{inside}"
-        return f"{subject}'s process {self.detail}; it was at {self.where()}{inside}"
+            return f"{subject} {self.detail} (hook code spinning or blocked); stuck {place}{inside}"
+        return f"{subject}'s process {self.detail}; it was {place}{inside}"
 
 
 @dataclass

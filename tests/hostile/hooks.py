@@ -309,3 +309,9 @@ def sends_itself_sigint(state, bucket):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.01)
     return _allreduce(bucket)
+
+
+def spinning_state(process_group):
+    """A state factory that never returns (DDP calls it before any hook call)."""
+    while True:
+        pass
