@@ -592,3 +592,25 @@ def dtype_from_local_data_hook(state, bucket):
     t = buf.to(torch.bfloat16).div_(dist.get_world_size())
     fut = dist.all_reduce(t, async_op=True).get_future()
     return fut.then(lambda f: buf.copy_(f.value()[0]))
+
+
+def _scaled_mean(bucket, wait_first):
+    """Quantise by a scale MAX-reduced across ranks; read the scale before or after waiting."""
+    buf = bucket.buffer()
+    scale = buf.abs().max().reshape(1).clamp_min(1.0)
+    work = dist.all_reduce(scale, op=dist.ReduceOp.MAX, async_op=True)
+    if wait_first:
+        work.wait()
+    step = scale.item() / 100  # read while the MAX is in flight unless waited for
+    work.wait()
+    q = torch.round(buf / step)
+    fut = dist.all_reduce(q, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].mul_(step).div_(dist.get_world_size()))
+
+
+def scale_read_in_flight_hook(state, bucket):
+    return _scaled_mean(bucket, wait_first=False)
+
+
+def scale_read_after_wait_hook(state, bucket):
+    return _scaled_mean(bucket, wait_first=True)

@@ -1081,3 +1081,26 @@ def test_a_write_in_flight_on_a_one_rank_group_is_no_race() -> None:
     SimCluster(1).run(_posted_then("a value"))
     with pytest.raises(InFlightWriteError):
         SimCluster(2).run(_posted_then("a value"))
+
+
+def test_a_reported_rerun_records_the_first_user_read_of_memory_in_flight_and_nothing_else() -> None:
+    """The read watch (simcluster.fake.read_watch) of a run that records posting lines: a
+    user line that reads a tensor an all_reduce has in flight, once per call; not metadata or
+    views, not other tensors, not a read after wait(), not the simulator's own reads."""
+    from simcluster.engine.trace import ReadInFlight
+
+    def rank_fn(rank: int) -> float:
+        scale, other = torch.tensor([float(rank + 1), 0.0]), torch.ones(2)
+        work = dist.all_reduce(scale, op=dist.ReduceOp.MAX, async_op=True)
+        _ = (scale.shape, scale.numel(), scale.dtype, scale[:1], scale.view(2, 1), other.sum())  # no element read
+        seen = scale[:1].sum().item()  # read through a view
+        scale.max()  # a second read of the same call: not recorded again
+        work.wait()
+        return seen + scale.sum().item()  # after wait(): no race
+
+    run = SimCluster(2, posting_lines=True).run(rank_fn)
+    reads = run.trace.of(ReadInFlight)
+    assert [(e.rank, e.op, e.seq, e.how) for e in reads] == [(0, "all_reduce", 0, "Tensor.sum"),
+                                                             (1, "all_reduce", 0, "Tensor.sum")], reads
+    assert "seen = scale[:1].sum().item()" in reads[0].site
+    assert not SimCluster(2).run(rank_fn).trace.of(ReadInFlight)  # the search never watches

@@ -1277,3 +1277,23 @@ def test_a_mismatch_with_the_ranks_roles_swapped_is_one_bug_not_two() -> None:
                         tolerance="bf16", backends=("gloo",))
     mismatches = [f for f in report.failures if "CollectiveMismatchError" in f.message]
     assert len(mismatches) == 1, report.format()
+
+
+def test_a_wrong_value_from_a_read_of_memory_in_flight_names_the_read() -> None:
+    """A hook that reads the scale its MAX-reduce still had in flight: the report of the ranks'
+    disagreement gave no cause, word for word the report of a hook that never reduces the
+    scale (a round of hooks written outside the project, 2026-12-07). The reporting re-run
+    watches reads: it names the line, the call and the ranks. The same hook reading after
+    wait() passes, so the read is the bug."""
+    agree = ("contract", "liveness", "replicas_agree")  # the scale's rounding is not the question here
+    report = check_hook(f"{HOOKS}:scale_read_in_flight_hook", world_sizes=(3,), examples=20, seed=0, database=None,
+                        tolerance="none", properties=agree, backends=("gloo",))
+    assert not report.passed
+    message = report.failures[0].message
+    line = _line("step = scale.item() / 100")
+    assert "likely cause: a read of memory in flight — ranks [0, 1, 2] read memory all_reduce#0 on WORLD still had " \
+           "in flight" in message, message
+    assert f"with Tensor.item at tests/report_hooks.py:{line} in _scaled_mean" in message, message
+    fixed = check_hook(f"{HOOKS}:scale_read_after_wait_hook", world_sizes=(3,), examples=20, seed=0, database=None,
+                       tolerance="none", properties=agree, backends=("gloo",))
+    assert fixed.passed, fixed.format()

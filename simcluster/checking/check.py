@@ -50,8 +50,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from simcluster.checking import properties as P
 from simcluster.checking.explicit import explicit_examples
 from simcluster.checking.judge import (
-    ORDER, exit_head, keeps_residual, order_hint, repeat_hint, rng_hint, rounding_hint, run_example, sources_hint,
-    unreached_hint, with_posting_lines,
+    ORDER, exit_head, keeps_residual, order_hint, read_hint, repeat_hint, rng_hint, rounding_hint, run_example,
+    sources_hint, unreached_hint, with_posting_lines,
 )
 from simcluster.checking.options import Options, make_options
 from simcluster.checking.render import death_failure, failure
@@ -303,8 +303,8 @@ def _failure(opts: Options, v: Violation, steps: int) -> PropertyFailure:
         v = with_posting_lines(opts, v)
         if not hint:
             unreached = unreached_hint(opts, v)  # nothing communicated reached the result: no rounding of a sum either
-            hint = (order_hint(opts, v) + unreached + ("" if unreached else rounding_hint(opts, v)) + rng_hint(opts, v)
-                    + sources_hint(opts, v))
+            hint = (read_hint(opts, v) + order_hint(opts, v) + unreached + ("" if unreached else rounding_hint(opts, v))
+                    + rng_hint(opts, v) + sources_hint(opts, v))
     return failure(opts, v.prop, str(v) + hint, v.info, steps)
 
 

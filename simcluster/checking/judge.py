@@ -39,12 +39,13 @@ from simcluster.errors import (
     BackendRejection, CollectiveMismatchError, DeadlockError, GradBucketMisuse, HookContractError, HookExited,
     InFlightReadError, InFlightWriteError, NOT_THE_HOOKS, Violation, exit_meaning, first_line,
 )
-from simcluster.engine.trace import Polled, Posted
+from simcluster.engine.matching import rank_list
+from simcluster.engine.trace import Polled, Posted, ReadInFlight
 from simcluster.fake.backends import backend_model
 from simcluster.fake.cluster import SimCluster
 
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint", "sources_hint",
-           "with_posting_lines", "ORDER"]
+           "with_posting_lines", "ORDER", "read_hint", "VALUE_PROPERTIES"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "keeps_nonfinite", "schedule_independence",
          "error_feedback")
@@ -403,6 +404,49 @@ def _same_bits_twice(opts: Options, violation: Violation) -> bool:
     if error is not None or len(more) <= t:
         return True
     return all(P.bits_equal(a, b) for mine, theirs in zip(step.grads, more[t].grads) for a, b in zip(mine, theirs))
+
+
+VALUE_PROPERTIES = ("replicas_agree", "averages", "keeps_nonfinite", "schedule_independence", "error_feedback")
+"""The properties a wrong value breaks (not a raise, a hang or a broken contract)."""
+
+
+def read_hint(opts: Options, violation: Violation) -> str:
+    """For a reported wrong value: the first read of each tensor a collective still had in
+    flight by a user line (``scale.max()`` before the MAX-reduce of ``scale`` was waited
+    for), found by a re-run of the example that watches reads
+    (:mod:`simcluster.fake.read_watch`); ``''`` if there was none. On gloo such a read is a
+    race; the simulator gives the value from before the collective, so the report of the
+    wrong value it leads to said nothing of why (a round of hooks written outside the
+    project, 2026-12-07). One more simulation per reported failure, never in the search."""
+    info = violation.info
+    if violation.prop not in VALUE_PROPERTIES or info.get("error") is not None or opts.posting_lines:
+        return ""
+    example, backend = info["example"], info["backend"]
+    grads, _ = _inputs(opts, example)
+    try:
+        results = simulate(dataclasses.replace(opts, posting_lines=True), example, backend,
+                           ScheduleChoices(example.schedule), grads)[0]
+    except Exception:  # noqa: BLE001 - an experiment: it says nothing
+        return ""
+    by_site: dict[tuple[str, str], list[ReadInFlight]] = {}  # one line of code, however many ranks and steps
+    for result in results:
+        for event in result.trace.of(ReadInFlight):
+            by_site.setdefault((event.how, event.site), []).append(event)
+    if not by_site:
+        return ""
+    said = []
+    for (how, site), events in list(by_site.items())[:2]:
+        first = events[0]
+        ranks = sorted({e.rank for e in events})
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+        doing = f" (first {first.doing})" if first.doing else ""
+        said.append(f"{who} read memory {first.op}#{first.seq} on {first.group} still had in flight{doing}, "
+                    f"with {how} at {site}")
+    more = f" ({len(by_site) - 2} more lines)" if len(by_site) > 2 else ""
+    return ("\n(likely cause: a read of memory in flight — " + "; ".join(said) + more + ". Until the collective "
+            "completes, gloo's worker thread is writing that memory: a read sees the rank's own value or the reduced "
+            "one, depending on timing, on NCCL whatever the kernel wrote so far; the simulator gives the value from "
+            "before the collective. Read it after wait(), or in the future's callback)")
 
 
 def order_hint(opts: Options, violation: Violation) -> str:

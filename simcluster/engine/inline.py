@@ -210,14 +210,16 @@ class Engine:
         stuck_timeout: float = 60.0,
         replay: Callable[[list[int]], str] = lambda choices: f"schedule={choices!r}",
         posting_lines: bool = False,
+        watch_reads: "Callable[[WriteWatch], Callable[[], None]] | None" = None,
     ) -> None:
         self.scheduler = scheduler
         self.posting_lines = posting_lines
         """Whether :meth:`post` records the user line that posted each call (``Call.posted_at``,
         named by the deadlock report): a walk of the stack per call, so off unless a run is
         re-run to be reported (:func:`simcluster.checking.judge.with_posting_lines`)."""
-        self._watch = WriteWatch(lambda: self._rank, self._posted_in) if posting_lines else None
-        """Names the user line that wrote to a tensor in flight (:mod:`simcluster.engine.write_watch`):
+        self._watch = WriteWatch(lambda: self._rank, self._posted_in, trace.log, watch_reads) if posting_lines else None
+        """Names the user line that wrote to a tensor in flight (:mod:`simcluster.engine.write_watch`),
+        and with ``watch_reads`` (the layer above's per-thread read detection) the first that read one:
         only in a run that records posting lines — a line tracer, never on the search's path."""
         self.doing: dict[int, str] = {}
         """What each rank's code is doing, in words, as the layer above says — SimDDP: ``in
@@ -341,12 +343,12 @@ class Engine:
                 self._guard.stop_watching()
         finally:
             self.running = False
-            if self._watch is not None:
-                self._watch.stop(tracer)
-                self._watch = None  # it holds this engine (a cycle), the calls it watched and a frame
+            watch, self._watch = self._watch, None  # it holds this engine (a cycle), the calls it watched and a frame
             if self._rank is not None:
                 self._switch(self._rank, None)
                 self._rank = None
+            if watch is not None:  # after the last switch: its settings audit saw the read watch's mode all run long
+                watch.stop(tracer)
             if collecting:
                 gc.enable()
         self._pool.close()

@@ -20,6 +20,8 @@ Events, in the order they happened:
   gloo and NCCL alike).
 * :class:`CopiedBack` — DDP's reducer read a bucket's result from the future the hook
   returned and copied it into the gradients (or found it holding an error).
+* :class:`ReadInFlight` — rank code read memory a collective it posted still had in flight
+  (recorded only by a reported re-run).
 
 ``Trace.collectives()`` summarises each collective across ranks (op, group, ranks,
 dtype, shape, bytes, issue and completion order): the table ``simcluster explain``
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Union
 
 __all__ = ["Posted", "Completed", "Failed", "Wrapped", "CallbackRan", "Blocked", "Resumed", "Polled", "CopiedBack",
-           "Event", "Trace",
+           "ReadInFlight", "Event", "Trace",
            "CollectiveSummary", "waits_in", "returns_from"]
 
 
@@ -158,7 +160,29 @@ class Polled:
     complete: bool
 
 
-Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, CopiedBack, Blocked, Resumed, Polled]
+@dataclass(frozen=True)
+class ReadInFlight:
+    """Rank ``rank``'s code read memory that its ``op`` #``seq`` on ``group`` still had in
+    flight — posted, not yet complete — with ``how`` (the torch function, ``Tensor.max``) at
+    ``site`` (``hooks.py:12 in hook: …``), ``doing`` what (``in DDP iteration 0, bucket 0's
+    hook call``). Recorded only by a reported re-run (:class:`~simcluster.engine.write_watch.WriteWatch`)."""
+
+    rank: int
+    op: str
+    group: str
+    seq: int
+    how: str
+    site: str
+    doing: str
+
+    def describe(self) -> str:
+        """The read in words, for a report."""
+        doing = f", {self.doing}," if self.doing else ""
+        return (f"rank {self.rank}{doing} read memory {self.op}#{self.seq} on {self.group} still had in flight "
+                f"({self.how}) at {self.site}")
+
+
+Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, CopiedBack, Blocked, Resumed, Polled, ReadInFlight]
 
 
 @dataclass(frozen=True)

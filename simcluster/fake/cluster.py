@@ -34,6 +34,7 @@ from simcluster.engine.inline import Engine
 from simcluster.errors import DeadlockError, ThreadedRankCodeError, UsageError, add_context_note
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
+from simcluster.fake.read_watch import enter_read_watch
 from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
 from simcluster.fake.reducer import call_hook, check_future, collect, raise_stored, returned_lines
 from simcluster.usercode.rank_local import as_rank_local
@@ -179,6 +180,7 @@ class SimCluster(Runtime):
             stuck_timeout=self.stuck_timeout,
             replay=self.replay_line,
             posting_lines=self.posting_lines,
+            watch_reads=enter_read_watch,
         )
 
         for rank in range(self.world_size):
