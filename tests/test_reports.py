@@ -1297,3 +1297,20 @@ def test_a_wrong_value_from_a_read_of_memory_in_flight_names_the_read() -> None:
     fixed = check_hook(f"{HOOKS}:scale_read_after_wait_hook", world_sizes=(3,), examples=20, seed=0, database=None,
                        tolerance="none", properties=agree, backends=("gloo",))
     assert fixed.passed, fixed.format()
+
+
+def test_replicas_apart_by_the_group_size_are_no_rounding() -> None:
+    """A rank whose fast path forgot the division returned the sum of two denormals where its
+    peer returned the mean: within the fp32 tolerance by its absolute term only, and the
+    report said "the replicas differ by rounding alone" (a round of hooks written outside
+    the project, 2026-12-07). A ratio of exactly the group size at every differing element
+    is named as such; a rounding difference is not."""
+    from simcluster.checking.judge import _apart_by_the_group_size
+
+    tiny = torch.tensor([1.4e-45, 0.0, 3.0])
+    assert _apart_by_the_group_size([[tiny], [tiny * 2]], [[0, 1]]) == 2
+    assert _apart_by_the_group_size([[tiny * 3], [tiny], [tiny]], [[0, 1, 2]]) == 3
+    rounded = torch.tensor([1.0, 0.1 + 0.2, 3.0])
+    assert _apart_by_the_group_size([[rounded], [torch.tensor([1.0, 0.3, 3.0])]], [[0, 1]]) is None
+    assert _apart_by_the_group_size([[tiny], [tiny]], [[0, 1]]) is None  # no difference: nothing to name
+    assert _apart_by_the_group_size([[tiny], [tiny * 2], [tiny * 5]], [[0, 1, 2]]) is None

@@ -552,11 +552,40 @@ def rounding_hint(opts: Options, violation: Violation) -> str:
     if example.nonfinite or P.replicas_agree(step.grads, groups) is None \
             or _step_problem(strict, "averages", step, grads[t], groups, example.nonfinite) is not None:
         return ""
+    factor = _apart_by_the_group_size(step.grads, groups)
+    if factor:  # within the tolerance only by its absolute term (denormals): not rounding
+        return (f"\n(where the replicas differ, one holds exactly {factor} times the other — the group size: a rank "
+                "that skipped dividing by the world size, on some path only (a fast path, a branch on local data)? "
+                "The averages property holds here only by its absolute term, the values being this small)")
     return ("\n(every rank's result is within the tolerance of the float64 mean — the averages property holds at "
             "this step — so the replicas differ by rounding alone: the ranks combined the same values in different "
             "orders or groupings, e.g. each adding its own part first, and float addition is not associative "
             "(in float32, (1 + 1e-08) - 1 is 0, (1 - 1) + 1e-08 is not); combine in one order on every rank — rank "
             "order, as all_reduce does — and the replicas stay bitwise equal)")
+
+
+def _apart_by_the_group_size(results: list[list[torch.Tensor]], groups: list[list[int]]) -> int | None:
+    """The group size ``W`` when, at every element where two ranks of a group differ, one
+    holds exactly ``W`` times the other (one rank's sum against another's mean); else None.
+    A difference by rounding is never such a ratio everywhere (a round of hooks written
+    outside the project, 2026-12-07: a rank whose fast path forgot the division, on
+    denormals, was told "the replicas differ by rounding alone")."""
+    for ranks in groups:
+        size, first = len(ranks), results[ranks[0]]
+        found = False
+        for r in ranks[1:]:
+            for a, b in zip(first, results[r]):
+                x, y = a.detach().to(torch.float64).reshape(-1), b.detach().to(torch.float64).reshape(-1)
+                apart = x != y
+                if not bool(apart.any()):
+                    continue
+                x, y = x[apart], y[apart]
+                if not bool(((x == size * y) | (y == size * x)).all()) or size < 2:
+                    return None
+                found = True
+        if found:
+            return size
+    return None
 
 
 def rng_hint(opts: Options, violation: Violation) -> str:
