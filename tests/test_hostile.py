@@ -188,6 +188,18 @@ def test_a_trace_or_profile_function_left_by_the_hook_is_no_internal_error(name)
         assert 'in tracer: raise RuntimeError("the tracer stops the engine")' in result.stdout
 
 
+def test_exceptions_python_ignores_are_printed_ten_times_then_counted():
+    """A hook that left a raising gc callback behind wrote millions of "Exception ignored in"
+    lines to the terminal (an audit of hostile hooks, 2026-12-07: 3.1 M with gc.set_threshold(1))."""
+    result = run_cli(target("leaves_a_raising_gc_callback"), "--examples", "3", "--world-sizes", "2",
+                     "--backend", "gloo")
+    assert result.returncode == 1, result.stderr
+    assert (result.stdout + result.stderr).count("Exception ignored") <= 10
+    assert re.search(r"simcluster: the checked code raised \d+ exceptions Python ignored \(in gc callbacks, "
+                     r"__del__ methods or weakref callbacks\); only the first 10 were printed", result.stderr), \
+        result.stderr
+
+
 def test_a_hook_that_sends_its_own_process_sigint_stops_the_check_as_a_raise_does():
     """The supervised child ignored SIGINT, so a hook doing ``os.kill(os.getpid(), SIGINT)``
     went on and passed, where a real rank's process ends (an audit of hostile hooks,

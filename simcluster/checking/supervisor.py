@@ -42,6 +42,7 @@ milliseconds; the slowest of torch's hooks, under a second on 2 cores).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import linecache
@@ -285,6 +286,7 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
             data = pickle.dumps(("error", stand_in if stand_in is not None else
                                  RuntimeError(f"unpicklable result from the supervised child: {exc!r}")))
         write_all(out, data)
+        _say_unraisable()
     except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
         code = 70
     finally:
@@ -383,6 +385,33 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
 
     os._exit = exit_is_a_finding  # type: ignore[assignment]
     os.register_at_fork(after_in_child=forked_by_user_code)
+    sys.unraisablehook = _capped_unraisable
+
+
+UNRAISABLE_SHOWN = 10
+"""How many exceptions Python "ignores" (``Exception ignored in: …``: raised in a gc callback,
+a ``__del__``, a weakref callback) a supervised child prints; the rest are counted. A hook
+that left a raising gc callback with ``gc.set_threshold(1)`` wrote 3.1 million such lines
+(an audit of hostile hooks, 2026-12-07)."""
+
+_unraisable = [0]  # how many the child saw
+
+
+def _capped_unraisable(unraisable: Any) -> None:  # pragma: no cover - runs in the child
+    """``sys.unraisablehook`` of a supervised child: Python's own for the first
+    :data:`UNRAISABLE_SHOWN`, then a count (said when the child ends: :func:`_say_unraisable`)."""
+    _unraisable[0] += 1
+    if _unraisable[0] <= UNRAISABLE_SHOWN:
+        sys.__unraisablehook__(unraisable)
+
+
+def _say_unraisable() -> None:  # pragma: no cover - runs in the child
+    hidden = _unraisable[0] - UNRAISABLE_SHOWN
+    if hidden > 0:
+        with contextlib.suppress(OSError):
+            os.write(2, f"simcluster: the checked code raised {_unraisable[0]} exceptions Python ignored (in gc "
+                        f"callbacks, __del__ methods or weakref callbacks); only the first {UNRAISABLE_SHOWN} were "
+                        "printed (in the output of the example running then, if one was)\n".encode())
 
 
 def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: float, start: float) -> Outcome:

@@ -315,3 +315,16 @@ def spinning_state(process_group):
     """A state factory that never returns (DDP calls it before any hook call)."""
     while True:
         pass
+
+
+def leaves_a_raising_gc_callback(state, bucket):
+    """Every garbage collection from now on raises in a callback Python then "ignores"."""
+    import gc
+
+    def callback(phase, info):
+        raise RuntimeError("a gc callback raises")
+    if not any(getattr(c, "__name__", "") == "callback" for c in gc.callbacks):
+        gc.callbacks.append(callback)
+    for _ in range(20):
+        gc.collect(0)  # the youngest generation: fast
+    return _allreduce(bucket)
