@@ -188,6 +188,19 @@ def test_a_trace_or_profile_function_left_by_the_hook_is_no_internal_error(name)
         assert 'in tracer: raise RuntimeError("the tracer stops the engine")' in result.stdout
 
 
+def test_a_death_that_the_example_alone_does_not_repeat_says_so():
+    """A hook that armed signal.alarm in one example was killed by SIGALRM in a later one, and
+    the report offered a replay command that passed (an audit of hostile hooks, 2026-12-07).
+    The example that died is run once more, alone in a fresh process; one that always dies
+    gets no such note."""
+    flaky = "run once more, alone in a fresh process, the same example did not end its process"
+    report, _ = check("dies_at_its_processes_twelfth_call", backends=("gloo",), examples=10)
+    [death] = [f for f in report.failures if "killed by SIGKILL" in f.message]
+    assert flaky in death.message, death.message
+    report, _ = check("kills_itself", backends=("gloo",))
+    assert report.failures and all(flaky not in f.message for f in report.failures), report.format()
+
+
 def test_exceptions_python_ignores_are_printed_ten_times_then_counted():
     """A hook that left a raising gc callback behind wrote millions of "Exception ignored in"
     lines to the terminal (an audit of hostile hooks, 2026-12-07: 3.1 M with gc.set_threshold(1))."""

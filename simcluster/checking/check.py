@@ -217,7 +217,7 @@ def _search(opts: Options, backend: str, report: CheckReport, world_sizes: Seque
                 _run_one(part.opts, explicit, backend, part.report, steps, seen=seen)
         return part.report
 
-    _supervised(backend_job, opts, backend, report, steps, opts.deadline, supervise)
+    _supervised(backend_job, opts, backend, report, steps, opts.deadline, supervise, search=True)
 
 
 # --------------------------------------------------------------------------- supervision
@@ -234,10 +234,12 @@ def _partial(opts: Options, monitor: Monitor) -> _Partial:
 
 
 def _supervised(job: Callable[[Monitor], CheckReport], opts: Options, backend: str,
-                report: CheckReport, steps: int, deadline: float, supervise: bool) -> None:
+                report: CheckReport, steps: int, deadline: float, supervise: bool, search: bool = False) -> None:
     """Run one backend's search (or one replay) as ``job``, supervised unless told not to,
     and add what its partial report found to ``report``. A child that died or overran its
-    deadline is a liveness failure of the hook; stop requests and usage errors propagate."""
+    deadline is a liveness failure of the hook — for a death in a search, said to depend on
+    more than the example when the example alone, in a fresh process, does not die
+    (:func:`_death_repeats`); stop requests and usage errors propagate."""
     if not supervise:
         _add(report, job(Monitor()))
         return
@@ -247,7 +249,14 @@ def _supervised(job: Callable[[Monitor], CheckReport], opts: Options, backend: s
         _add(report, outcome.value)
     elif outcome.death is not None:
         report.examples += 1
-        report.failures.append(death_failure(opts, backend, outcome.death, steps))
+        found = death_failure(opts, backend, outcome.death, steps)
+        token = (outcome.death.payload or {}).get("token")
+        if search and token is not None and outcome.death.kind != "deadline" and not _death_repeats(opts, token):
+            found.message += ("\n(run once more, alone in a fresh process, the same example did not end its "
+                              "process: this death depends on something outside the example — a timer or signal the "
+                              "code armed (signal.alarm), a thread it started, state an earlier example left in the "
+                              "process — so the replay command may not repeat it)")
+        report.failures.append(found)
     elif outcome.error is not None:
         error = outcome.error
         if isinstance(error, (SystemExit, HookExited)):  # user code ended the child outside any example
@@ -256,6 +265,23 @@ def _supervised(job: Callable[[Monitor], CheckReport], opts: Options, backend: s
                 f"simcluster check {opts.replay_target or opts.target}", error_type=type(error).__name__))
             return
         raise error
+
+
+def _death_repeats(opts: Options, token: str) -> bool:
+    """Whether the example ``token`` holds ends its process again when it runs alone, in a
+    fresh supervised child (its replay): a hook that armed ``signal.alarm(1)`` in one example
+    was killed by SIGALRM in a later one, and its replay passed (an audit of hostile hooks,
+    2026-12-07). One more example, once per death reported by a search."""
+    example, backend = decode_example(token)
+
+    def alone(monitor: Monitor) -> CheckReport:
+        part = _partial(opts, monitor)
+        with captured_output():  # what it prints is not the reported run's
+            _run_one(part.opts, example, backend, part.report, steps=example.steps)
+        return part.report
+
+    again = run_supervised(alone, deadline=opts.deadline)
+    return again.death is not None
 
 
 def _add(report: CheckReport, part: CheckReport) -> None:

@@ -328,3 +328,15 @@ def leaves_a_raising_gc_callback(state, bucket):
     for _ in range(20):
         gc.collect(0)  # the youngest generation: fast
     return _allreduce(bucket)
+
+
+def dies_at_its_processes_twelfth_call(state, bucket):
+    """Kills its process at the process's 12th hook call, counted where every rank and every
+    example of the process sees it (an attribute of the ``threading`` module): an example
+    that dies in a search passes alone in a fresh process."""
+    import signal
+    threading.hook_calls_in_this_process = getattr(threading, "hook_calls_in_this_process", 0) + 1
+    if threading.hook_calls_in_this_process == 12:
+        os.kill(os.getpid(), signal.SIGKILL)
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
