@@ -578,6 +578,12 @@ class Engine:
             return self._ready
         return [inst for inst in self._ready if inst.seq == self._finished_seq.get(inst.channel, 0)]
 
+    def choose(self, options: int) -> int:
+        """A pick among ``options`` for the layer above, where real timing decides between
+        outcomes (a gloo barrier behind a failed work: re-raise its error or not), recorded
+        in the schedule as every pick is (0: what a quiet cluster mostly does)."""
+        return self._choose(options)
+
     def _choose(self, options: int) -> int:
         """The scheduler's pick among ``options`` (index 0: what a quiet cluster mostly
         does), checked and recorded for the replay line."""
@@ -626,6 +632,9 @@ class Engine:
             return True
         try:
             results = inst.first.compute({rank: inst.calls[rank] for rank in inst.ranks})
+        except DeadlockError as exc:  # the layer above knows some ranks' parts never finish (a gloo barrier)
+            self._fail(exc)
+            return True
         except Exception as exc:  # noqa: BLE001 - ranks' calls cannot be combined: a mismatch
             self._fail(compute_failure(inst, inst.first, exc))
             return True

@@ -36,7 +36,7 @@ from simcluster.fake import collectives
 from simcluster.engine.contract import Call, EngineContract
 from simcluster.engine.frames import Frame, stack_user_frames
 from simcluster.engine.trace import Failed, Trace, Wrapped
-from simcluster.errors import BackendError, UnsupportedError, UsageError, backend_error
+from simcluster.errors import BackendError, DeadlockError, UnsupportedError, UsageError, backend_error
 from simcluster.fake.futures import DoneFlag, SimFuture, polled_by_user
 from simcluster.names import MASKED_ADDRESS, MASKED_STAMP, wear_torchs_name
 
@@ -708,7 +708,7 @@ class SimProcessGroup(dist.ProcessGroup):
         runtime = self._runtime
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
-            return _barrier_outcomes(calls, runtime.engine.trace)
+            return _barrier_outcomes(calls, runtime.engine.trace, runtime.engine.choose)
 
         return self._post("barrier", None, (), compute, None)
 
@@ -811,28 +811,46 @@ def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: tor
         trace.log((Wrapped, (call.op, call.channel, call.seq, call.dtype, *wrapped)))
 
 
-def _barrier_outcomes(calls: dict[int, Call], trace: Trace) -> dict[int, Any]:
-    """Each rank's ``(value, exception)`` of a barrier: ``([], None)``, except that a gloo
-    barrier first waits for the work it was posted behind (``Call.after``) and re-raises the
-    error of the first one that failed, on that rank (measured: a barrier posted behind an
-    all_reduce gloo refuses at ``wait()`` raises that all_reduce's error, docs/gloo-facts.md
-    "A barrier re-raises"). The trace gets a :class:`~simcluster.engine.trace.Failed`
-    naming the ranks and the collective whose error it was."""
-    out: dict[int, Any] = {}
-    failed: dict[int, str] = {}
+def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[int], int]) -> dict[int, Any]:
+    """Each rank's ``(value, exception)`` of a barrier: ``([], None)``, except behind a failed
+    work. A gloo barrier first waits for the work its rank posted before it (``Call.after``)
+    and may re-raise the error of one that failed — *without taking part in the barrier* —
+    or find the worker already let go of it and go into the exchange: timing, so a pick per
+    such rank (``choose``: 0, the exchange; 1, the re-raise). Measured on real gloo
+    (docs/gloo-facts.md, "A barrier re-raises"): every rank re-raised, none did, or one did
+    while its peer's barrier broke or waited. So: every rank of the group re-raising gets the
+    error (the trace's :class:`~simcluster.engine.trace.Failed` names them); none, the barrier
+    passes; some, the others wait for them until the group's timeout — a
+    :class:`~simcluster.errors.DeadlockError` that says why."""
+    held: dict[int, tuple[str, BaseException]] = {}
     for r, call in calls.items():
         failure = next((f for f in map(DoneFlag.failure, call.after) if f is not None), None)
-        if failure is None:
-            out[r] = ([], None)
-            continue
-        label, error = failure
+        if failure is not None:
+            held[r] = failure
+    raising = [r for r in held if choose(2) == 1]  # in group order: one pick per rank, replayed alike
+    first = next(iter(calls.values()))
+    if not raising:
+        return {r: ([], None) for r in calls}
+    label, error = held[raising[0]]
+    waiting = [r for r in calls if r not in raising]
+    if waiting:
+        raise DeadlockError(
+            f"{first.op} #{first.seq} on {first.channel}: rank{'s' if len(raising) > 1 else ''} "
+            f"{', '.join(map(str, raising))} re-raised the error of {label} ({error}), posted before the barrier and "
+            f"not finished when it was, without taking part in the barrier: gloo's barrier first waits for its rank's "
+            f"earlier work and re-raises its error. Ranks {waiting} went into the barrier's exchange and wait for "
+            f"{'them' if len(raising) > 1 else 'it'} until the group's timeout (or fail once a peer's process ends). "
+            "Whether a barrier re-raises is timing (real gloo: one rank re-raised and its peer's barrier broke in 4 of "
+            "the 5 runs of benchmarks/measure_barrier_reraise.py --no-wait where one did); wait() on a collective "
+            "before a barrier, and do not call one after a collective failed")
+    out: dict[int, Any] = {}
+    for r in calls:
+        label, error = held[r]
         again = BackendError(str(error))  # a RuntimeError with the same message, as gloo re-raises it
         again.simcluster_frames = getattr(error, "simcluster_frames", None)  # type: ignore[attr-defined] - the posting line
         out[r] = (None, again)
-        failed[r] = f"{error} (the error of {label}, which the barrier waited for)"
-    if failed:
-        first = next(iter(calls.values()))
-        trace.log((Failed, (first.op, first.channel, first.seq, next(iter(failed.values())), tuple(failed))))
+    trace.log((Failed, (first.op, first.channel, first.seq,
+                        f"{error} (the error of {label}, which the barrier waited for)", tuple(raising))))
     return out
 
 
