@@ -812,11 +812,31 @@ def test_a_gloo_barrier_behind_a_failed_collective_re_raises_its_error_on_every_
     assert "without taking part in the barrier" in message and "Ranks [1] went into the barrier's exchange" in message
 
 
-def test_a_gloo_barrier_after_a_failed_collective_was_waited_on_passes() -> None:
-    """Once the failed work is finished (its wait() raised) the simulated barrier passes. Real
-    gloo re-raises there too for a moment (1 trial in 3-75, measured): timing, not modelled."""
-    result = SimCluster(2, seed=0, backend="gloo").run(lambda rank: _barrier_behind_a_refused_all_reduce(rank, waits=True))
-    assert result.values == ["passed", "passed"]
+def test_a_gloo_barrier_right_after_a_caught_failure_may_still_re_raise_it() -> None:
+    """Real gloo re-raises there too for a moment (1 trial in 3-75, measured: a worker lets go
+    of a failed work only after its wait() raised); a hook that caught the error and called a
+    barrier failed 2 of 4 six-step real runs and passed the model (a round of hooks written
+    outside the project, 2026-12-07). Now the barrier right after a failed collective is
+    behind it as behind an unfinished one: a pick per rank, 0 (in order) the exchange."""
+    def run(schedule: str, seed: int = 0) -> Any:
+        return SimCluster(2, seed=seed, backend="gloo", schedule=schedule).run(
+            lambda rank: _barrier_behind_a_refused_all_reduce(rank, waits=True))
+
+    assert run("in_order").values == ["passed", "passed"]
+    assert run("reverse").values == ["RuntimeError: Cannot use ReduceOp.BAND with non-integral dtype"] * 2
+    with pytest.raises(DeadlockError, match="unfinished then, or just failed"):
+        run("random", seed=0)
+
+    def a_collective_between(rank: int) -> str:  # the failed work is no longer the one just before
+        work = dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND, async_op=True)
+        with pytest.raises(RuntimeError, match="BAND"):
+            work.wait()
+        dist.all_reduce(torch.ones(1))
+        dist.barrier()
+        return "passed"
+    for seed in range(3):
+        assert SimCluster(2, seed=seed, backend="gloo", schedule="random").run(a_collective_between).values == \
+            ["passed", "passed"]
 
 
 def test_a_gloo_barrier_called_inside_an_earlier_collectives_callback_deadlocks() -> None:

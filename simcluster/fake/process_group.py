@@ -218,6 +218,9 @@ class SimProcessGroup(dist.ProcessGroup):
         # flags, which leave it when set), for gloo's barrier; a new one for each run (engine)
         self._in_flight: dict[DoneFlag, None] = {}
         self._in_flight_engine: object = None
+        # the flag of this rank's last collective on the group: a gloo barrier posted right after
+        # it failed (its wait() raised) may still find its worker holding it (docs/gloo-facts.md)
+        self._last_flag: DoneFlag | None = None
 
     # The values given to torch's constructor above, read without its binding: on a Python
     # subclass, ProcessGroup.size()/rank() cost ~0.8 us each (measured; 0.1 on a plain
@@ -309,10 +312,13 @@ class SimProcessGroup(dist.ProcessGroup):
             finished = DoneFlag(future, None, grad_mode)
         else:
             if self._in_flight_engine is not engine:
-                self._in_flight, self._in_flight_engine = {}, engine
+                self._in_flight, self._in_flight_engine, self._last_flag = {}, engine, None
             if op == "barrier" and backend.barrier_after_prior_work:
                 after = tuple(self._in_flight)  # gloo: the barrier waits for these first
-            finished = DoneFlag(future, self._in_flight, grad_mode)
+                last = self._last_flag
+                if last is not None and last.done() and last.failure() is not None:
+                    after += (last,)  # failed just before: its worker may not have let go of it yet
+            finished = self._last_flag = DoneFlag(future, self._in_flight, grad_mode)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         call = Call(  # positional, in field order: keywords to a class call cost a dict (hot path)
@@ -813,8 +819,10 @@ def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: tor
 
 def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[int], int]) -> dict[int, Any]:
     """Each rank's ``(value, exception)`` of a barrier: ``([], None)``, except behind a failed
-    work. A gloo barrier first waits for the work its rank posted before it (``Call.after``)
-    and may re-raise the error of one that failed — *without taking part in the barrier* —
+    work. A gloo barrier first waits for the work its rank posted before it (``Call.after``:
+    unfinished then, or the collective just before it if that one failed — a worker lets go
+    of a failed work only a moment after its ``wait()`` raised) and may re-raise the error
+    of one that failed — *without taking part in the barrier* —
     or find the worker already let go of it and go into the exchange: timing, so a pick per
     such rank (``choose``: 0, the exchange; 1, the re-raise). Measured on real gloo
     (docs/gloo-facts.md, "A barrier re-raises"): every rank re-raised, none did, or one did
@@ -836,9 +844,10 @@ def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[in
     if waiting:
         raise DeadlockError(
             f"{first.op} #{first.seq} on {first.channel}: rank{'s' if len(raising) > 1 else ''} "
-            f"{', '.join(map(str, raising))} re-raised the error of {label} ({error}), posted before the barrier and "
-            f"not finished when it was, without taking part in the barrier: gloo's barrier first waits for its rank's "
-            f"earlier work and re-raises its error. Ranks {waiting} went into the barrier's exchange and wait for "
+            f"{', '.join(map(str, raising))} re-raised the error of {label} ({error}), posted before the barrier — "
+            f"unfinished then, or just failed: gloo's worker lets go of a failed work only a moment after its wait() "
+            f"raises — without taking part in the barrier: gloo's barrier first waits for its rank's earlier work and "
+            f"re-raises its error. Ranks {waiting} went into the barrier's exchange and wait for "
             f"{'them' if len(raising) > 1 else 'it'} until the group's timeout (or fail once a peer's process ends). "
             "Whether a barrier re-raises is timing (real gloo: one rank re-raised and its peer's barrier broke in 4 of "
             "the 5 runs of benchmarks/measure_barrier_reraise.py --no-wait where one did); wait() on a collective "

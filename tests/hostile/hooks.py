@@ -314,7 +314,7 @@ def sends_itself_sigint(state, bucket):
 def spinning_state(process_group):
     """A state factory that never returns (DDP calls it before any hook call)."""
     while True:
-        pass
+        continue
 
 
 def leaves_a_raising_gc_callback(state, bucket):
