@@ -4,6 +4,7 @@ timeline (SVG/HTML), the Chrome trace, and the safe-range search."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -345,6 +346,17 @@ def test_the_trace_says_what_a_hook_returned_when_it_is_not_a_future(
 def test_the_trace_says_a_hook_returned_its_future(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook"]) == 0
     assert "rank 0: hook returns its future for bucket 0" in capsys.readouterr().out
+
+
+def test_the_trace_says_a_rank_read_memory_a_collective_still_had_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    """A learner sees the read that races gloo's worker, where it is; waiting first, none."""
+    main(["explain", "tests/report_hooks.py:scale_read_in_flight_hook", "--world-size", "2"])
+    out = capsys.readouterr().out
+    assert re.search(r"rank 0: READS memory all_reduce #0 on WORLD still has in flight \(Tensor.item at "
+                     r"tests/report_hooks.py:\d+ in _scaled_mean: step = scale.item\(\) / 100", out), out
+    assert "a race on a real cluster" in out
+    main(["explain", "tests/report_hooks.py:scale_read_after_wait_hook", "--world-size", "2"])
+    assert "READS memory" not in capsys.readouterr().out
 
 
 # -- what the explanation says about real DDP, checked against what the hook itself observes --------

@@ -1134,4 +1134,5 @@ def test_a_reported_rerun_records_the_first_user_read_of_memory_in_flight_and_no
     assert [(e.rank, e.op, e.seq, e.how) for e in reads] == [(0, "all_reduce", 0, "Tensor.sum"),
                                                              (1, "all_reduce", 0, "Tensor.sum")], reads
     assert "seen = scale[:1].sum().item()" in reads[0].site
+    assert "rank 0: reads memory all_reduce #0 on WORLD still has in flight (Tensor.sum at" in run.trace.format()
     assert not SimCluster(2).run(rank_fn).trace.of(ReadInFlight)  # the search never watches

@@ -335,4 +335,7 @@ class Trace:
                 answer = "complete" if e.complete else "pending"
                 when = "at once" if e.choice == 0 else "after the others ran as far as they could (picked 1 of 2)"
                 lines.append(f"rank {e.rank}: polls {e.future}{f' at {e.at}' if e.at else ''}, looks {when}: {answer}")
+            elif isinstance(e, ReadInFlight):
+                lines.append(f"rank {e.rank}: reads memory {e.op} #{e.seq} on {e.group} still has in flight "
+                             f"({e.how} at {e.site})")
         return "\n".join(lines)

@@ -52,7 +52,7 @@ import torch
 from simcluster.checking.render import abridged
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
-from simcluster.engine.trace import Blocked, CallbackRan, Completed, CopiedBack, Trace, waits_in
+from simcluster.engine.trace import Blocked, CallbackRan, Completed, CopiedBack, ReadInFlight, Trace, waits_in
 from simcluster.ddp.layout import cap_bytes, rebuild_iteration
 from simcluster.errors import exit_meaning
 from simcluster.names import callable_name
@@ -138,6 +138,11 @@ def event_line(e: Any, futures: dict[tuple[int, str], int] | None = None) -> str
         held = ", which it holds while it waits" if e.context.startswith("gloo-worker ") else ""
         where = _where_words(e.context).removesuffix(" (grad mode on)")
         return f"rank {e.rank}: blocks {waits_in(e.future)} ({where}{held})"
+    if isinstance(e, ReadInFlight):
+        return (f"rank {e.rank}: READS memory {e.op} #{e.seq} on {e.group} still has in flight ({e.how} at {e.site}): "
+                "a race on a real cluster — gloo's worker may be writing it (the rank's own value or the reduced one, "
+                "depending on timing); here it holds the value from before the collective. Read it after wait(), "
+                "or in the future's callback")
     if isinstance(e, Completed) and e.options > 1:
         return (f"         {e.op} #{e.seq} on {e.group} completes on ranks {list(e.ranks)} (the seeded scheduler "
                 f"picked it among {e.options} possible next steps — a rank's backward() going on to its next bucket, "
