@@ -274,11 +274,12 @@ def _death_repeats(opts: Options, token: str) -> bool:
     2026-12-07). One more example, once per death reported by a search."""
     example, backend = decode_example(token)
 
-    def alone(monitor: Monitor) -> CheckReport:
-        part = _partial(opts, monitor)
+    def alone(monitor: Monitor) -> None:
         with captured_output():  # what it prints is not the reported run's
-            _run_one(part.opts, example, backend, part.report, steps=example.steps)
-        return part.report
+            try:
+                run_example(dataclasses.replace(opts, monitor=monitor), example, backend)
+            except Violation:  # whether it fails is not asked here (nor its report's hints worked out)
+                pass
 
     again = run_supervised(alone, deadline=opts.deadline)
     return again.death is not None

@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["remembering", "raise_if_lost", "seen", "press", "held_back", "Terminated", "terminate"]
+__all__ = ["remembering", "raise_if_lost", "seen", "press", "held_back", "Terminated"]
 
-_pressed = False
-_terminated = False
+_pressed: int | None = None
+"""The signal that arrived and no simcluster code has seen yet (:func:`seen`), or None."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -43,34 +43,33 @@ class Terminated(KeyboardInterrupt):
     audit of hostile hooks, 2026-12-07)."""
 
 
-def terminate(signum: int = signal.SIGTERM, frame: Any = None) -> None:
-    """The ``SIGTERM`` handler of a command: remember it, raise :class:`Terminated`."""
-    global _pressed, _terminated
-    _pressed = _terminated = True
-    raise Terminated
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    """What signal ``signum`` raises: :class:`Terminated` for ``SIGTERM``, else ``KeyboardInterrupt``."""
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def press(signum: int = signal.SIGINT, frame: Any = None) -> None:
     """A signal handler: remember that an interrupt arrived, then raise ``KeyboardInterrupt``
-    (also the handler of ``check --jobs``' where-are-you signal in a worker)."""
+    (:class:`Terminated` for ``SIGTERM``; also the handler of ``check --jobs``' where-are-you
+    signal in a worker)."""
     global _pressed
-    _pressed = True
-    raise KeyboardInterrupt
+    _pressed = signum
+    raise _interrupt(signum)
 
 
 def raise_if_lost() -> None:
     """Raise ``KeyboardInterrupt`` if an interrupt arrived and no simcluster code has seen it
     yet (:func:`seen`): its handler's exception was swallowed where it ran."""
-    if _pressed:
-        raise Terminated if _terminated else KeyboardInterrupt
+    if _pressed is not None:
+        raise _interrupt(_pressed)
 
 
 def seen() -> None:
     """The interrupt reached simcluster's code (a ``except KeyboardInterrupt`` that goes on
     working — to ask the workers where they were, say): forget it, so that only a new
     press counts from here on. Also called in a freshly forked worker."""
-    global _pressed, _terminated
-    _pressed = _terminated = False
+    global _pressed
+    _pressed = None
 
 
 @contextmanager
@@ -89,7 +88,7 @@ def remembering() -> Iterator[None]:
             signal.signal(signal.SIGINT, press)
             ours = True
         if previous_term == signal.SIG_DFL:  # SIGTERM too (:class:`Terminated`), unless someone set a handler
-            signal.signal(signal.SIGTERM, terminate)
+            signal.signal(signal.SIGTERM, press)
             ours_term = True
     except ValueError:  # not the main thread
         pass

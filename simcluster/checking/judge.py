@@ -45,7 +45,7 @@ from simcluster.fake.backends import backend_model
 from simcluster.fake.cluster import SimCluster
 
 __all__ = ["Violation", "violation_class", "run_example", "keeps_residual", "exit_head", "order_hint", "unreached_hint", "sources_hint",
-           "with_posting_lines", "ORDER", "read_hint", "VALUE_PROPERTIES"]
+           "with_posting_lines", "ORDER", "read_hint"]
 
 ORDER = ("liveness", "contract", "replicas_agree", "averages", "keeps_nonfinite", "schedule_independence",
          "error_feedback")
@@ -406,8 +406,9 @@ def _same_bits_twice(opts: Options, violation: Violation) -> bool:
     return all(P.bits_equal(a, b) for mine, theirs in zip(step.grads, more[t].grads) for a, b in zip(mine, theirs))
 
 
-VALUE_PROPERTIES = ("replicas_agree", "averages", "keeps_nonfinite", "schedule_independence", "error_feedback")
-"""The properties a wrong value breaks (not a raise, a hang or a broken contract)."""
+VALUE_PROPERTIES = ORDER[ORDER.index("replicas_agree"):]
+"""The properties a wrong value breaks (every one after *liveness* and *contract*: not a raise,
+a hang or a broken contract)."""
 
 
 def read_hint(opts: Options, violation: Violation) -> str:
@@ -580,7 +581,7 @@ def _apart_by_the_group_size(results: list[list[torch.Tensor]], groups: list[lis
                 if not bool(apart.any()):
                     continue
                 x, y = x[apart], y[apart]
-                if not bool(((x == size * y) | (y == size * x)).all()) or size < 2:
+                if not bool(((x == size * y) | (y == size * x)).all()):
                     return None
                 found = True
         if found:

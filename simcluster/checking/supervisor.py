@@ -28,7 +28,8 @@ replay, which also runs supervised.
 The child also: runs in a process group of its own, so a terminal's Ctrl-C reaches only
 the parent (which asks the child for its stack, kills it and re-raises), and raises
 ``KeyboardInterrupt`` on ``SIGINT`` as any Python process does (a hook that sends its own
-process ``SIGINT`` stops the check with 130, as one raising ``KeyboardInterrupt`` does), dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
+process ``SIGINT`` stops the check with 130, as one raising ``KeyboardInterrupt`` does),
+dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
 ``os._exit(code)`` into :class:`~simcluster.errors.HookExited` raised at the call, so the
 report can name the line. Time limits are the one place where wall-clock time reaches
 a verdict: a hook that needs longer than ``deadline`` for one example is reported as

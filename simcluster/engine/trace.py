@@ -175,12 +175,6 @@ class ReadInFlight:
     site: str
     doing: str
 
-    def describe(self) -> str:
-        """The read in words, for a report."""
-        doing = f", {self.doing}," if self.doing else ""
-        return (f"rank {self.rank}{doing} read memory {self.op}#{self.seq} on {self.group} still had in flight "
-                f"({self.how}) at {self.site}")
-
 
 Event = Union[Posted, Completed, Failed, Wrapped, CallbackRan, CopiedBack, Blocked, Resumed, Polled, ReadInFlight]
 

@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from threading import get_ident
 from types import FrameType
 from typing import Any
-
-from threading import get_ident
 
 from simcluster.engine.contract import Call
 from simcluster.engine.frames import is_internal, line_site

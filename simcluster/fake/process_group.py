@@ -515,11 +515,10 @@ class SimProcessGroup(dist.ProcessGroup):
         if self._runtime.backend.strict_gather_shapes:
             _raise_gloo_gather_error(outs, t, self.size())
         self._list_len("all_gather", "tensor_list", outs)
-        signature: tuple[Any, ...] = (_dtype(t), tuple(t.shape))
-        if len({o.numel() for o in outs}) > 1:  # NCCL (gloo raised above): one broadcast per rank
-            signature = self._uneven_all_gather(outs, t)
+        uneven = len({o.numel() for o in outs}) > 1  # NCCL (gloo raised above): one broadcast per rank
+        signature = self._uneven_all_gather(outs, t) if uneven else (_dtype(t), tuple(t.shape))
         for o in outs:
-            if (o.numel() != t.numel() and len(signature) == 2) or o.dtype != t.dtype:
+            if (o.numel() != t.numel() and not uneven) or o.dtype != t.dtype:
                 raise ValueError(
                     f"all_gather on rank {self.global_rank}: output {_dtype(o)}{list(o.shape)} does not match "
                     f"input {_dtype(t)}{list(t.shape)}"
@@ -536,7 +535,7 @@ class SimProcessGroup(dist.ProcessGroup):
                     collectives.copy_bits_(o, s.view(o.shape))
                     increment_version(o)  # gloo's all_gather moves each output's version once, by its completion
                 # uneven: the value of NCCL's coalesced broadcasts' work is not known (unverified): the outputs
-                results[r] = (backend.all_gather_value(mine) if len(signature) == 2 else list(mine), None)
+                results[r] = (list(mine) if uneven else backend.all_gather_value(mine), None)
             return results
 
         return self._post("all_gather", t, signature, compute, (list(outs), t), watched=(t, *outs),
@@ -852,14 +851,14 @@ def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[in
             "Whether a barrier re-raises is timing (real gloo: one rank re-raised and its peer's barrier broke in 4 of "
             "the 5 runs of benchmarks/measure_barrier_reraise.py --no-wait where one did); wait() on a collective "
             "before a barrier, and do not call one after a collective failed")
+    trace.log((Failed, (first.op, first.channel, first.seq,
+                        f"{error} (the error of {label}, which the barrier waited for)", tuple(raising))))
     out: dict[int, Any] = {}
     for r in calls:
-        label, error = held[r]
+        error = held[r][1]
         again = BackendError(str(error))  # a RuntimeError with the same message, as gloo re-raises it
         again.simcluster_frames = getattr(error, "simcluster_frames", None)  # type: ignore[attr-defined] - the posting line
         out[r] = (None, again)
-    trace.log((Failed, (first.op, first.channel, first.seq,
-                        f"{error} (the error of {label}, which the barrier waited for)", tuple(raising))))
     return out
 
 
