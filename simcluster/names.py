@@ -38,7 +38,7 @@ import sys
 from typing import Any
 
 __all__ = ["callable_name", "target_spec", "loadable_spec", "without_addresses", "wear_torchs_name", "MASKED_ADDRESS",
-           "MASKED_STAMP"]
+           "MASKED_NUMBER", "MASKED_STAMP", "looks_like_an_address"]
 
 MASKED_ADDRESS = "0x…"
 """What stands for a memory address in a default ``repr``."""
@@ -48,17 +48,47 @@ MASKED_STAMP = "…"
 ProcessGroupGloo.cpp:1537] Check failed: …``, gloo's failed checks): ``[F… ProcessGroupGloo…``."""
 
 _ADDRESS = re.compile(r"(?<= object at )0x[0-9a-fA-F]+(?=>)")
+_NUMBER = re.compile(r"(?<![\w.])(?:0x[0-9a-fA-F]{9,12}|[0-9]{10,15})(?![\w.])")
+MASKED_NUMBER = "<address>"
+"""What stands for a bare memory address a message quotes as a number (``id(x)``, ``t.data_ptr()``,
+``hex(id(x))``): :func:`looks_like_an_address`."""
+
+
+def looks_like_an_address(value: int) -> bool:
+    """Whether ``value`` reads as a 64-bit Linux process's memory address: from 2**32 up to
+    the top of user space (2**47) and a multiple of 8 (every Python object and every tensor's
+    storage is at least 8-byte aligned: ``id(1) % 16 == 8`` on CPython 3.11, ``data_ptr()`` a
+    multiple of 64). ``id()`` and ``data_ptr()`` differ from run to run (address-space
+    randomisation); a report quotes them masked so a replay prints what it printed.
+
+    >>> looks_like_an_address(140280508735456), looks_like_an_address(140280508735457)
+    (True, False)
+    >>> looks_like_an_address(1_000_000)
+    False
+    """
+    return 2**32 <= value < 2**47 and value % 8 == 0
+
+
+def _masked_number(match: re.Match[str]) -> str:
+    text = match.group(0)
+    if not looks_like_an_address(int(text, 0) if text.startswith("0x") else int(text)):
+        return text
+    return MASKED_ADDRESS if text.startswith("0x") else MASKED_NUMBER
 _STAMP = re.compile(r"(?<=\]:\[[FEWI])\d{4} \d\d:\d\d:\d\d\.\d+(?= )")
 
 
 def without_addresses(text: str) -> str:
-    """``text`` with what differs run to run in torch's words masked: every default-``repr``
-    address (``<… object at 0x…>``) and every glog time stamp (``[rank0]:[F1207 00:48:31.84…``).
+    """``text`` with what differs run to run masked: every default-``repr`` address (``<…
+    object at 0x…>``), every other number that looks like an address (a hook quoting
+    ``id(bucket)`` or ``t.data_ptr()``: :func:`looks_like_an_address`) and every glog time
+    stamp (``[rank0]:[F1207 00:48:31.84…``).
 
     >>> without_addresses("[rank1]:[F1207 00:48:31.842460036 ProcessGroupGloo.cpp:1537] Check failed")
     '[rank1]:[F… ProcessGroupGloo.cpp:1537] Check failed'
+    >>> without_addresses("bucket 140280508735456 seen twice; 4096 elements at 0x7f9599e45fe0")
+    'bucket <address> seen twice; 4096 elements at 0x…'
     """
-    return _STAMP.sub(MASKED_STAMP, _ADDRESS.sub(MASKED_ADDRESS, text))
+    return _STAMP.sub(MASKED_STAMP, _NUMBER.sub(_masked_number, _ADDRESS.sub(MASKED_ADDRESS, text)))
 
 
 def callable_name(obj: Any) -> str:

@@ -518,6 +518,16 @@ def asserts_with_its_states_repr(state, bucket):
     return _mean(bucket)
 
 
+def asserts_with_ids(state, bucket):
+    """Fails its own check, quoting the ids and the storage address it keys on — numbers that
+    differ every run (address-space randomisation), in decimal and in hex."""
+    buffer = bucket.buffer()
+    if bucket.index() == 0:
+        raise RuntimeError(f"bucket {id(bucket)} (state {id(state)}, storage {hex(buffer.data_ptr())}, "
+                           f"{buffer.data_ptr()}) not registered; {buffer.numel()} elements")
+    return _mean(bucket)
+
+
 def returns_its_own_bucket(state, bucket):
     """Communicates nothing: a future completed with the rank's own bucket."""
     fut = torch.futures.Future()

@@ -194,6 +194,15 @@ def test_a_failing_hook_gets_the_trace_up_to_the_failure_and_the_whole_diagnosti
     assert "rank 1, bucket 0: raised from inside the hook" in failure and "rank 0, bucket 0" not in failure
 
 
+def test_a_failure_quoting_ids_is_told_the_same_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A hook whose message quotes ``id(bucket)`` and a storage address (new every run: address
+    randomisation) is told with them masked, as a report masks them: two runs print the same."""
+    body = "    raise RuntimeError(f'bucket {id(bucket)} at {hex(bucket.buffer().data_ptr())} is unknown')\n"
+    first, _ = explain_failing(tmp_path, capsys, 2, body)
+    assert "RuntimeError: bucket <address> at 0x… is unknown" in first, first
+    assert explain_failing(tmp_path, capsys, 2, body)[0] == first
+
+
 def _story(seed: int = 0):  # type: ignore[no-untyped-def]
     return record(fp16_compress_hook, world_size=2, seed=seed, steps=2)
 

@@ -1173,6 +1173,9 @@ def test_library_files_are_named_by_their_import_path_wherever_the_environment_l
     ("send_before_recv_hook", ("--world-sizes", "2"), "posted it at tests/report_hooks.py:"),
     # a default repr in the hook's own message: its address changes every run
     ("asserts_with_its_states_repr", ("--state", f"{HOOKS}:make_config"), "_Config object at 0x…> has no scale"),
+    # ids and a storage address in decimal and hex: new every run (round 24's audit left this open)
+    ("asserts_with_ids", ("--state", f"{HOOKS}:make_config"),
+     "bucket <address> (state <address>, storage 0x…, <address>) not registered"),
 ])
 def test_a_deterministic_failure_gets_no_may_not_repeat_caveat(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                                 target: str, options: tuple[str, ...],

@@ -106,7 +106,7 @@ def error_text(exc: BaseException) -> str:
     default ``repr``'s address (``<mod.State object at 0x7fee…>`` in the hook's own message)
     is masked: it differs from run to run, and a replay prints the report it printed; a
     library's file is named by its import path (:func:`~simcluster.engine.frames.without_library_dirs`)."""
-    message = _as_reported(str(exc))
+    message = as_reported(str(exc))
     lines = _lines(message)
     head = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     same: list[int] = []
@@ -115,7 +115,7 @@ def error_text(exc: BaseException) -> str:
         if other is not None and _same(other.group(2), message):
             same.append(int(other.group(1)))
         elif _keep_note(note):
-            lines += _lines(_as_reported(str(note)))
+            lines += _lines(as_reported(str(note)))
     if same:
         lines.append(f"simcluster: {'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))} "
                      "also failed the same way")
@@ -125,7 +125,7 @@ def error_text(exc: BaseException) -> str:
     return "\n".join(body)
 
 
-def _as_reported(text: str) -> str:
+def as_reported(text: str) -> str:
     """An error's text as a report shows it: the same on every run and wherever the
     environment lives (default-``repr`` addresses masked, library folders dropped)."""
     return without_library_dirs(without_addresses(text))

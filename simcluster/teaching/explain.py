@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from simcluster.checking.render import abridged
+from simcluster.checking.render import abridged, as_reported
 from simcluster.teaching.story import DEFAULT_CAP_MB, DEFAULT_SHAPES, HookCall, StepStory, Story, record
 from simcluster.engine.frames import user_frames
 from simcluster.engine.trace import Blocked, CallbackRan, Completed, CopiedBack, ReadInFlight, Trace, waits_in
@@ -314,13 +314,14 @@ def _result_lines(story: Story, step: StepStory) -> list[str]:
 
 
 def format_failure(exc: BaseException) -> list[str]:
-    """The whole diagnostic: type and full message, every note, and the last frames of user
+    """The whole diagnostic: type and full message, every note (as a report quotes them: an
+    address masked, :func:`~simcluster.checking.render.as_reported`), and the last frames of user
     code it arose at (:func:`~simcluster.engine.frames.user_frames`: the hook's own lines,
     also for an error a failed collective or a callback carried to DDP)."""
     meaning = exit_meaning(exc)  # already names SystemExit
     lines = [meaning] if meaning else [f"{type(exc).__name__}: {line}" if i == 0 else line
-                                       for i, line in enumerate(str(exc).strip().splitlines() or [""])]
-    lines += [n for note in getattr(exc, "__notes__", []) for n in str(note).splitlines()]
+                                       for i, line in enumerate(as_reported(str(exc)).strip().splitlines() or [""])]
+    lines += [n for note in getattr(exc, "__notes__", []) for n in as_reported(str(note)).splitlines()]
     frames = user_frames(exc, limit=4)
     if frames:
         lines.append("where (innermost last):")
