@@ -9,10 +9,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, fp16_compress_hook
 
 from simcluster.cli import main
-from simcluster.teaching.explain import explain
+from simcluster.errors import DeadlockError
+from simcluster.teaching.explain import explain, format_failure
 from simcluster.teaching.safe_range import safe_range
 from simcluster.teaching.story import record
 from simcluster.usercode.targets import parse_shapes
@@ -201,6 +204,27 @@ def test_a_failure_quoting_ids_is_told_the_same_every_run(tmp_path: Path, capsys
     first, _ = explain_failing(tmp_path, capsys, 2, body)
     assert "RuntimeError: bucket <address> at 0x… is unknown" in first, first
     assert explain_failing(tmp_path, capsys, 2, body)[0] == first
+
+
+def _waits_alone(state, bucket):  # type: ignore[no-untyped-def]
+    t = bucket.buffer()
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)  # rank 1 never posts: a deadlock
+    fut = torch.futures.Future()
+    fut.set_result(t)
+    return fut
+
+
+def test_a_where_list_names_the_ranks_code_not_the_script_that_recorded_it() -> None:
+    """A script calling ``record`` (the tutorial's generator) saw its own lines in a deadlock's
+    "where" list ('make_tutorial.py:103 in part_powersgd: gloo = record(…)'): the stack of the
+    parked rank holds the caller's frames too. Frames outside the engine's task are not a rank's."""
+    story = record(_waits_alone, world_size=2, steps=1)
+    failed = story.failed
+    assert failed is not None and isinstance(failed.error, DeadlockError)
+    where = format_failure(failed.error)
+    where = where[where.index("where (innermost last):") + 1:]
+    assert len(where) == 1 and "in _waits_alone: dist.all_reduce(t)" in where[0], where
 
 
 def _story(seed: int = 0):  # type: ignore[no-untyped-def]

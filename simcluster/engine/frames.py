@@ -18,13 +18,13 @@ import os
 import re
 import sys
 import sysconfig
-import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
+from typing import Any, TypeVar
 
 __all__ = ["Frame", "user_frames", "stack_user_frames", "is_internal", "is_simcluster_code", "format_frames",
-           "short_path"]
+           "short_path", "run_boundary"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the simcluster package
 _SHIPPED_HOOKS = _PACKAGE + "hooks" + os.sep
@@ -162,9 +162,31 @@ _SHORT: dict[tuple[str, str], str] = {}
 """:func:`short_path`'s answers by (current directory, path)."""
 
 
-def _frames(summary: Iterable[traceback.FrameSummary]) -> list[Frame]:
-    return [Frame(fs.filename, fs.lineno or 0, fs.name, (fs.line or "").strip())
-            for fs in summary if not is_internal(fs.filename)]
+_F = TypeVar("_F", bound=Callable[..., Any])
+_RUN_BOUNDARIES: set[CodeType] = set()
+""":func:`run_boundary`'s functions' code."""
+
+
+def run_boundary(function: _F) -> _F:
+    """Mark ``function`` as where an engine starts a rank's code (a task: the rank's function,
+    a callback). A frame outside it on the same stack is the caller's — a script or test that
+    called ``SimCluster.run`` or ``explain``'s ``record`` — not a rank's, and no "where" list
+    names it: a tutorial script's own lines once stood in a PowerSGD deadlock's list."""
+    _RUN_BOUNDARIES.add(function.__code__)
+    return function
+
+
+def _inside_the_run(frames: list[tuple[CodeType, int]]) -> list[tuple[CodeType, int]]:
+    """``frames`` (outermost first, each ``(code, line)``) from the innermost run boundary in, or all."""
+    for i in range(len(frames) - 1, -1, -1):
+        if frames[i][0] in _RUN_BOUNDARIES:
+            return frames[i + 1:]
+    return frames
+
+
+def _frames(frames: list[tuple[CodeType, int]]) -> list[Frame]:
+    return [Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip())
+            for code, line in _inside_the_run(frames) if not is_internal(code.co_filename)]
 
 
 def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
@@ -177,7 +199,11 @@ def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
     if given is not None:
         return list(given)[-limit:]
     tb: TracebackType | None = exc.__traceback__
-    found = _frames(traceback.extract_tb(tb)) if tb is not None else []
+    walked = []
+    while tb is not None:
+        walked.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    found = _frames(walked)
     if not found:
         found = _at_frames(str(exc))
     if not found and exc.__cause__ is not None and exc.__cause__ is not exc:
@@ -207,9 +233,11 @@ def _at_frames(message: str) -> list[Frame]:
 
 def stack_user_frames(frame: FrameType | None, limit: int = 3) -> list[Frame]:
     """The last ``limit`` user frames of the stack ending at ``frame`` (outermost first)."""
-    if frame is None:
-        return []
-    return _frames(traceback.extract_stack(frame))[-limit:]
+    walked = []
+    while frame is not None:
+        walked.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return _frames(walked[::-1])[-limit:]
 
 
 def posting_site(frame: FrameType | None) -> str | None:

@@ -64,7 +64,7 @@ from typing import Any, NoReturn
 from simcluster.errors import DeadlockError, SimClusterError, SimulatorBug, StuckError, UsageError
 from simcluster.engine.blockage import Parked, describe_blockage
 from simcluster.engine.contract import Call, RunAborted, Waitable, when_all_done
-from simcluster.engine.frames import is_internal, posting_site, stack_user_frames
+from simcluster.engine.frames import is_internal, posting_site, run_boundary, stack_user_frames
 from simcluster.engine.guard import ThreadGuard, is_stop_request
 from simcluster.engine.matching import Instance, Matcher, compute_failure, written_in_flight
 from simcluster.engine.write_watch import WriteWatch
@@ -721,6 +721,7 @@ class Engine:
                 home.wake()
             return
 
+    @run_boundary  # a frame outside it is the code that started the run, not a rank's
     def _run_task(self, task: _Task) -> None:
         self._task = task
         self._enter(task.rank, task.where)
