@@ -157,6 +157,7 @@ def bench_threaded_pg(world: int, n: int, steps: int) -> float:
     store = dist.HashStore()
     barrier = threading.Barrier(world)
     times: list[float] = []
+    excepthook = sys.excepthook  # each init_process_group wraps it to prefix "[rankN]: " to every line
     multi_threaded_pg._install_threaded_pg()
     torch._C._distributed_c10d._set_thread_isolation_mode(True)  # per-thread group names, as torch's tests do
     try:
@@ -185,6 +186,7 @@ def bench_threaded_pg(world: int, n: int, steps: int) -> float:
     finally:
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         multi_threaded_pg._uninstall_threaded_pg()
+        sys.excepthook = excepthook
     return times[0]
 
 
@@ -365,7 +367,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--sizes", default="64,1000,1000000")
     parser.add_argument("--worlds", default="2,8")
-    parser.add_argument("--scaling", default="2,8,64,256,1024")
+    parser.add_argument("--scaling", default="2,8,64,256,1024", help="worlds of the scaling section (\"\": skip it)")
     parser.add_argument("--scaling-repeats", type=int, default=9, help="repeats of the scaling section (its medians)")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--no-check", action="store_true")
