@@ -12,7 +12,9 @@ import random
 import re
 import subprocess
 import warnings
+import signal
 import sys
+import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -278,7 +280,7 @@ def _settings() -> tuple[object, ...]:
             os.getcwd(), list(sys.path), sys.getrecursionlimit(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
             torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory, sys.gettrace(),
-            sys.getprofile())
+            sys.getprofile(), sys.excepthook, sys.unraisablehook, threading.excepthook, signal.getsignal(signal.SIGUSR1))
 
 
 def _run_shared(name: str) -> str:
@@ -321,6 +323,11 @@ def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name
     ("fill_uninitialized_memory", "torch.utils.deterministic.fill_uninitialized_memory"),
     ("trace_function", "sys.gettrace(), sys.getprofile() (the run's thread)"),  # a tracer left behind ran in
     ("profile_function", "sys.gettrace(), sys.getprofile() (the run's thread)"),  # simcluster's code, and all ranks'
+    # what prints an uncaught error, and signal handlers: a rank's own on a real cluster
+    ("excepthook", "sys.excepthook, sys.unraisablehook, threading.excepthook"),
+    ("unraisablehook", "sys.excepthook, sys.unraisablehook, threading.excepthook"),
+    ("threading_excepthook", "sys.excepthook, sys.unraisablehook, threading.excepthook"),
+    ("signal_handler", "signal handlers (signal.getsignal)"),
 ])
 def test_a_rank_changing_a_setting_read_once_per_run_is_reported_for_the_run_and_undone(name: str,
                                                                                         setting: str) -> None:
@@ -337,6 +344,7 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert "entries, added ['/simcluster-test-nowhere'] during the run" in _run_shared("sys_path")
     assert f"from {os.getcwd()!r} to {str(HOOKS)!r} during the run" in _run_shared("chdir")
     assert "from (None, None) to (None, _count_events) during the run" in _run_shared("profile_function")
+    assert "from (SIGUSR1: SIG_DFL) to (SIGUSR1: _log_and_exit) during the run" in _run_shared("signal_handler")
     streams = _run_shared("stdout")
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 

@@ -42,7 +42,9 @@ import contextlib
 import ctypes
 import os
 import random
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from threading import get_ident as _get_ident
@@ -350,6 +352,40 @@ def _set_tracing(value: tuple[Any, Any]) -> None:
     sys.setprofile(value[1])
 
 
+def _error_hooks() -> tuple[Any, Any, Any]:
+    """What prints an uncaught or unraisable exception: ``sys.excepthook``,
+    ``sys.unraisablehook``, ``threading.excepthook`` (torch's ``init_process_group`` wraps the
+    first to prefix ``[rankN]:``; a supervised child caps the second's output)."""
+    return sys.excepthook, sys.unraisablehook, threading.excepthook
+
+
+def _set_error_hooks(value: tuple[Any, Any, Any]) -> None:
+    sys.excepthook, sys.unraisablehook, threading.excepthook = value
+
+
+_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1,
+                             signal.SIGUSR2, signal.SIGCHLD, signal.SIGPIPE, signal.SIGQUIT))
+"""The signals whose handlers the run's end compares (what a hook plausibly installs)."""
+
+
+def _signal_handlers() -> tuple[Any, ...]:
+    return tuple(signal.getsignal(s) for s in _SIGNALS)
+
+
+def _handler_name(handler: Any) -> str:
+    """``SIG_DFL``, ``SIG_IGN``, ``default_int_handler``, ``on_alarm`` — no address."""
+    return getattr(handler, "name", None) or getattr(handler, "__qualname__", None) or type(handler).__qualname__
+
+
+def _set_signal_handlers(value: tuple[Any, ...]) -> None:
+    """Put the handlers back — from the main thread only, as Python allows (a run on another
+    thread: its ranks could not set one either, ``signal.signal`` refuses them)."""
+    if threading.current_thread() is threading.main_thread():
+        for number, handler in zip(_SIGNALS, value):
+            if handler is not None:  # None: installed outside Python, nothing Python can put back
+                signal.signal(number, handler)
+
+
 def _set_path(value: tuple[list[str], tuple[str, ...]]) -> None:
     listed, entries = value
     listed[:] = entries  # the same list object as before the run (a rank may have replaced it)
@@ -366,6 +402,8 @@ _RUN_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("torch.backends.nnpack (torch._C._get_nnpack_enabled())", torch._C._set_nnpack_enabled),
     ("torch.utils.deterministic.fill_uninitialized_memory", torch._C._set_deterministic_fill_uninitialized_memory),
     ("sys.gettrace(), sys.getprofile() (the run's thread)", _set_tracing),
+    ("sys.excepthook, sys.unraisablehook, threading.excepthook", _set_error_hooks),
+    ("signal handlers (signal.getsignal)", _set_signal_handlers),
 )
 """The settings read when a run starts and when it ends, not at every rank switch: (name,
 setter that undoes a change), in :func:`_run_settings`' order. ``os.getcwd()`` is a system
@@ -380,7 +418,7 @@ def _run_settings() -> tuple[Any, ...]:
     return (os.getcwd(), (sys.path, tuple(sys.path)), sys.getrecursionlimit(),
             _C.is_anomaly_enabled() and (True, _C.is_anomaly_check_nan_enabled()), (sys.stdout, sys.stderr),
             _C._get_mkldnn_enabled(), _C._get_nnpack_enabled(), _C._get_deterministic_fill_uninitialized_memory(),
-            _tracing())
+            _tracing(), _error_hooks(), _signal_handlers())
 
 
 _get_default_dtype, _get_num_threads = torch.get_default_dtype, torch.get_num_threads  # C functions already
@@ -710,8 +748,14 @@ def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
             return ", ".join(type(s).__name__ + (f"({s.name!r})" if isinstance(getattr(s, "name", None), str) else "")
                              for s in pair)
         return f"({streams(before)})", f"({streams(now)})"
-    if name.startswith("sys.gettrace()"):
-        def functions(pair: tuple[Any, Any]) -> str:
+    if name.startswith("sys.gettrace()") or name.startswith("sys.excepthook"):
+        def functions(pair: tuple[Any, ...]) -> str:
             return ", ".join("None" if f is None else getattr(f, "__qualname__", type(f).__qualname__) for f in pair)
         return f"({functions(before)})", f"({functions(now)})"
+    if name.startswith("signal handlers"):
+        changed = [i for i, (was, value) in enumerate(zip(before, now)) if was != value]
+
+        def handlers(value: tuple[Any, ...]) -> str:
+            return ", ".join(f"{signal.Signals(_SIGNALS[i]).name}: {_handler_name(value[i])}" for i in changed)
+        return f"({handlers(before)})", f"({handlers(now)})"
     return repr(before), repr(now)

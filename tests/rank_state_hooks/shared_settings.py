@@ -9,7 +9,9 @@ change the same settings and restore them within their turn: nothing to report.
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -57,6 +59,16 @@ def _count_events(frame, event, arg):
 
 trace_function = _on_rank_1(lambda: sys.settrace(_count_events))
 profile_function = _on_rank_1(lambda: sys.setprofile(_count_events))
+
+
+def _log_and_exit(*args):
+    return None
+
+
+excepthook = _on_rank_1(lambda: setattr(sys, "excepthook", _log_and_exit))  # a logging library's set-up
+unraisablehook = _on_rank_1(lambda: setattr(sys, "unraisablehook", _log_and_exit))
+threading_excepthook = _on_rank_1(lambda: setattr(threading, "excepthook", _log_and_exit))
+signal_handler = _on_rank_1(lambda: signal.signal(signal.SIGUSR1, _log_and_exit))  # a stack-dump-on-signal helper
 
 
 def flush_denormal_then_wait(process_group, bucket):
