@@ -7,12 +7,14 @@ barrier right after a caught error may still see it. simcluster's gloo runner en
 job with ``dist.barrier()`` and failed, once in a CI run, on a test job that had caught such
 an error (docs/gloo-facts.md, "A barrier re-raises an earlier collective's error").
 
-    python benchmarks/measure_barrier_reraise.py [--runs 3] [--trials 1000] [--no-wait]
+    python benchmarks/measure_barrier_reraise.py [--runs 3] [--trials 1000] [--no-wait] [--between K]
 
 Each run starts a fresh world of 2 real gloo processes (``torch.multiprocessing.spawn``,
 FileStore in a private temp dir). Per trial every rank posts ``all_reduce(ones(4),
 op=BAND, async_op=True)`` (gloo refuses BAND on floats at ``wait()``), waits on it and
-catches the error (``--no-wait``: does not wait), then calls ``dist.barrier()``. A run stops
+catches the error (``--no-wait``: does not wait), makes ``--between`` successful synchronous
+``all_reduce(ones(4))`` calls (default 0: does a failed work stay held past later
+collectives?), then calls ``dist.barrier()``. A run stops
 at the first barrier that raises, on either rank (the group is out of step after a
 one-sided failure); the script prints, per run, the trial and each rank's first line.
 """
@@ -25,7 +27,7 @@ import os
 import tempfile
 
 
-def _rank(rank: int, world: int, store: str, trials: int, wait: bool, out: str) -> None:
+def _rank(rank: int, world: int, store: str, trials: int, wait: bool, out: str, between: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -40,6 +42,8 @@ def _rank(rank: int, world: int, store: str, trials: int, wait: bool, out: str) 
             except RuntimeError:
                 pass
         del work
+        for _ in range(between):
+            dist.all_reduce(torch.ones(4))
         try:
             dist.barrier()
         except RuntimeError as exc:
@@ -57,11 +61,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--no-wait", action="store_true")
+    parser.add_argument("--between", type=int, default=0, help="successful all_reduces between the failure and the barrier")
     args = parser.parse_args()
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "line")
-            mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args.trials, not args.no_wait, out), nprocs=2)
+            mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args.trials, not args.no_wait, out, args.between), nprocs=2)
             lines = [open(f"{out}.{r}").read() for r in range(2)]
         print(f"run {run}: " + " | ".join(f"rank {r}: {line}" for r, line in enumerate(lines)))
 

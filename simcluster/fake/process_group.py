@@ -204,6 +204,18 @@ class CoalescedWork(dist.Work):
 wear_torchs_name(CoalescedWork, "torch._C._distributed_c10d.Work")
 
 
+RECENTLY_HELD = 3
+"""How many of a rank's latest collectives on a group a gloo barrier may find still held by a
+worker thread after they failed: the failed one and up to two after it. Measured on real gloo
+(``benchmarks/measure_barrier_reraise.py --between K``, 2 processes, a BAND all_reduce waited on
+and caught, K successful synchronous all_reduces, then ``barrier()``): the barrier re-raised the
+BAND error with K = 0 (about 1 trial in 3-75), K = 1 (3 of 4 runs of 200 trials) and K = 2 (3 of 4
+runs of 300 trials), never with K = 3 (0 of 1,200 trials): gloo's two worker threads, one of
+which may still be letting go of the failed work while the other runs the later ones
+(docs/gloo-facts.md, "A barrier re-raises an earlier collective's error")."""
+_NO_RECENT_FLAGS: tuple[None, ...] = (None,) * RECENTLY_HELD
+
+
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated group (see the module docstring)."""
 
@@ -218,9 +230,9 @@ class SimProcessGroup(dist.ProcessGroup):
         # flags, which leave it when set), for gloo's barrier; a new one for each run (engine)
         self._in_flight: dict[DoneFlag, None] = {}
         self._in_flight_engine: object = None
-        # the flag of this rank's last collective on the group: a gloo barrier posted right after
-        # it failed (its wait() raised) may still find its worker holding it (docs/gloo-facts.md)
-        self._last_flag: DoneFlag | None = None
+        # the flags of this rank's last RECENTLY_HELD collectives on the group, oldest first: a gloo
+        # barrier posted soon after one failed may still find its worker holding it (docs/gloo-facts.md)
+        self._recent_flags: tuple[DoneFlag | None, ...] = _NO_RECENT_FLAGS
 
     # The values given to torch's constructor above, read without its binding: on a Python
     # subclass, ProcessGroup.size()/rank() cost ~0.8 us each (measured; 0.1 on a plain
@@ -312,13 +324,14 @@ class SimProcessGroup(dist.ProcessGroup):
             finished = DoneFlag(future, None, grad_mode)
         else:
             if self._in_flight_engine is not engine:
-                self._in_flight, self._in_flight_engine, self._last_flag = {}, engine, None
+                self._in_flight, self._in_flight_engine, self._recent_flags = {}, engine, _NO_RECENT_FLAGS
+            recent = self._recent_flags
             if op == "barrier" and backend.barrier_after_prior_work:
                 after = tuple(self._in_flight)  # gloo: the barrier waits for these first
-                last = self._last_flag
-                if last is not None and last.done() and last.failure() is not None:
-                    after += (last,)  # failed just before: its worker may not have let go of it yet
-            finished = self._last_flag = DoneFlag(future, self._in_flight, grad_mode)
+                # failed shortly before: its worker thread may not have let go of it yet
+                after += tuple(f for f in recent if f is not None and f.done() and f.failure() is not None)
+            finished = DoneFlag(future, self._in_flight, grad_mode)
+            self._recent_flags = (*recent[1:], finished)
         shape = tuple(tensor.shape) if tensor is not None else ()
 
         call = Call(  # positional, in field order: keywords to a class call cost a dict (hot path)
@@ -819,8 +832,8 @@ def _note_wrap(trace: Trace, call: Call, inputs: list[torch.Tensor], result: tor
 def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[int], int]) -> dict[int, Any]:
     """Each rank's ``(value, exception)`` of a barrier: ``([], None)``, except behind a failed
     work. A gloo barrier first waits for the work its rank posted before it (``Call.after``:
-    unfinished then, or the collective just before it if that one failed — a worker lets go
-    of a failed work only a moment after its ``wait()`` raised) and may re-raise the error
+    unfinished then, or one of its :data:`RECENTLY_HELD` latest collectives that failed — a
+    worker lets go of a failed work only a moment after its ``wait()`` raised) and may re-raise the error
     of one that failed — *without taking part in the barrier* —
     or find the worker already let go of it and go into the exchange: timing, so a pick per
     such rank (``choose``: 0, the exchange; 1, the re-raise). Measured on real gloo
@@ -844,8 +857,8 @@ def _barrier_outcomes(calls: dict[int, Call], trace: Trace, choose: Callable[[in
         raise DeadlockError(
             f"{first.op} #{first.seq} on {first.channel}: rank{'s' if len(raising) > 1 else ''} "
             f"{', '.join(map(str, raising))} re-raised the error of {label} ({error}), posted before the barrier — "
-            f"unfinished then, or just failed: gloo's worker lets go of a failed work only a moment after its wait() "
-            f"raises — without taking part in the barrier: gloo's barrier first waits for its rank's earlier work and "
+            f"unfinished then, or failed shortly before: gloo's worker lets go of a failed work only a moment after its "
+            f"wait() raises, and its other worker may run later collectives meanwhile — without taking part in the barrier: gloo's barrier first waits for its rank's earlier work and "
             f"re-raises its error. Ranks {waiting} went into the barrier's exchange and wait for "
             f"{'them' if len(raising) > 1 else 'it'} until the group's timeout (or fail once a peer's process ends). "
             "Whether a barrier re-raises is timing (real gloo: one rank re-raised and its peer's barrier broke in 4 of "
