@@ -280,7 +280,8 @@ def _settings() -> tuple[object, ...]:
             os.getcwd(), list(sys.path), sys.getrecursionlimit(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
             torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory, sys.gettrace(),
-            sys.getprofile(), sys.excepthook, sys.unraisablehook, threading.excepthook, signal.getsignal(signal.SIGUSR1))
+            sys.getprofile(), sys.excepthook, sys.unraisablehook, threading.excepthook, signal.getsignal(signal.SIGUSR1),
+            dict(dist.__dict__), dict(torch.futures.__dict__))
 
 
 def _run_shared(name: str) -> str:
@@ -328,6 +329,11 @@ def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name
     ("unraisablehook", "sys.excepthook, sys.unraisablehook, threading.excepthook"),
     ("threading_excepthook", "sys.excepthook, sys.unraisablehook, threading.excepthook"),
     ("signal_handler", "signal handlers (signal.getsignal)"),
+    # a module's attribute a rank replaced, added or deleted (an audit of hostile hooks: rank 0
+    # alone wrapping dist.all_reduce passed, where real gloo gave other gradients)
+    ("patched_all_reduce", "torch.distributed.all_reduce"),
+    ("marked_torch_distributed", "torch.distributed._simcluster_test_patched"),
+    ("deleted_from_torch_futures", "torch.futures.wait_all"),
 ])
 def test_a_rank_changing_a_setting_read_once_per_run_is_reported_for_the_run_and_undone(name: str,
                                                                                         setting: str) -> None:
@@ -345,6 +351,11 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert f"from {os.getcwd()!r} to {str(HOOKS)!r} during the run" in _run_shared("chdir")
     assert "from (None, None) to (None, _count_events) during the run" in _run_shared("profile_function")
     assert "from (SIGUSR1: SIG_DFL) to (SIGUSR1: _log_and_exit) during the run" in _run_shared("signal_handler")
+    patched = _run_shared("patched_all_reduce")
+    assert "from torch.distributed.distributed_c10d.all_reduce to _divide_first at " in patched, patched
+    assert "0x" not in patched and "simcluster_target" not in patched  # no address, no private module name
+    assert "torch.distributed._simcluster_test_patched from (not set) to a bool" in _run_shared(
+        "marked_torch_distributed")
     streams = _run_shared("stdout")
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 

@@ -45,6 +45,7 @@ import random
 import signal
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from threading import get_ident as _get_ident
@@ -52,6 +53,7 @@ from typing import Any
 
 import torch
 
+from simcluster.engine.frames import is_internal, short_path
 from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
@@ -502,6 +504,73 @@ def _mutation_stamp(mapping: dict[Any, Any]) -> Callable[[], int] | None:
     return lambda: tag.value
 
 
+WATCHED_MODULES = ("torch.distributed", "torch.futures")
+"""Modules whose attributes a hook might replace for every rank (``dist.all_reduce = wrapped``,
+``torch.futures.Future = Mine``), compared when a run starts and ends (:class:`_WatchedModule`)."""
+
+_MISSING = object()
+
+
+class _WatchedModule:
+    """One of :data:`WATCHED_MODULES`: its attributes when the run started, to tell at the end
+    which a rank replaced, added or deleted — shared by every simulated rank, a patch one rank
+    made is every rank's (an audit of hostile hooks: rank 0 alone wrapping ``dist.all_reduce``
+    passed where real gloo disagreed). The namespace's mutation stamp (:func:`_mutation_stamp`)
+    makes a run that changed nothing cost two reads; the snapshot is taken again only when the
+    namespace moved between runs (the run's own patches of ``dist.new_group`` and
+    ``torch.futures.Future`` are installed before the audit starts and undone after it ends)."""
+
+    __slots__ = ("name", "namespace", "stamp", "seen", "snapshot")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.namespace: dict[str, Any] = sys.modules[name].__dict__
+        self.stamp = _mutation_stamp(self.namespace)
+        self.seen: int | None = None
+        self.snapshot: dict[str, Any] = {}
+
+    def start(self) -> None:
+        now = self.stamp() if self.stamp is not None else None
+        if now is None or now != self.seen:
+            self.snapshot, self.seen = dict(self.namespace), now
+
+    def finish(self, imported: bool) -> list[tuple[str, None, str, str]]:
+        """What changed since :meth:`start`, undone (attributes an import added while the
+        run imported modules stay: what that import does in every process)."""
+        if self.stamp is not None and self.stamp() == self.seen:
+            return []
+        namespace, snapshot = self.namespace, self.snapshot
+        found: list[tuple[str, None, str, str]] = []
+        for key, was in snapshot.items():
+            now = namespace.get(key, _MISSING)
+            if now is not was:
+                found.append((f"{self.name}.{key}", None, _attribute_name(was), _attribute_name(now)))
+                namespace[key] = was
+        for key in [k for k in namespace if k not in snapshot]:
+            if not imported and not isinstance(namespace[key], types.ModuleType):
+                found.append((f"{self.name}.{key}", None, "(not set)", _attribute_name(namespace[key])))
+                del namespace[key]
+        self.snapshot = dict(namespace)
+        self.seen = self.stamp() if self.stamp is not None else None
+        return found
+
+
+def _attribute_name(value: Any) -> str:
+    """A module attribute's value in a report, never an address: a function of the code under
+    test by name and line (``patches_all_reduce.<locals>.wrapped at hooks.py:9``: its module is
+    a rank's private copy, whose name means nothing), others by module and qualified name."""
+    if value is _MISSING:
+        return "(deleted)"
+    name = getattr(value, "__qualname__", None)
+    if not isinstance(name, str):
+        return f"a {type(value).__qualname__}"
+    code = getattr(value, "__code__", None)
+    if code is not None and not is_internal(code.co_filename):
+        return f"{name} at {short_path(code.co_filename)}:{code.co_firstlineno}"
+    module = getattr(value, "__module__", None)
+    return f"{module}.{name}" if isinstance(module, str) else name
+
+
 class SettingsAudit:
     """Snapshots the shared settings when a run starts; checks them whenever a rank's code
     stops running; undoes a change at once and remembers the first one for the report.
@@ -543,13 +612,17 @@ class SettingsAudit:
         self._thread_last: dict[int, int] = {}
         """Per OS thread left for another: the rank whose code last ran on it."""
         self.changes: list[tuple[str, int | None, str, str]] = []  # (setting, rank or None: the run, before, after)
+        self._watched = [_WatchedModule(name) for name in WATCHED_MODULES]
+        self._modules_at_start = 0
 
     def start(self) -> None:
         """Snapshot every watched setting (once per run, when the first rank enters)."""
         self._all = _all_settings()  # the same values _SETTINGS' getters read (through torch's wrappers)
         self._run = _run_settings()
         self._filters = list(warnings.filters)
-        self._modules = len(sys.modules)
+        self._modules = self._modules_at_start = len(sys.modules)
+        for module in self._watched:
+            module.start()
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         if self._environ_data is not os.environ._data:  # type: ignore[attr-defined]  # once per process, as a rule
             self._environ_data = os.environ._data  # type: ignore[attr-defined]
@@ -613,6 +686,9 @@ class SettingsAudit:
                 if value != was:
                     self.changes.append((name, None, *_describe(name, was, value)))
                     put(was)
+        imported = len(sys.modules) > self._modules_at_start
+        for module in self._watched:
+            self.changes += module.finish(imported)
 
     def _check_settings(self, rank: int, new: int | None, thread: int, here: int) -> None:
         """Something in :func:`_all_settings` differs from the run's start. Process-wide:

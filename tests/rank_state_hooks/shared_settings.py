@@ -71,6 +71,17 @@ threading_excepthook = _on_rank_1(lambda: setattr(threading, "excepthook", _log_
 signal_handler = _on_rank_1(lambda: signal.signal(signal.SIGUSR1, _log_and_exit))  # a stack-dump-on-signal helper
 
 
+def _divide_first(tensor, *args, **kwargs):
+    return _ORIGINAL_ALL_REDUCE(tensor.div_(2), *args, **kwargs)
+
+
+_ORIGINAL_ALL_REDUCE = dist.all_reduce
+# a module's attributes: one process's patch on a real cluster, every simulated rank's here
+patched_all_reduce = _on_rank_1(lambda: setattr(dist, "all_reduce", _divide_first))
+marked_torch_distributed = _on_rank_1(lambda: setattr(dist, "_simcluster_test_patched", True))
+deleted_from_torch_futures = _on_rank_1(lambda: delattr(torch.futures, "wait_all"))
+
+
 def flush_denormal_then_wait(process_group, bucket):
     """Rank 1 sets flush-denormal and then blocks in its hook: its thread parks and another
     thread, started from it (inheriting its FPU bits), runs the other ranks."""
