@@ -8,6 +8,11 @@ so for every seed:
 * :func:`edge_example` — every rank at the inputs' largest finite value (sums of W such
   values overflow a hook that divides late; at W = 3 even a float16 sum of the divided
   values rounds to inf).
+* :func:`large_edge_example` — the same with one bucket of :data:`LARGE_ELEMENTS` elements:
+  a hook that sends small buckets as they are and compresses only large ones (``if
+  bucket.buffer().numel() > 1024: fp16``) has the fp16 overflow in that branch alone, and the
+  draw makes small buckets (round 25 of hooks from the wild: such a hook passed 4 seeds).
+
 * :func:`race_example` — several buckets in flight at a small world size, completed under
   :data:`RANKS_DISAGREE`, a schedule under which the ranks see completions in different
   orders. A hook that posts a collective from a ``then`` callback (which runs when the
@@ -69,6 +74,7 @@ drawn search already reported that bug (same property, exception type and user l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -79,7 +85,8 @@ from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, St
 from simcluster.checking.tolerances import parse_tolerance
 
 __all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "ORDER_VALUES",
-           "SCALAR_SHAPES", "NEWEST", "LATE_FIRST", "LATE_SHAPES", "explicit_examples", "edge_example", "race_example",
+           "SCALAR_SHAPES", "NEWEST", "LATE_FIRST", "LATE_SHAPES", "explicit_examples", "edge_example", "large_edge_example",
+           "LARGE_ELEMENTS", "race_example",
            "twins_example", "late_copy_example",
            "nonfinite_examples", "order_example", "scalar_example"]
 
@@ -129,6 +136,12 @@ additions. Representable in float16 and bfloat16 too (``2**-24`` is float16's sm
 subnormal), so they are inputs of every tolerance's domain."""
 
 
+LARGE_ELEMENTS = 2**18 + 1
+"""The large edge example's bucket: one parameter of 262,145 elements — past DDP's first bucket
+cap (1 MiB of float32, 262,144) and any size threshold a hook sets below it (1,024, 4,096,
+65,536 elements were seen in hooks from the wild)."""
+
+
 SCALAR_SHAPES: tuple[tuple[int, ...], ...] = ((2, 3), ())
 """The scalar example's parameters: a 2 x 3 matrix and a 0-dim parameter, in one bucket at
 step 0 and (DDP's default cap) after the rebuild."""
@@ -136,7 +149,8 @@ step 0 and (DDP's default cap) after the rebuild."""
 
 def explicit_examples(opts: Options, world_sizes: Sequence[int], steps: int) -> list[Example]:
     """The explicit examples that apply to these options, in the order they are run."""
-    return [ex for ex in (edge_example(opts, world_sizes, steps), race_example(opts, world_sizes, steps),
+    return [ex for ex in (edge_example(opts, world_sizes, steps), large_edge_example(opts, world_sizes, steps),
+                          race_example(opts, world_sizes, steps),
                           twins_example(opts, world_sizes, steps), late_copy_example(opts, world_sizes, steps),
                           *nonfinite_examples(opts, world_sizes, steps),
                           order_example(opts, world_sizes, steps), scalar_example(opts, world_sizes, steps))
@@ -165,6 +179,16 @@ def edge_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Examp
     shapes = opts.params or ((4,),)
     layout = Layout(shapes, None, tuple(range(len(shapes))), gradient_as_bucket_view=opts.bucket_view)
     return Example(world, layout, base, (0,) * (steps - 1), (), "float32", values or "float32")
+
+
+def large_edge_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
+    """:func:`edge_example` with one parameter of :data:`LARGE_ELEMENTS` elements (one bucket
+    at every step), unless ``--params`` chose the shapes (the edge example has them)."""
+    edge = edge_example(opts, world_sizes, steps)
+    if edge is None or opts.params:
+        return None
+    layout = Layout(((LARGE_ELEMENTS,),), None, (0,), gradient_as_bucket_view=opts.bucket_view)
+    return dataclasses.replace(edge, layout=layout)
 
 
 def race_example(opts: Options, world_sizes: Sequence[int], steps: int) -> Example | None:
