@@ -385,6 +385,19 @@ def test_cli_sys_exit_fails_and_other_targets_are_still_reported(tmp_path):
     assert [r["passed"] for r in reports] == [False, False]
 
 
+def test_pytest_skip_in_a_hook_is_its_failure_outside_a_test_and_a_stop_request_inside_one():
+    """``simcluster check`` of a hook calling ``pytest.skip()`` printed no report, only a
+    traceback (exit 1; an audit of hostile hooks): pytest's outcome exceptions were always
+    taken as a request to stop the program. They are one only while pytest runs a test."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    result = run_cli(target("calls_pytest_skip"), "--examples", "5", "--world-sizes", "1", "--backend", "gloo", env=env)
+    assert result.returncode == 1, result.stderr
+    assert "FAILED liveness [gloo, world size 1]" in result.stdout and "Skipped: this hook decided to skip" in result.stdout
+    assert "replay:" in result.stdout and "Traceback" not in result.stderr, result.stderr
+    with pytest.raises(pytest.skip.Exception, match="this hook decided to skip"):  # inside a test: the test's own
+        SimCluster(2).run_hook(target("calls_pytest_skip"), [torch.ones(2)] * 2)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_what_one_targets_import_does_to_its_process_reaches_no_other_row(tmp_path, jobs):
     """One TARGET's module replaces torch.distributed.all_reduce at import; a correct hook

@@ -15,6 +15,7 @@ outcomes) from a hook's own failure.
 from __future__ import annotations
 
 import sys
+import os
 import threading
 from collections.abc import Callable
 
@@ -25,12 +26,17 @@ __all__ = ["ThreadGuard", "is_stop_request", "thread_description"]
 
 
 def is_stop_request(exc: BaseException) -> bool:
-    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``
-    or one of pytest's outcome exceptions (``Failed``, ``Skipped``, ``Exit``…, which
-    pytest-timeout's signal method raises too). Such an exception is never a finding."""
+    """Whether ``exc`` asks the whole program (not the hook) to stop: ``KeyboardInterrupt``,
+    or — while pytest runs a test (``PYTEST_CURRENT_TEST`` set) — one of pytest's outcome
+    exceptions (``Failed``, ``Skipped``, ``Exit``…, which pytest-timeout's signal method raises
+    too). Such an exception is never a finding. Outside a test (``simcluster check``), a hook
+    calling ``pytest.skip()`` raised a ``BaseException`` that ends a real rank's process, and it
+    is the hook's failure like any other (an audit of hostile hooks: the command printed no
+    report, only a traceback)."""
     if isinstance(exc, KeyboardInterrupt):
         return True
-    return any(getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
+    return "PYTEST_CURRENT_TEST" in os.environ and any(
+        getattr(klass, "__module__", "") == "_pytest.outcomes" for klass in type(exc).__mro__)
 
 
 def thread_description(thread: threading.Thread) -> str:

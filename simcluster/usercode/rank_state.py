@@ -534,6 +534,20 @@ class _WatchedModule:
         if now is None or now != self.seen:
             self.snapshot, self.seen = dict(self.namespace), now
 
+    def accept(self, before: dict[str, Any]) -> None:
+        """What an import changed since ``before`` (its namespace then) is the baseline — unless
+        a rank had already changed that attribute before the import: still to be reported."""
+        if self.stamp is not None and self.stamp() == self.seen:
+            return
+        namespace, snapshot = self.namespace, self.snapshot
+        for key in {*before, *namespace}:
+            was, now = before.get(key, _MISSING), namespace.get(key, _MISSING)
+            if now is not was and snapshot.get(key, _MISSING) is was:
+                if now is _MISSING:
+                    del snapshot[key]
+                else:
+                    snapshot[key] = now
+
     def finish(self, imported: bool) -> list[tuple[str, None, str, str]]:
         """What changed since :meth:`start`, undone (attributes an import added while the
         run imported modules stay: what that import does in every process)."""
@@ -659,7 +673,12 @@ class SettingsAudit:
         if self._environ_stamp is not None and os.environ._data is self._environ_data:  # type: ignore[attr-defined]
             self._environ_seen = self._environ_stamp()
 
-    def accept_import_changes(self, before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
+    def watched_namespaces(self) -> list[dict[str, Any]]:
+        """A copy of each :data:`WATCHED_MODULES` namespace, as :meth:`accept_import_changes` takes it."""
+        return [dict(module.namespace) for module in self._watched]
+
+    def accept_import_changes(self, before: tuple[Any, ...], after: tuple[Any, ...],
+                              namespaces: list[dict[str, Any]] | None = None) -> None:
         """The run-level settings that changed from ``before`` to ``after`` while module copies
         were imported take their new values as the run's baseline (:func:`imports_set_the_baseline`)
         — unless the setting had already moved off the baseline before the import (a rank's
@@ -667,6 +686,8 @@ class SettingsAudit:
         if after != before:
             self._run = tuple(new if new != old and base == old else base
                               for base, old, new in zip(self._run, before, after))
+        for module, was in zip(self._watched, namespaces or ()):  # a hook file wrapping dist.all_reduce at its top
+            module.accept(was)
 
     def _moved(self, thread: int, rank: int) -> int:
         """This switch happens on another thread than the last one (rank ``rank``'s code
@@ -800,15 +821,19 @@ def imports_set_the_baseline() -> Iterator[None]:
     or ``sys.setrecursionlimit(…)`` at its top — is what that import does in every process,
     so the running audit takes the new value as its baseline instead of reporting it at the
     run's end (it did: a false ``SharedSettingError`` for a common way to write a hook file).
-    A change the hook makes when it is *called* is still reported. No run in progress:
-    nothing to do."""
+    So do the attributes of :data:`WATCHED_MODULES` (a hook file that wraps ``dist.all_reduce``
+    at its top) — where each rank's copy wraps what the copy before it left, so W wrappers
+    run nested where a real process runs one (not modelled: a wrapper that only observes is
+    unaffected). A change the hook makes when it is *called* is still reported. No run in
+    progress: nothing to do."""
     audit = CURRENT.audit
     before = _run_settings() if audit is not None else ()
+    namespaces = audit.watched_namespaces() if audit is not None else None
     try:
         yield
     finally:
         if audit is not None:
-            audit.accept_import_changes(before, _run_settings())
+            audit.accept_import_changes(before, _run_settings(), namespaces)
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
