@@ -10,6 +10,7 @@ import os
 import platform
 import random
 import re
+import resource
 import subprocess
 import warnings
 import signal
@@ -281,7 +282,8 @@ def _settings() -> tuple[object, ...]:
             torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
             torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory, sys.gettrace(),
             sys.getprofile(), sys.excepthook, sys.unraisablehook, threading.excepthook, signal.getsignal(signal.SIGUSR1),
-            dict(dist.__dict__), dict(torch.futures.__dict__))
+            dict(dist.__dict__), dict(torch.futures.__dict__), signal.getitimer(signal.ITIMER_REAL)[1],
+            resource.getrlimit(resource.RLIMIT_NOFILE))
 
 
 def _run_shared(name: str) -> str:
@@ -334,6 +336,9 @@ def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name
     ("patched_all_reduce", "torch.distributed.all_reduce"),
     ("marked_torch_distributed", "torch.distributed._simcluster_test_patched"),
     ("deleted_from_torch_futures", "torch.futures.wait_all"),
+    # an armed timer and a lowered limit ended a later example's process, or not, by timing
+    ("interval_timer", "interval timers (signal.setitimer, signal.alarm)"),
+    ("file_limit", "resource limits (resource.getrlimit)"),
 ])
 def test_a_rank_changing_a_setting_read_once_per_run_is_reported_for_the_run_and_undone(name: str,
                                                                                         setting: str) -> None:

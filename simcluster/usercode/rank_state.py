@@ -41,7 +41,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import _signal
 import random
+import resource
 import signal
 import sys
 import threading
@@ -365,18 +367,22 @@ def _set_error_hooks(value: tuple[Any, Any, Any]) -> None:
     sys.excepthook, sys.unraisablehook, threading.excepthook = value
 
 
-_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1,
+_SIGNALS = tuple(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1,
                              signal.SIGUSR2, signal.SIGCHLD, signal.SIGPIPE, signal.SIGQUIT))
 """The signals whose handlers the run's end compares (what a hook plausibly installs)."""
 
 
 def _signal_handlers() -> tuple[Any, ...]:
-    return tuple(signal.getsignal(s) for s in _SIGNALS)
+    """The handlers, as ``_signal.getsignal`` gives them (``signal.getsignal`` wraps each in an
+    enum: 11 µs for the nine, against 0.7)."""
+    return tuple(map(_signal.getsignal, _SIGNALS))
 
 
 def _handler_name(handler: Any) -> str:
     """``SIG_DFL``, ``SIG_IGN``, ``default_int_handler``, ``on_alarm`` — no address."""
-    return getattr(handler, "name", None) or getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    if isinstance(handler, int):
+        return signal.Handlers(handler).name
+    return getattr(handler, "__qualname__", None) or type(handler).__qualname__
 
 
 def _set_signal_handlers(value: tuple[Any, ...]) -> None:
@@ -386,6 +392,72 @@ def _set_signal_handlers(value: tuple[Any, ...]) -> None:
         for number, handler in zip(_SIGNALS, value):
             if handler is not None:  # None: installed outside Python, nothing Python can put back
                 signal.signal(number, handler)
+
+
+_TIMERS = (("ITIMER_REAL", signal.ITIMER_REAL),)
+"""The interval timers read: the wall-clock one, which ``signal.alarm`` arms too (a timeout a
+hook sets); the CPU-time ones (``ITIMER_VIRTUAL``, ``ITIMER_PROF``: profilers') are not read."""
+
+
+_TIMER_NUMBERS = tuple(which for _, which in _TIMERS)
+
+
+class _Timer:
+    """An interval timer as read (``signal.getitimer``): equal to another when both are off, or
+    both armed with the same interval — its time left moves by itself."""
+
+    __slots__ = ("left", "interval")
+
+    def __init__(self, left: float, interval: float) -> None:
+        self.left, self.interval = left, interval
+
+    @property
+    def armed(self) -> bool:
+        return self.left > 0 or self.interval > 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Timer) and self.armed == other.armed and self.interval == other.interval
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "off" if not self.armed else "armed" + (f" every {self.interval:g} s" if self.interval else "")
+
+
+def _timers() -> tuple[_Timer, ...]:
+    """Per interval timer (``signal.setitimer``; ``signal.alarm`` arms ITIMER_REAL): as read. A
+    timer a hook arms goes off in a later example, or in the harness's own code: a death that
+    no replay repeats (an audit of hostile hooks)."""
+    return tuple(_Timer(left, interval) for left, interval in map(signal.getitimer, _TIMER_NUMBERS))
+
+
+def _set_timers(value: tuple[_Timer, ...]) -> None:
+    """Put each timer back as last read: off, or armed with the time it had left then (a
+    test runner's timeout — pytest-timeout's signal method — a little longer than it was)."""
+    for (_, which), timer in zip(_TIMERS, value):
+        signal.setitimer(which, timer.left, timer.interval)
+
+
+_LIMITS = tuple((name, getattr(resource, name)) for name in
+                ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NOFILE") if hasattr(resource, name))
+
+
+_LIMIT_NUMBERS = tuple(which for _, which in _LIMITS)
+
+
+def _limits() -> tuple[tuple[int, int], ...]:
+    """The process's resource limits (``resource.getrlimit``): a CPU-time limit a hook sets
+    kills the process after a second of everyone's work — a verdict that depends on the
+    machine's speed (an audit of hostile hooks)."""
+    return tuple(map(resource.getrlimit, _LIMIT_NUMBERS))
+
+
+def _set_limits(value: tuple[tuple[int, int], ...]) -> None:
+    """Put each limit back where the process may (a lowered hard limit needs privileges to raise)."""
+    for (_, which), limit in zip(_LIMITS, value):
+        with contextlib.suppress(ValueError, OSError):
+            if resource.getrlimit(which) != limit:
+                resource.setrlimit(which, limit)
 
 
 def _set_path(value: tuple[list[str], tuple[str, ...]]) -> None:
@@ -407,12 +479,28 @@ _RUN_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("sys.excepthook, sys.unraisablehook, threading.excepthook", _set_error_hooks),
     ("signal handlers (signal.getsignal)", _set_signal_handlers),
 )
+
+
+_LAZY_SETTINGS: tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...] = (
+    ("interval timers (signal.setitimer, signal.alarm)", _timers, _set_timers),
+    ("resource limits (resource.getrlimit)", _limits, _set_limits),
+)
+"""Settings read when a run *ends* only, compared with what the previous read found (the
+cluster's first run's start, then each end, and around each import of a rank's module
+copies): four system calls, ~3 µs — read at both ends of every run they would cost a world-2
+tiny step ~5 %. A change made between two runs by code outside them is reported for the
+next run."""
 """The settings read when a run starts and when it ends, not at every rank switch: (name,
 setter that undoes a change), in :func:`_run_settings`' order. ``os.getcwd()`` is a system
 call (245 ns, ~1,300 instructions); the others are process-wide flags a hook has rarely a
 reason to touch, each read at every switch would add ~0.2 % to a world-8 step. A change is
 reported for the run ("a rank changed … during the run"), not for a rank, and undone
 when the run ends: the run is void either way."""
+
+
+def _lazy_settings() -> tuple[Any, ...]:
+    """The values of :data:`_LAZY_SETTINGS`, in order."""
+    return _timers(), _limits()
 
 
 def _run_settings() -> tuple[Any, ...]:
@@ -627,6 +715,8 @@ class SettingsAudit:
         """Per OS thread left for another: the rank whose code last ran on it."""
         self.changes: list[tuple[str, int | None, str, str]] = []  # (setting, rank or None: the run, before, after)
         self._watched = [_WatchedModule(name) for name in WATCHED_MODULES]
+        self._lazy: tuple[Any, ...] | None = None
+        """:data:`_LAZY_SETTINGS` as last read (None: not yet)."""
         self._modules_at_start = 0
 
     def start(self) -> None:
@@ -637,6 +727,8 @@ class SettingsAudit:
         self._modules = self._modules_at_start = len(sys.modules)
         for module in self._watched:
             module.start()
+        if self._lazy is None:
+            self._lazy = _lazy_settings()
         self._environ = dict(os.environ._data)  # type: ignore[attr-defined]
         if self._environ_data is not os.environ._data:  # type: ignore[attr-defined]  # once per process, as a rule
             self._environ_data = os.environ._data  # type: ignore[attr-defined]
@@ -678,7 +770,8 @@ class SettingsAudit:
         return [dict(module.namespace) for module in self._watched]
 
     def accept_import_changes(self, before: tuple[Any, ...], after: tuple[Any, ...],
-                              namespaces: list[dict[str, Any]] | None = None) -> None:
+                              namespaces: list[dict[str, Any]] | None = None,
+                              lazy: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None) -> None:
         """The run-level settings that changed from ``before`` to ``after`` while module copies
         were imported take their new values as the run's baseline (:func:`imports_set_the_baseline`)
         — unless the setting had already moved off the baseline before the import (a rank's
@@ -688,6 +781,9 @@ class SettingsAudit:
                               for base, old, new in zip(self._run, before, after))
         for module, was in zip(self._watched, namespaces or ()):  # a hook file wrapping dist.all_reduce at its top
             module.accept(was)
+        if lazy is not None and self._lazy is not None and lazy[0] != lazy[1]:
+            self._lazy = tuple(new if new != old and base == old else base
+                               for base, old, new in zip(self._lazy, *lazy))
 
     def _moved(self, thread: int, rank: int) -> int:
         """This switch happens on another thread than the last one (rank ``rank``'s code
@@ -710,6 +806,12 @@ class SettingsAudit:
         imported = len(sys.modules) > self._modules_at_start
         for module in self._watched:
             self.changes += module.finish(imported)
+        lazy = _lazy_settings()
+        if lazy != self._lazy and self._lazy is not None:
+            for (name, _, put), was, value in zip(_LAZY_SETTINGS, self._lazy, lazy):
+                if value != was:
+                    self.changes.append((name, None, *_describe(name, was, value)))
+                    put(was)
 
     def _check_settings(self, rank: int, new: int | None, thread: int, here: int) -> None:
         """Something in :func:`_all_settings` differs from the run's start. Process-wide:
@@ -829,11 +931,12 @@ def imports_set_the_baseline() -> Iterator[None]:
     audit = CURRENT.audit
     before = _run_settings() if audit is not None else ()
     namespaces = audit.watched_namespaces() if audit is not None else None
+    lazy = _lazy_settings() if audit is not None else ()
     try:
         yield
     finally:
         if audit is not None:
-            audit.accept_import_changes(before, _run_settings(), namespaces)
+            audit.accept_import_changes(before, _run_settings(), namespaces, (lazy, _lazy_settings()))
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
@@ -853,6 +956,13 @@ def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
         def functions(pair: tuple[Any, ...]) -> str:
             return ", ".join("None" if f is None else getattr(f, "__qualname__", type(f).__qualname__) for f in pair)
         return f"({functions(before)})", f"({functions(now)})"
+    if name.startswith("interval timers"):
+        return (", ".join(f"{t}: {timer!r}" for (t, _), timer in zip(_TIMERS, before)),
+                ", ".join(f"{t}: {timer!r}" for (t, _), timer in zip(_TIMERS, now)))
+    if name.startswith("resource limits"):
+        changed = [i for i, (was, value) in enumerate(zip(before, now)) if was != value]
+        return (", ".join(f"{_LIMITS[i][0]} {before[i]}" for i in changed),
+                ", ".join(f"{_LIMITS[i][0]} {now[i]}" for i in changed))
     if name.startswith("signal handlers"):
         changed = [i for i, (was, value) in enumerate(zip(before, now)) if was != value]
 

@@ -9,6 +9,7 @@ change the same settings and restore them within their turn: nothing to report.
 import contextlib
 import io
 import os
+import resource
 import signal
 import sys
 import threading
@@ -80,6 +81,10 @@ _ORIGINAL_ALL_REDUCE = dist.all_reduce
 patched_all_reduce = _on_rank_1(lambda: setattr(dist, "all_reduce", _divide_first))
 marked_torch_distributed = _on_rank_1(lambda: setattr(dist, "_simcluster_test_patched", True))
 deleted_from_torch_futures = _on_rank_1(lambda: delattr(torch.futures, "wait_all"))
+# read when a run ends, against the last read: a timer goes off, a limit kills, in a later example
+interval_timer = _on_rank_1(lambda: signal.setitimer(signal.ITIMER_REAL, 30, 30))  # a timeout the hook arms
+file_limit = _on_rank_1(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (
+    resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
 
 
 def flush_denormal_then_wait(process_group, bucket):
