@@ -86,7 +86,14 @@ CHECK_WORLD_SIZES = "1,2,3,4,8"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage block) and exits 2."""
+    """argparse, but a usage error is one line (no usage block) and exits 2, and an option is
+    named in full: argparse would take ``check --world-size 2`` (``explain``'s spelling) as
+    ``--world-sizes`` without a word, and a prefix that one day names two options would change
+    meaning (an audit of hostile inputs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -522,7 +529,10 @@ def _write_json(args: argparse.Namespace, reports: list[CheckReport], e2e: Any =
     """``--json``: every report; with ``--e2e`` each also gets ``"e2e"`` (the table's cell)."""
     if args.json is not None:
         dicts = [r.to_dict() | ({"e2e": e2e.column(r.target)} if e2e is not None else {}) for r in reports]
-        Path(args.json).write_text(json.dumps(dicts, indent=2) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(dicts, indent=2) + "\n")
+        except OSError as exc:  # a full disk, a folder that is not there: the verdict is printed, the file is not
+            raise UsageError(f"--json {args.json}: cannot write it ({exc.strerror or exc})") from None
 
 
 def _run_rows(args: argparse.Namespace, rows: list[dict[str, Any]], options: dict[str, Any],

@@ -288,6 +288,8 @@ def test_a_bad_target_among_good_ones_stops_before_any_check(capsys: pytest.Capt
         ["check", "--api", "old"],
         ["check", "--properties", "speed"],
         ["check", "--json", "/no/such/dir/report.json"],
+        ["check", "--json", "/dev/full"],  # written after the run: a full disk was a traceback and exit 1
+        ["check", "--world-size", "2"],  # explain's spelling: argparse took it for --world-sizes
         ["check", "--database", "d", "--no-database"],
         ["check", "--no-such-flag"],
         ["explain"],

@@ -116,7 +116,8 @@ def test_parse_shapes() -> None:
 
 @pytest.mark.parametrize("argv", [["--params", "4xx"], ["--params", "3", "--numel", "3"], ["--steps", "0"],
                                   ["--network", "fast"], ["--timeline", "x.png"], ["--chrome-trace", "x.txt"],
-                                  ["--world-size", "1025"], ["--steps", "101"], ["--seed", "-1"]])
+                                  ["--world-size", "1025"], ["--steps", "101"], ["--seed", "-1"],
+                                  ["--numel", "100000000000"]])  # was: a 400 GB allocation's traceback
 def test_bad_explain_options_are_one_line_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["explain", TORCH_FP16, *argv], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and out == ""

@@ -497,7 +497,7 @@ def explain_command(args: Any, monitor: Any = None) -> int:
     check_int("--steps", args.steps, *STEPS)
     check_int("--seed", args.seed, *SEEDS)
     network = parse_network(args.network)
-    shapes = ((args.numel,),) if args.numel is not None else (
+    shapes = parse_shapes(str(args.numel), what="--numel") if args.numel is not None else (  # --params' limits
         parse_shapes(args.params) if args.params is not None else DEFAULT_SHAPES)
     cap = args.bucket_cap_mb if args.bucket_cap_mb is not None else (
         DEFAULT_CAP_MB if args.params is None and args.numel is None else None)
