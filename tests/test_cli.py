@@ -288,7 +288,6 @@ def test_a_bad_target_among_good_ones_stops_before_any_check(capsys: pytest.Capt
         ["check", "--api", "old"],
         ["check", "--properties", "speed"],
         ["check", "--json", "/no/such/dir/report.json"],
-        ["check", "--json", "/dev/full"],  # written after the run: a full disk was a traceback and exit 1
         ["check", "--world-size", "2"],  # explain's spelling: argparse took it for --world-sizes
         ["check", "--database", "d", "--no-database"],
         ["check", "--no-such-flag"],
@@ -302,6 +301,17 @@ def test_bad_usage_exits_2_with_one_line(argv: list[str], capsys: pytest.Capture
     assert code == 2
     assert_one_line_error(err)
     assert fake.calls == []
+
+
+def test_a_json_file_that_cannot_be_written_after_the_run_is_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Written after the rows ran: a full disk was a traceback and exit 1 (which says a
+    property failed). The verdict is printed; the file's error is the last line."""
+    code, out, err = run(["check", "simcluster.hooks.reference:mean_allreduce_hook", "--json", "/dev/full"], capsys,
+                         FakeCheck())
+    assert code == 2 and "ok" in out
+    assert err.strip().splitlines()[-1] == "simcluster: error: --json /dev/full: cannot write it (No space left on device)"
+    assert "Traceback" not in err
 
 
 def test_subprocess_bad_target_exits_2_without_traceback() -> None:
