@@ -201,6 +201,19 @@ def test_a_death_that_the_example_alone_does_not_repeat_says_so():
     assert report.failures and all(flaky not in f.message for f in report.failures), report.format()
 
 
+def test_a_death_between_examples_names_the_example_that_returned_and_replays_it():
+    """A hook that closed every file descriptor let its example return, then the process died
+    unable to report: the report said 'world size 0 … before the first hook call' and its replay
+    dropped every option and the token (an audit of hostile hooks). The example that returned
+    last is the one to replay, and where it was is said."""
+    report, _ = check("closes_every_file_descriptor", backends=("gloo",), world_sizes=(1, 2))
+    [death] = [f for f in report.failures if f.property == "liveness"]
+    assert "between two examples, after one had returned (its last hook call: rank" in death.message, death.message
+    assert death.world_size in (1, 2) and " --replay sc1." in death.replay and "--world-sizes" in death.replay
+    assert "may not repeat" not in death.message  # run alone, the example ends its process again
+    assert "world size 0" not in death.format()
+
+
 def test_exceptions_python_ignores_are_printed_ten_times_then_counted():
     """A hook that left a raising gc callback behind wrote millions of "Exception ignored in"
     lines to the terminal (an audit of hostile hooks, 2026-12-07: 3.1 M with gc.set_threshold(1))."""

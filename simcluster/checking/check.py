@@ -250,7 +250,7 @@ def _supervised(job: Callable[[Monitor], CheckReport], opts: Options, backend: s
     elif outcome.death is not None:
         report.examples += 1
         found = death_failure(opts, backend, outcome.death, steps)
-        token = (outcome.death.payload or {}).get("token")
+        token = (outcome.death.payload or outcome.death.previous or {}).get("token")
         if search and token is not None and outcome.death.kind != "deadline" and not _death_repeats(opts, token):
             found.message += ("\n(run once more, alone in a fresh process, the same example did not end its "
                               "process: this death depends on something outside the example — a timer or signal the "

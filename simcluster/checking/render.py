@@ -293,8 +293,9 @@ def describe_layout(example: Example, steps: int) -> str:
 
 
 # --------------------------------------------------------------------------- replay
-def replay_command(opts: Options, backend: str, world: int, token: str, steps: int) -> str:
-    """The ``simcluster check … --replay TOKEN`` line that reruns one counterexample as found."""
+def replay_command(opts: Options, backend: str, world: int | None, token: str | None, steps: int) -> str:
+    """The ``simcluster check … --replay TOKEN`` line that reruns one counterexample as found
+    (no world and no token: the search itself, with the options that found it)."""
     parts = ["simcluster check", opts.replay_target or opts.target]
     if opts.state_name != "none":
         parts.append(f"--state {opts.state_name}")
@@ -313,10 +314,12 @@ def replay_command(opts: Options, backend: str, world: int, token: str, steps: i
         parts.append(f"--launcher {opts.launcher}")
     if isinstance(opts.hook, RankLocal) and opts.hook.isolate:
         parts.append(f"--isolate {','.join(opts.hook.isolate)}")
-    parts += [f"--backend {backend}", f"--world-sizes {world}", f"--steps {steps}", f"--seed {opts.seed}"]
+    parts += [f"--backend {backend}", *([f"--world-sizes {world}"] if world is not None else []), f"--steps {steps}",
+              f"--seed {opts.seed}"]
     if opts.deadline != DEFAULT_DEADLINE:
         parts.append(f"--deadline {opts.deadline:g}")
-    parts.append(f"--replay {token}")
+    if token is not None:
+        parts.append(f"--replay {token}")
     return " ".join(parts)
 
 
@@ -355,10 +358,10 @@ def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) ->
     if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
         message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
     error_type = "Stuck" if death.kind == "deadline" else "ProcessDied"
-    token = (death.payload or {}).get("token")
-    if token is None:
+    token = (death.payload or death.previous or {}).get("token")
+    if token is None:  # before the first example: the search's own command reruns it
         return PropertyFailure("liveness", backend, message, 0, "-", "-", [],
-                               f"simcluster check {opts.replay_target or opts.target}",
+                               replay_command(opts, backend, None, None, steps),
                                error_type=error_type, details={"stack": death.stacks},
                                output=printed_output(death.output, last=True))
     example, _ = decode_example(token)

@@ -51,7 +51,8 @@ class PropertyFailure:
             return "\n".join([f"FAILED {self.property} [register_comm_hook, every backend]",
                               *(f"  {line}" for line in self.message.splitlines()),
                               f"  replay:    {self.replay}"])
-        lines = [f"FAILED {self.property} [{self.backend}, world size {self.world_size}]"]
+        world = f", world size {self.world_size}" if self.world_size else ""  # 0: no example was running
+        lines = [f"FAILED {self.property} [{self.backend}{world}]"]
         lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(self.message.splitlines())]
         lines += [f"  at {frame}" for frame in self.frames]
         lines.append(f"  layout:    {self.layout}")

@@ -159,11 +159,21 @@ class ChildDeath:
     stacks: str  # faulthandler's dump of every thread ('' if none was taken)
     output: str = ""  # what user code printed in the example it was running (captured)
     running: int | None = None  # the rank whose code ran last (None: unknown)
+    previous: dict[str, Any] | None = None
+    """Between examples: what the last example that *returned* announced (None: none had
+    begun). A hook that closed every file descriptor, started a timer thread or armed an
+    alarm ends the process after its example returned — the example to replay."""
 
     def where(self) -> str:
         """``rank 1, DDP step 0, bucket 0`` (the last hook call), or what is known; and the
         rank whose code was running when that is another rank (a callback, run after a
         peer's hook call started)."""
+        if self.previous is not None:
+            text = "between two examples, after one had returned"
+            if self.position is not None:
+                rank, step, bucket = self.position
+                text += f" (its last hook call: rank {rank}, DDP step {step}, bucket {bucket})"
+            return f"{text}: what its code left behind (a thread, a timer, closed files) ended the process"
         if self.position is None:
             text = "before the first hook call of the example"
             return text if self.running is None else f"{text}; rank {self.running}'s code was running"
@@ -180,7 +190,7 @@ class ChildDeath:
         function = stuck_in(self.stacks)
         inside = f", in {function}" if function else ""
         place = self.where()
-        place = place if place.startswith("before") else f"at {place}"  # not "stuck at before …"
+        place = place if place.startswith(("before", "between")) else f"at {place}"  # not "stuck at before …"
         if self.kind == "deadline":
             return f"{subject} {self.detail} (hook code spinning or blocked); stuck {place}{inside}"
         return f"{subject}'s process {self.detail}; it was {place}{inside}"
@@ -486,14 +496,16 @@ def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
     import json
 
     _seq, _started, active, rank, step, bucket, running, length = _HEADER.unpack_from(page, 0)
-    payload = None
-    if active:
+    announced = None
+    if length:
         try:
-            payload = json.loads(bytes(page[_HEADER.size:_HEADER.size + length]))
+            announced = json.loads(bytes(page[_HEADER.size:_HEADER.size + length]))
         except ValueError:
-            payload = None
-    position = (rank, step, bucket) if active and rank >= 0 else None
-    return ChildDeath(kind, detail, payload, position, stacks, running=running if active and running >= 0 else None)
+            announced = None
+    position = (rank, step, bucket) if rank >= 0 and announced is not None else None
+    if not active:  # between examples: the last one returned (Monitor.end keeps its announcement)
+        return ChildDeath(kind, detail, None, position, stacks, previous=announced)
+    return ChildDeath(kind, detail, announced, position, stacks, running=running if running >= 0 else None)
 
 
 # --------------------------------------------------------------------------- stacks

@@ -360,3 +360,11 @@ def thread_posts_on_the_first_call_only(state, bucket):
         thread.join()
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def closes_every_file_descriptor(state, bucket):
+    """Closes the process's files, simcluster's own included: the example returns, and its
+    process cannot report it (on a real rank: its gloo connections are gone)."""
+    os.closerange(3, 4096)
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
