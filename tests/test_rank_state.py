@@ -577,3 +577,22 @@ def test_a_generator_function_a_rank_assigns_is_its_value_in_the_run_and_undone_
     assert [v[1:] for v in values] == [("mine", False, True), ("mine", False, True)]
     assert random.seed is original_seed and numpy.random.rand is original_rand  # put back after the run
     assert type(random) is type(numpy.random) is types.ModuleType  # noqa: E721 - the class itself is the point
+
+
+def test_each_rank_has_a_process_id_of_its_own_the_same_every_run() -> None:
+    """A hook seeding a generator from ``os.getpid()`` (a per-worker idiom) drew the same
+    numbers on every simulated rank, so its replicas agreed where real gloo's drifted apart
+    (an audit of hostile hooks; ``simcluster e2e`` exit 4). Each rank's pid is its own, the same
+    every run (a replay repeats), and no other process's: signalling it signals this one."""
+    from simcluster.usercode.rank_state import SIMULATED_PID_BASE
+
+    def rank_fn(rank: int) -> int:
+        os.kill(os.getpid(), 0)  # signal 0: "does it exist" — this process
+        return os.getpid()
+
+    real = os.getpid()
+    first = SimCluster(3, seed=0).run(rank_fn).values
+    assert first == [SIMULATED_PID_BASE + r for r in range(3)] == SimCluster(3, seed=5).run(rank_fn).values
+    assert os.getpid() == real and os.kill is not None
+    with pytest.raises(ProcessLookupError):  # outside a run, the simulated pid is nobody's
+        os.kill(SIMULATED_PID_BASE, 0)

@@ -383,7 +383,8 @@ def repeat_hint(opts: Options, violation: Violation) -> str:
     else:
         outcome = "passed"
     return (f"\n(run once more, the same example {outcome}: what the hook does depends on something outside the "
-            "example — a clock, OS entropy, thread timing, or state kept in the process from an earlier run (a "
+            "example — a clock, OS entropy, thread timing, object identity (id() of an object made per call, "
+            "reused as memory is: a dict keyed by id(bucket)), or state kept in the process from an earlier run (a "
             "module every rank shares, sys, builtins) — so this verdict and its replay may not repeat)")
 
 

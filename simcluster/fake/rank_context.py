@@ -48,8 +48,8 @@ from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import CollectiveMismatchError, UsageError
 from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
-from simcluster.usercode.rank_state import (CURRENT, RankGenerators, SettingsAudit, install_generators, rank_seed,
-                                            restore_generators)
+from simcluster.usercode.rank_state import (CURRENT, RankGenerators, SettingsAudit, install_generators,
+                                            install_process_ids, rank_seed, restore_generators, restore_process_ids)
 
 __all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches", "nccl_version_stand_in",
            "NCCL_VERSION_STAND_IN"]
@@ -417,7 +417,7 @@ def _future_class_for(contexts: RankContexts, engine: Any) -> type:
 Patches = tuple[tuple[Any, ...], Any]
 """What :func:`install_torch_patches` replaced: the six originals (``c10d.new_group``,
 ``dist.new_group``, ``collect_all``, ``wait_all``, ``Future``, ``torch.cuda.nccl.version``)
-and the generators' originals."""
+and the generators' and process ids' originals."""
 
 
 def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any]]:
@@ -441,7 +441,8 @@ def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any
 def install_torch_patches(contexts: RankContexts, engine: Any) -> Patches:
     """Install, for the run of ``engine``, the simulated ``new_group``, ``collect_all``,
     ``wait_all`` and ``torch.futures.Future``, and the per-rank ``random`` and
-    ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`);
+    ``numpy.random`` dispatchers (:func:`~simcluster.usercode.rank_state.install_generators`) and
+    each rank's process id (:func:`~simcluster.usercode.rank_state.install_process_ids`);
     :func:`restore_torch_patches` puts back what this returns (five attribute stores each
     way, the replacements made once per cluster: a run's set-up is hot)."""
     new_group, holder = _new_group_for(contexts)
@@ -457,7 +458,12 @@ def install_torch_patches(contexts: RankContexts, engine: Any) -> Patches:
             torch.cuda.nccl.version = nccl_version_stand_in
         if contexts.runtime.backend.coalesces_p2p:
             c10d.batch_isend_irecv = dist.batch_isend_irecv = coalesced_batch_isend_irecv
-        return saved, install_generators()
+        pids = install_process_ids()
+        try:
+            return saved, (install_generators(), pids)
+        except BaseException:
+            restore_process_ids(pids)
+            raise
     except BaseException:
         _restore(saved)
         raise
@@ -465,10 +471,11 @@ def install_torch_patches(contexts: RankContexts, engine: Any) -> Patches:
 
 def restore_torch_patches(patches: Patches) -> None:
     """Put back everything :func:`install_torch_patches` replaced."""
-    saved, generators = patches
+    saved, (generators, pids) = patches
     try:
         restore_generators(generators)
     finally:
+        restore_process_ids(pids)
         _restore(saved)
 
 

@@ -59,6 +59,7 @@ from simcluster.engine.frames import is_internal, short_path
 from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
+           "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE",
            "process_generator_states", "rank_seed", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
@@ -281,6 +282,43 @@ def restore_generators(installed: Installed) -> None:
         _set_class(patched.module, before)
         if patched.assigned:
             patched.put_back()
+
+
+# --------------------------------------------------------------------------- process ids
+SIMULATED_PID_BASE = 4_200_000
+"""Rank ``r``'s ``os.getpid()`` during a run is ``SIMULATED_PID_BASE + r``: each rank a process
+of its own, as on a cluster — a hook seeding a generator from its pid, a per-worker idiom,
+draws the same numbers on every simulated rank otherwise, and its replicas agree where real
+gloo's drift apart (an audit of hostile hooks; ``simcluster e2e`` exit 4). The same numbers
+every run, so a replay repeats; above Linux's largest pid (2**22 = 4,194,304), so none is
+another process's: ``os.kill`` of one signals this process (:func:`simulated_kill`)."""
+
+_real_getpid, _real_kill = os.getpid, os.kill
+
+
+def simulated_getpid() -> int:
+    """``os.getpid()`` during a run: the running rank's simulated pid (the real one outside rank code)."""
+    rank = CURRENT.rank
+    return _real_getpid() if rank is None else SIMULATED_PID_BASE + rank
+
+
+def simulated_kill(pid: int, sig: int) -> None:
+    """``os.kill`` during a run: a rank's simulated pid is this process (a hook that signals
+    itself signals the process it runs in)."""
+    if SIMULATED_PID_BASE <= pid < SIMULATED_PID_BASE + 2**20:
+        pid = _real_getpid()
+    _real_kill(pid, sig)
+
+
+def install_process_ids() -> tuple[Any, Any]:
+    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins; returns the originals."""
+    saved = os.getpid, os.kill
+    os.getpid, os.kill = simulated_getpid, simulated_kill
+    return saved
+
+
+def restore_process_ids(saved: tuple[Any, Any]) -> None:
+    os.getpid, os.kill = saved
 
 
 # --------------------------------------------------------------------------- settings
