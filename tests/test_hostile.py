@@ -214,6 +214,16 @@ def test_a_death_between_examples_names_the_example_that_returned_and_replays_it
     assert "world size 0" not in death.format()
 
 
+def test_a_hook_that_closes_its_stdout_is_told_and_checked_like_a_real_rank():
+    """explain (and check's reporting runs, which tell each rank's lines) read fd 1's offset
+    at every hand-over and failed with 'OSError: [Errno 9] Bad file descriptor', blamed on the
+    hook (an audit of hostile hooks). A real rank that closes its stdout and prints nothing
+    after is fine."""
+    result = subprocess.run([sys.executable, "-m", "simcluster", "explain", target("closes_its_stdout")],
+                            capture_output=True, text=True, timeout=240, cwd=HERE.parent)
+    assert result.returncode == 0 and "Bad file descriptor" not in result.stdout + result.stderr, result.stdout
+
+
 def test_exceptions_python_ignores_are_printed_ten_times_then_counted():
     """A hook that left a raising gc callback behind wrote millions of "Exception ignored in"
     lines to the terminal (an audit of hostile hooks, 2026-12-07: 3.1 M with gc.set_threshold(1))."""

@@ -368,3 +368,14 @@ def closes_every_file_descriptor(state, bucket):
     os.closerange(3, 4096)
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def closes_its_stdout(state, bucket):
+    """Closes file descriptor 1 (rank 1 then finds it closed): harmless to a real rank that
+    prints nothing after."""
+    try:
+        os.close(1)
+    except OSError:
+        pass
+    buf = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
