@@ -224,6 +224,16 @@ def test_a_hook_that_closes_its_stdout_is_told_and_checked_like_a_real_rank():
     assert result.returncode == 0 and "Bad file descriptor" not in result.stdout + result.stderr, result.stdout
 
 
+def test_an_exception_whose_str_raises_is_reported_as_itself():
+    """It was reported as the ValueError its ``__str__`` raised, at the ``__str__`` line, not as
+    the hook's exception at the hook's line (an audit of hostile hooks)."""
+    report, _ = check("raises_an_unprintable_error", backends=("gloo",))
+    [failure] = report.failures
+    assert failure.error_type == "Unprintable", failure.format()
+    assert "Unprintable: <its str() raised ValueError: no words for it>" in failure.message
+    assert "in raises_an_unprintable_error: raise Unprintable()" in str(failure.frames[-1])
+
+
 def test_exceptions_python_ignores_are_printed_ten_times_then_counted():
     """A hook that left a raising gc callback behind wrote millions of "Exception ignored in"
     lines to the terminal (an audit of hostile hooks, 2026-12-07: 3.1 M with gc.set_threshold(1))."""

@@ -740,7 +740,7 @@ class Engine:
                     exc.add_note(f"simcluster: raised on rank {task.rank} ({task.label}, {task.where})")
                     self._stop = exc
             else:
-                self.failures.append((task.rank, task.label, exc))
+                self.failures.append((task.rank, task.label, _printable(exc)))
         finally:
             if _forked_exit is not None:  # the code under test forked, and this is the fork: it ends here
                 _leave_fork(0)
@@ -826,6 +826,24 @@ class Engine:
         parked = [Parked(slot.thread.ident, rank, label, where) for slot, rank, label, where in self._parked.values()]
         return describe_blockage(parked, self._expected.values(), self._matcher.open.values(),
                                  self._workers_per_channel, self.started_threads, self._matcher.crossed)
+
+
+def _printable(exc: BaseException) -> BaseException:
+    """``exc``, or — when its ``str()`` raises — a stand-in of the same name whose message says
+    so (its cause: ``exc``, its traceback: ``exc``'s). Every report, note and comparison reads
+    an error's text; an exception whose ``__str__`` raised was reported as that inner error,
+    ``ValueError: str fails at hooks.py:66 in __str__``, and not as the one the hook raised
+    (an audit of hostile hooks)."""
+    try:
+        str(exc)
+        return exc
+    except Exception as inner:  # noqa: BLE001 - whatever its __str__ raises
+        kind = type(exc)
+        base = Exception if isinstance(exc, Exception) else BaseException
+        stand_in_class = type(kind.__name__, (base,), {"__module__": kind.__module__, "__qualname__": kind.__qualname__})
+        stand_in = stand_in_class(f"<its str() raised {type(inner).__name__}: {inner}>")
+        stand_in.__cause__ = exc
+        return stand_in.with_traceback(exc.__traceback__)
 
 
 def _raised_through_user_code(exc: BaseException) -> bool:

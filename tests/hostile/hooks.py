@@ -379,3 +379,12 @@ def closes_its_stdout(state, bucket):
         pass
     buf = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("no words for it")
+
+
+def raises_an_unprintable_error(state, bucket):
+    raise Unprintable()
