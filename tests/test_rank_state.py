@@ -336,6 +336,7 @@ def test_a_rank_changing_a_setting_read_at_every_switch_is_named_and_undone(name
     ("patched_all_reduce", "torch.distributed.all_reduce"),
     ("marked_torch_distributed", "torch.distributed._simcluster_test_patched"),
     ("deleted_from_torch_futures", "torch.futures.wait_all"),
+    ("hidden_module", "sys.modules['numpy']"),  # Hypothesis' next draw broke: an internal error, a traceback
     # an armed timer and a lowered limit ended a later example's process, or not, by timing
     ("interval_timer", "interval timers (signal.setitimer, signal.alarm)"),
     ("file_limit", "resource limits (resource.getrlimit)"),
@@ -359,8 +360,9 @@ def test_the_run_settings_report_says_what_changed() -> None:
     patched = _run_shared("patched_all_reduce")
     assert "from torch.distributed.distributed_c10d.all_reduce to _divide_first at " in patched, patched
     assert "0x" not in patched and "simcluster_target" not in patched  # no address, no private module name
-    assert "torch.distributed._simcluster_test_patched from (not set) to a bool" in _run_shared(
+    assert "torch.distributed._simcluster_test_patched from (not set) to True" in _run_shared(
         "marked_torch_distributed")
+    assert "sys.modules['numpy'] from module numpy to None during the run" in _run_shared("hidden_module")
     streams = _run_shared("stdout")
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
 

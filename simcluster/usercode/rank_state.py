@@ -536,9 +536,16 @@ reported for the run ("a rank changed … during the run"), not for a rank, and 
 when the run ends: the run is void either way."""
 
 
+_getitimer, _getrlimit = signal.getitimer, resource.getrlimit
+_OFF = _Timer(0.0, 0.0)
+
+
 def _lazy_settings() -> tuple[Any, ...]:
-    """The values of :data:`_LAZY_SETTINGS`, in order."""
-    return _timers(), _limits()
+    """The values of :data:`_LAZY_SETTINGS`, in order (:func:`_timers`, :func:`_limits`, read
+    inline: this runs once per run)."""
+    left, interval = _getitimer(signal.ITIMER_REAL)
+    return ((_OFF if left == interval == 0.0 else _Timer(left, interval),),
+            tuple(map(_getrlimit, _LIMIT_NUMBERS)))
 
 
 def _run_settings() -> tuple[Any, ...]:
@@ -648,9 +655,9 @@ class _WatchedModule:
 
     __slots__ = ("name", "namespace", "stamp", "seen", "snapshot")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, namespace: dict[str, Any] | None = None) -> None:
         self.name = name
-        self.namespace: dict[str, Any] = sys.modules[name].__dict__
+        self.namespace: dict[str, Any] = sys.modules[name].__dict__ if namespace is None else namespace
         self.stamp = _mutation_stamp(self.namespace)
         self.seen: int | None = None
         self.snapshot: dict[str, Any] = {}
@@ -659,6 +666,9 @@ class _WatchedModule:
         now = self.stamp() if self.stamp is not None else None
         if now is None or now != self.seen:
             self.snapshot, self.seen = dict(self.namespace), now
+
+    def _named(self, key: str) -> str:
+        return f"{self.name}[{key!r}]" if self.name == "sys.modules" else f"{self.name}.{key}"
 
     def accept(self, before: dict[str, Any]) -> None:
         """What an import changed since ``before`` (its namespace then) is the baseline — unless
@@ -684,11 +694,11 @@ class _WatchedModule:
         for key, was in snapshot.items():
             now = namespace.get(key, _MISSING)
             if now is not was:
-                found.append((f"{self.name}.{key}", None, _attribute_name(was), _attribute_name(now)))
+                found.append((self._named(key), None, _attribute_name(was), _attribute_name(now)))
                 namespace[key] = was
         for key in [k for k in namespace if k not in snapshot]:
             if not imported and not isinstance(namespace[key], types.ModuleType):
-                found.append((f"{self.name}.{key}", None, "(not set)", _attribute_name(namespace[key])))
+                found.append((self._named(key), None, "(not set)", _attribute_name(namespace[key])))
                 del namespace[key]
         self.snapshot = dict(namespace)
         self.seen = self.stamp() if self.stamp is not None else None
@@ -701,6 +711,10 @@ def _attribute_name(value: Any) -> str:
     a rank's private copy, whose name means nothing), others by module and qualified name."""
     if value is _MISSING:
         return "(deleted)"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
     name = getattr(value, "__qualname__", None)
     if not isinstance(name, str):
         return f"a {type(value).__qualname__}"
@@ -752,7 +766,8 @@ class SettingsAudit:
         self._thread_last: dict[int, int] = {}
         """Per OS thread left for another: the rank whose code last ran on it."""
         self.changes: list[tuple[str, int | None, str, str]] = []  # (setting, rank or None: the run, before, after)
-        self._watched = [_WatchedModule(name) for name in WATCHED_MODULES]
+        self._watched = [*(_WatchedModule(name) for name in WATCHED_MODULES),
+                         _WatchedModule("sys.modules", sys.modules)]  # sys.modules["numpy"] = None: every rank's
         self._lazy: tuple[Any, ...] | None = None
         """:data:`_LAZY_SETTINGS` as last read (None: not yet)."""
         self._modules_at_start = 0

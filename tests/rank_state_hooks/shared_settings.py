@@ -81,6 +81,7 @@ _ORIGINAL_ALL_REDUCE = dist.all_reduce
 patched_all_reduce = _on_rank_1(lambda: setattr(dist, "all_reduce", _divide_first))
 marked_torch_distributed = _on_rank_1(lambda: setattr(dist, "_simcluster_test_patched", True))
 deleted_from_torch_futures = _on_rank_1(lambda: delattr(torch.futures, "wait_all"))
+hidden_module = _on_rank_1(lambda: sys.modules.__setitem__("numpy", None))  # "import numpy" fails for every rank
 # read when a run ends, against the last read: a timer goes off, a limit kills, in a later example
 interval_timer = _on_rank_1(lambda: signal.setitimer(signal.ITIMER_REAL, 30, 30))  # a timeout the hook arms
 file_limit = _on_rank_1(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (
