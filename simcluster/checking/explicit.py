@@ -85,8 +85,8 @@ from simcluster.checking.strategies import DTYPES, Example, Layout, RankSpec, St
 from simcluster.checking.tolerances import parse_tolerance
 
 __all__ = ["RANKS_DISAGREE", "RACE_SHAPES", "TWIN_SHAPES", "NONFINITE", "NONFINITE_SHAPES", "ORDER_VALUES",
-           "SCALAR_SHAPES", "NEWEST", "LATE_FIRST", "LATE_SHAPES", "explicit_examples", "edge_example", "large_edge_example",
-           "LARGE_ELEMENTS", "race_example",
+           "SCALAR_SHAPES", "NEWEST", "LATE_FIRST", "LATE_SHAPES", "LARGE_ELEMENTS", "explicit_examples", "edge_example",
+           "large_edge_example", "race_example",
            "twins_example", "late_copy_example",
            "nonfinite_examples", "order_example", "scalar_example"]
 

@@ -437,9 +437,6 @@ _TIMERS = (("ITIMER_REAL", signal.ITIMER_REAL),)
 hook sets); the CPU-time ones (``ITIMER_VIRTUAL``, ``ITIMER_PROF``: profilers') are not read."""
 
 
-_TIMER_NUMBERS = tuple(which for _, which in _TIMERS)
-
-
 class _Timer:
     """An interval timer as read (``signal.getitimer``): equal to another when both are off, or
     both armed with the same interval — its time left moves by itself."""
@@ -462,13 +459,6 @@ class _Timer:
         return "off" if not self.armed else "armed" + (f" every {self.interval:g} s" if self.interval else "")
 
 
-def _timers() -> tuple[_Timer, ...]:
-    """Per interval timer (``signal.setitimer``; ``signal.alarm`` arms ITIMER_REAL): as read. A
-    timer a hook arms goes off in a later example, or in the harness's own code: a death that
-    no replay repeats (an audit of hostile hooks)."""
-    return tuple(_Timer(left, interval) for left, interval in map(signal.getitimer, _TIMER_NUMBERS))
-
-
 def _set_timers(value: tuple[_Timer, ...]) -> None:
     """Put each timer back as last read: off, or armed with the time it had left then (a
     test runner's timeout — pytest-timeout's signal method — a little longer than it was)."""
@@ -481,13 +471,6 @@ _LIMITS = tuple((name, getattr(resource, name)) for name in
 
 
 _LIMIT_NUMBERS = tuple(which for _, which in _LIMITS)
-
-
-def _limits() -> tuple[tuple[int, int], ...]:
-    """The process's resource limits (``resource.getrlimit``): a CPU-time limit a hook sets
-    kills the process after a second of everyone's work — a verdict that depends on the
-    machine's speed (an audit of hostile hooks)."""
-    return tuple(map(resource.getrlimit, _LIMIT_NUMBERS))
 
 
 def _set_limits(value: tuple[tuple[int, int], ...]) -> None:
@@ -517,17 +500,6 @@ _RUN_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("sys.excepthook, sys.unraisablehook, threading.excepthook", _set_error_hooks),
     ("signal handlers (signal.getsignal)", _set_signal_handlers),
 )
-
-
-_LAZY_SETTINGS: tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...] = (
-    ("interval timers (signal.setitimer, signal.alarm)", _timers, _set_timers),
-    ("resource limits (resource.getrlimit)", _limits, _set_limits),
-)
-"""Settings read when a run *ends* only, compared with what the previous read found (the
-cluster's first run's start, then each end, and around each import of a rank's module
-copies): four system calls, ~3 µs — read at both ends of every run they would cost a world-2
-tiny step ~5 %. A change made between two runs by code outside them is reported for the
-next run."""
 """The settings read when a run starts and when it ends, not at every rank switch: (name,
 setter that undoes a change), in :func:`_run_settings`' order. ``os.getcwd()`` is a system
 call (245 ns, ~1,300 instructions); the others are process-wide flags a hook has rarely a
@@ -536,13 +508,28 @@ reported for the run ("a rank changed … during the run"), not for a rank, and 
 when the run ends: the run is void either way."""
 
 
+_LAZY_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
+    ("interval timers (signal.setitimer, signal.alarm)", _set_timers),
+    ("resource limits (resource.getrlimit)", _set_limits),
+)
+"""Settings read when a run *ends* only (:func:`_lazy_settings`), compared with what the
+previous read found (the cluster's first run's start, then each end, and around each import
+of a rank's module copies): four system calls, ~3 µs — read at both ends of every run they
+would cost a world-2 tiny step ~5 %. A change made between two runs by code outside them is
+reported for the next run. (name, setter that undoes a change)."""
+
+
 _getitimer, _getrlimit = signal.getitimer, resource.getrlimit
 _OFF = _Timer(0.0, 0.0)
 
 
 def _lazy_settings() -> tuple[Any, ...]:
-    """The values of :data:`_LAZY_SETTINGS`, in order (:func:`_timers`, :func:`_limits`, read
-    inline: this runs once per run)."""
+    """The values of :data:`_LAZY_SETTINGS`, in order: per interval timer (``signal.setitimer``;
+    ``signal.alarm`` arms ITIMER_REAL) a :class:`_Timer` — one a hook arms goes off in a later
+    example, or in the harness's own code, a death no replay repeats — and the process's
+    resource limits (``resource.getrlimit``) — a CPU-time limit a hook sets kills the process
+    after a second of everyone's work, a verdict that depends on the machine's speed (both
+    from an audit of hostile hooks)."""
     left, interval = _getitimer(signal.ITIMER_REAL)
     return ((_OFF if left == interval == 0.0 else _Timer(left, interval),),
             tuple(map(_getrlimit, _LIMIT_NUMBERS)))
@@ -861,7 +848,7 @@ class SettingsAudit:
             self.changes += module.finish(imported)
         lazy = _lazy_settings()
         if lazy != self._lazy and self._lazy is not None:
-            for (name, _, put), was, value in zip(_LAZY_SETTINGS, self._lazy, lazy):
+            for (name, put), was, value in zip(_LAZY_SETTINGS, self._lazy, lazy):
                 if value != was:
                     self.changes.append((name, None, *_describe(name, was, value)))
                     put(was)
