@@ -185,8 +185,7 @@ def _inside_the_run(frames: list[tuple[CodeType, int]]) -> list[tuple[CodeType, 
 
 
 def _frames(frames: list[tuple[CodeType, int]]) -> list[Frame]:
-    return [Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip())
-            for code, line in _inside_the_run(frames) if not is_internal(code.co_filename)]
+    return [_frame_at(code, line) for code, line in _inside_the_run(frames) if not is_internal(code.co_filename)]
 
 
 def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
@@ -258,15 +257,15 @@ def line_site(frame: FrameType, line: int) -> str:
     is one: ``hooks.py:559 in _mean_unless: … (called from hooks.py:577 in skip_if_zero: …)``
     (:func:`posting_site`; the line that wrote to a tensor in flight,
     :class:`~simcluster.engine.write_watch.WriteWatch`)."""
-    here = _frame_of(frame, line)
+    here = _frame_at(frame.f_code, line)
     caller = frame.f_back  # the direct caller only: a user frame further out (a test calling SimCluster.run) is not
     if caller is None or is_internal(caller.f_code.co_filename):
         return str(here)
-    return f"{here} (called from {_frame_of(caller, caller.f_lineno)})"
+    return f"{here} (called from {_frame_at(caller.f_code, caller.f_lineno)})"
 
 
-def _frame_of(frame: FrameType, line: int) -> Frame:
-    code = frame.f_code
+def _frame_at(code: CodeType, line: int) -> Frame:
+    """The :class:`Frame` of ``code`` at ``line``, with its source line."""
     return Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip())
 
 
