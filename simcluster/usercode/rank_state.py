@@ -416,11 +416,14 @@ def _signal_handlers() -> tuple[Any, ...]:
     return tuple(map(_signal.getsignal, _SIGNALS))
 
 
-def _handler_name(handler: Any) -> str:
-    """``SIG_DFL``, ``SIG_IGN``, ``default_int_handler``, ``on_alarm`` — no address."""
-    if isinstance(handler, int):
-        return signal.Handlers(handler).name
-    return getattr(handler, "__qualname__", None) or type(handler).__qualname__
+def _function_name(function: Any) -> str:
+    """A hook, tracer or signal handler in a report, never an address: ``None``, ``SIG_DFL``,
+    ``SIG_IGN`` (a signal's built-in handlers are numbers), or its qualified name."""
+    if function is None:
+        return "None"
+    if isinstance(function, int):
+        return signal.Handlers(function).name
+    return getattr(function, "__qualname__", None) or type(function).__qualname__
 
 
 def _set_signal_handlers(value: tuple[Any, ...]) -> None:
@@ -430,11 +433,6 @@ def _set_signal_handlers(value: tuple[Any, ...]) -> None:
         for number, handler in zip(_SIGNALS, value):
             if handler is not None:  # None: installed outside Python, nothing Python can put back
                 signal.signal(number, handler)
-
-
-_TIMERS = (("ITIMER_REAL", signal.ITIMER_REAL),)
-"""The interval timers read: the wall-clock one, which ``signal.alarm`` arms too (a timeout a
-hook sets); the CPU-time ones (``ITIMER_VIRTUAL``, ``ITIMER_PROF``: profilers') are not read."""
 
 
 class _Timer:
@@ -459,11 +457,10 @@ class _Timer:
         return "off" if not self.armed else "armed" + (f" every {self.interval:g} s" if self.interval else "")
 
 
-def _set_timers(value: tuple[_Timer, ...]) -> None:
-    """Put each timer back as last read: off, or armed with the time it had left then (a
-    test runner's timeout — pytest-timeout's signal method — a little longer than it was)."""
-    for (_, which), timer in zip(_TIMERS, value):
-        signal.setitimer(which, timer.left, timer.interval)
+def _set_timer(timer: _Timer) -> None:
+    """Put the wall-clock timer back as last read: off, or armed with the time it had left then
+    (a test runner's timeout — pytest-timeout's signal method — a little longer than it was)."""
+    signal.setitimer(signal.ITIMER_REAL, timer.left, timer.interval)
 
 
 _LIMITS = tuple((name, getattr(resource, name)) for name in
@@ -509,7 +506,7 @@ when the run ends: the run is void either way."""
 
 
 _LAZY_SETTINGS: tuple[tuple[str, Callable[[Any], None]], ...] = (
-    ("interval timers (signal.setitimer, signal.alarm)", _set_timers),
+    ("interval timers (signal.setitimer, signal.alarm)", _set_timer),
     ("resource limits (resource.getrlimit)", _set_limits),
 )
 """Settings read when a run *ends* only (:func:`_lazy_settings`), compared with what the
@@ -524,15 +521,15 @@ _OFF = _Timer(0.0, 0.0)
 
 
 def _lazy_settings() -> tuple[Any, ...]:
-    """The values of :data:`_LAZY_SETTINGS`, in order: per interval timer (``signal.setitimer``;
-    ``signal.alarm`` arms ITIMER_REAL) a :class:`_Timer` — one a hook arms goes off in a later
-    example, or in the harness's own code, a death no replay repeats — and the process's
+    """The values of :data:`_LAZY_SETTINGS`, in order: the wall-clock interval timer
+    (``ITIMER_REAL``, which ``signal.alarm`` arms too; the CPU-time ones, profilers', are not
+    read) as a :class:`_Timer` — one a hook arms goes off in a later example, or in the
+    harness's own code, a death no replay repeats — and the process's
     resource limits (``resource.getrlimit``) — a CPU-time limit a hook sets kills the process
     after a second of everyone's work, a verdict that depends on the machine's speed (both
     from an audit of hostile hooks)."""
     left, interval = _getitimer(signal.ITIMER_REAL)
-    return ((_OFF if left == interval == 0.0 else _Timer(left, interval),),
-            tuple(map(_getrlimit, _LIMIT_NUMBERS)))
+    return _OFF if left == interval == 0.0 else _Timer(left, interval), tuple(map(_getrlimit, _LIMIT_NUMBERS))
 
 
 def _run_settings() -> tuple[Any, ...]:
@@ -816,14 +813,11 @@ class SettingsAudit:
         were imported take their new values as the run's baseline (:func:`imports_set_the_baseline`)
         — unless the setting had already moved off the baseline before the import (a rank's
         call changed it): that change is still to be reported, the import's with it."""
-        if after != before:
-            self._run = tuple(new if new != old and base == old else base
-                              for base, old, new in zip(self._run, before, after))
+        self._run = _imported_baseline(self._run, before, after)
         for module, was in zip(self._watched, namespaces or ()):  # a hook file wrapping dist.all_reduce at its top
             module.accept(was)
-        if lazy is not None and self._lazy is not None and lazy[0] != lazy[1]:
-            self._lazy = tuple(new if new != old and base == old else base
-                               for base, old, new in zip(self._lazy, *lazy))
+        if lazy is not None and self._lazy is not None:
+            self._lazy = _imported_baseline(self._lazy, *lazy)
 
     def _moved(self, thread: int, rank: int) -> int:
         """This switch happens on another thread than the last one (rank ``rank``'s code
@@ -837,21 +831,22 @@ class SettingsAudit:
         """The run ended: compare the settings read once per run (:data:`_RUN_SETTINGS`)."""
         if CURRENT.audit is self:
             CURRENT.audit = None
-        now = _run_settings()
-        if now != self._run:
-            for (name, put), was, value in zip(_RUN_SETTINGS, self._run, now):
-                if value != was:
-                    self.changes.append((name, None, *_describe(name, was, value)))
-                    put(was)
+        self._undo(_RUN_SETTINGS, self._run, _run_settings())
         imported = len(sys.modules) > self._modules_at_start
         for module in self._watched:
             self.changes += module.finish(imported)
-        lazy = _lazy_settings()
-        if lazy != self._lazy and self._lazy is not None:
-            for (name, put), was, value in zip(_LAZY_SETTINGS, self._lazy, lazy):
-                if value != was:
-                    self.changes.append((name, None, *_describe(name, was, value)))
-                    put(was)
+        if self._lazy is not None:
+            self._undo(_LAZY_SETTINGS, self._lazy, _lazy_settings())
+
+    def _undo(self, settings: tuple[tuple[str, Callable[[Any], None]], ...], was: tuple[Any, ...],
+              now: tuple[Any, ...]) -> None:
+        """Each of ``settings`` (name, setter) whose value moved from ``was`` to ``now``: reported
+        for the run, and put back."""
+        if now != was:
+            for (name, put), before, value in zip(settings, was, now):
+                if value != before:
+                    self.changes.append((name, None, *_describe(name, before, value)))
+                    put(before)
 
     def _check_settings(self, rank: int, new: int | None, thread: int, here: int) -> None:
         """Something in :func:`_all_settings` differs from the run's start. Process-wide:
@@ -942,6 +937,15 @@ class SettingsAudit:
             f"cannot check this hook faithfully — set it before training starts, not in the hook. Replay: {replay()}")
 
 
+def _imported_baseline(base: tuple[Any, ...], before: tuple[Any, ...], after: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``base`` with each value an import moved from ``before`` to ``after`` taken as the new
+    baseline — unless it had already moved off ``base`` before the import (a rank's call
+    changed it: still to be reported)."""
+    if after == before:
+        return base
+    return tuple(new if new != old and was == old else was for was, old, new in zip(base, before, after))
+
+
 def _kept_in_order(before: list[Any], now: list[Any]) -> bool:
     """Every filter of ``before`` is still in ``now``, in the same order (others only added)."""
     rest = iter(now)
@@ -993,12 +997,9 @@ def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
                              for s in pair)
         return f"({streams(before)})", f"({streams(now)})"
     if name.startswith("sys.gettrace()") or name.startswith("sys.excepthook"):
-        def functions(pair: tuple[Any, ...]) -> str:
-            return ", ".join("None" if f is None else getattr(f, "__qualname__", type(f).__qualname__) for f in pair)
-        return f"({functions(before)})", f"({functions(now)})"
+        return f"({', '.join(map(_function_name, before))})", f"({', '.join(map(_function_name, now))})"
     if name.startswith("interval timers"):
-        return (", ".join(f"{t}: {timer!r}" for (t, _), timer in zip(_TIMERS, before)),
-                ", ".join(f"{t}: {timer!r}" for (t, _), timer in zip(_TIMERS, now)))
+        return f"ITIMER_REAL: {before!r}", f"ITIMER_REAL: {now!r}"
     if name.startswith("resource limits"):
         changed = [i for i, (was, value) in enumerate(zip(before, now)) if was != value]
         return (", ".join(f"{_LIMITS[i][0]} {before[i]}" for i in changed),
@@ -1007,6 +1008,6 @@ def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
         changed = [i for i, (was, value) in enumerate(zip(before, now)) if was != value]
 
         def handlers(value: tuple[Any, ...]) -> str:
-            return ", ".join(f"{signal.Signals(_SIGNALS[i]).name}: {_handler_name(value[i])}" for i in changed)
+            return ", ".join(f"{signal.Signals(_SIGNALS[i]).name}: {_function_name(value[i])}" for i in changed)
         return f"({handlers(before)})", f"({handlers(now)})"
     return repr(before), repr(now)
