@@ -596,26 +596,31 @@ def test_ctrl_c_while_torch_imports_is_not_swallowed(tmp_path):
 
 @pytest.mark.parametrize("option, value", [("--world-sizes", "100000"), ("--seed", "99999999999999999999999"),
                                             ("--steps", "0"), ("--examples", "1000000"), ("--deadline", "-1")])
-def test_out_of_range_options_exit_2_with_the_range(option, value):
-    result = run_cli("simcluster.hooks.reference:mean_allreduce_hook", option, value)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("simcluster: error:")
-    assert option in result.stderr
+def test_out_of_range_options_exit_2_with_the_range(option, value, tmp_path, monkeypatch, capsys):
+    line = _usage_error("check", "--quiet", "--no-database", "simcluster.hooks.reference:mean_allreduce_hook", option,
+                        value, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert option in line
 
 
-def _usage_error(*argv: str, cwd: Path) -> str:
-    """Run ``python -m simcluster ARGV`` in ``cwd``; assert one line on stderr and exit 2; the line."""
-    result = subprocess.run([sys.executable, "-m", "simcluster", *argv], capture_output=True, text=True, timeout=120,
-                            cwd=cwd, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("simcluster: error: "), result.stderr
-    return result.stderr
+def _usage_error(*argv: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the command line ``simcluster ARGV`` in ``cwd``, in this process (each check of a
+    bad option as a subprocess cost a ~2 s ``import torch``; tests/test_cli.py keeps the
+    console script's own path); assert exit 2, one line on stderr and nothing on stdout; the line."""
+    from simcluster.cli import main
+
+    monkeypatch.chdir(cwd)
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert out == "" and err.count("\n") == 1 and err.startswith("simcluster: error: "), (out, err)
+    return err
 
 
 MEAN = "simcluster.hooks.reference:mean_allreduce_hook"
 
 
-def test_bad_output_paths_and_options_are_one_line_and_exit_2_before_any_work(tmp_path: Path) -> None:
+def test_bad_output_paths_and_options_are_one_line_and_exit_2_before_any_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Each of these once ran (or half ran) and then crashed or was silently ignored (a CI
     user's audit, 2026-12-06): ``--json DIR`` checked everything, then raised IsADirectoryError
     and exited 1 after a passing hook; ``--timeline`` into a missing folder was a traceback;
@@ -647,7 +652,7 @@ def test_bad_output_paths_and_options_are_one_line_and_exit_2_before_any_work(tm
         "--timeline: not with --range": ("explain", MEAN, "--range", "--timeline", str(tmp_path / "x.svg")),
     }
     for words, argv in says.items():
-        assert words in _usage_error(*argv, cwd=tmp_path), argv
+        assert words in _usage_error(*argv, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys), argv
 
 
 def test_a_replay_reports_the_backend_it_ran_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -670,7 +675,7 @@ def test_a_replay_reports_the_backend_it_ran_only(tmp_path: Path, capsys: pytest
 def test_pytest_timeout_ends_a_hung_hook_and_says_where(method, test):
     case = HERE / "hostile" / "pytest_timeout_case.py"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case),
-                             "--timeout", "24", "--timeout-method", method, "-o", "addopts=", "-x",
+                             "--timeout", "12", "--timeout-method", method, "-o", "addopts=", "-x",
                              "-k", f"{test} and not {test}_"],
                             capture_output=True, text=True, timeout=120, cwd=HERE / "hostile",
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
