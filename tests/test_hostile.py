@@ -774,3 +774,26 @@ def test_printed_output_of_a_stuck_run_keeps_its_last_lines() -> None:
     shown = printed_output("\n".join(f"line {i}" for i in range(100)), last=True).splitlines()
     assert len(shown) == MAX_OUTPUT_LINES and shown[-1] == "line 99"
     assert shown[0] == f"… {100 - MAX_OUTPUT_LINES + 1} earlier lines (the replay command prints them all)"
+
+
+# ---------------------------------------------------------------- exit handlers (an audit, 2026-12-07)
+EXIT_HANDLERS = str(HERE / "hostile" / "registers_exit_handlers.py") + ":hook"
+
+
+def test_exit_handlers_of_the_code_under_test_are_not_registered_in_this_process():
+    """A rank's exit handlers run when its process ends; the checking process is not that
+    process. The module's two and the hook's one per call were registered here for real."""
+    import atexit
+
+    before = atexit._ncallbacks()
+    report = check_hook(EXIT_HANDLERS, examples=2, world_sizes=(2,), backends=("gloo",), database=None,
+                        supervise=False)
+    assert not report.passed and report.failures[0].property == "averages", report.format()
+    assert atexit._ncallbacks() == before
+
+
+def test_an_exit_handler_ending_the_process_does_not_turn_a_failed_check_into_exit_0():
+    """``atexit.register(os._exit, 0)`` in a hook's module: the CLI printed FAIL and exited 0."""
+    result = run_cli(EXIT_HANDLERS, "--examples", "2", "--world-sizes", "2", "--backend", "gloo")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL:averages" in result.stdout and "exit handler ran" not in result.stdout

@@ -38,6 +38,7 @@ when the run starts and ends: reported for the run, not a rank (``docs/isolation
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -59,7 +60,7 @@ from simcluster.engine.frames import is_internal, short_path
 from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
-           "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE",
+           "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE", "exit_handlers_held",
            "process_generator_states", "rank_seed", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
@@ -310,15 +311,59 @@ def simulated_kill(pid: int, sig: int) -> None:
     _real_kill(pid, sig)
 
 
-def install_process_ids() -> tuple[Any, Any]:
-    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins; returns the originals."""
-    saved = os.getpid, os.kill
+def install_process_ids() -> tuple[Any, ...]:
+    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins, and ``atexit.register``
+    and ``atexit.unregister`` theirs (:func:`exit_handlers_held`); returns the originals."""
+    saved = os.getpid, os.kill, atexit.register, atexit.unregister
     os.getpid, os.kill = simulated_getpid, simulated_kill
+    atexit.register, atexit.unregister = _held_register, _held_unregister
     return saved
 
 
-def restore_process_ids(saved: tuple[Any, Any]) -> None:
-    os.getpid, os.kill = saved
+def restore_process_ids(saved: tuple[Any, ...]) -> None:
+    os.getpid, os.kill, atexit.register, atexit.unregister = saved
+
+
+_real_register, _real_unregister = atexit.register, atexit.unregister
+
+
+def _held_register(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """``atexit.register`` while held: a call from the code under test is checked as the real
+    one checks it and never run; one from Python's library, torch or simcluster (``weakref``,
+    ``multiprocessing`` registering their own at first use) is registered for real."""
+    if is_internal(sys._getframe(1).f_code.co_filename):
+        return _real_register(func, *args, **kwargs)
+    if not callable(func):
+        raise TypeError("the first argument must be callable")
+    return func
+
+
+def _held_unregister(func: Callable[..., Any], /) -> None:
+    """``atexit.unregister`` while held: the code under test's handlers were never registered."""
+    if is_internal(sys._getframe(1).f_code.co_filename):
+        _real_unregister(func)
+
+
+@contextlib.contextmanager
+def exit_handlers_held() -> Iterator[None]:
+    """Keep the exit handlers that code under test registers (``atexit.register(f)``, also
+    as a decorator) out of this process: each is accepted — ``register`` returns ``f`` and
+    raises what the real one raises — and never run.
+
+    A simulated rank's handlers belong to a process that, here, never exits: on a cluster
+    each rank runs its own when its process ends, after training, where no verdict depends
+    on them. Registered for real, they ran at the *checking* process's exit, and one that
+    ended it (``atexit.register(os._exit, 0)`` in a hook's module) made a failed
+    ``simcluster check`` exit 0 (an audit of hostile hooks, 2026-12-07). Held while a
+    target module is imported (:mod:`simcluster.usercode.targets`) and during every run
+    (:func:`install_process_ids`). A module that bound ``from atexit import register``
+    while held keeps the stand-in; one that bound the real function before is not covered."""
+    saved = atexit.register, atexit.unregister
+    atexit.register, atexit.unregister = _held_register, _held_unregister
+    try:
+        yield
+    finally:
+        atexit.register, atexit.unregister = saved
 
 
 # --------------------------------------------------------------------------- settings
