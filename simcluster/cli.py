@@ -57,9 +57,11 @@ replay them first). ``--database DIR`` moves it, ``--no-database`` turns it off.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -71,6 +73,7 @@ from simcluster.errors import SimClusterError, UnsupportedError, UsageError, fir
 from simcluster.limits import BACKEND_NAMES
 from simcluster.checking.progress import ProgressLine
 from simcluster.checking.report import PROPERTIES, CheckReport
+from simcluster.engine.frames import short_path
 
 __all__ = ["main", "console_main", "build_parser", "add_isolate_option", "DEFAULT_DATABASE", "CheckFunction"]
 
@@ -240,7 +243,45 @@ def console_main() -> int:
     process whose string hash seed is fixed (:func:`_run_again_with_a_fixed_hash_seed`)."""
     if "PYTHONHASHSEED" not in os.environ:
         _run_again_with_a_fixed_hash_seed()
-    return main()
+    code = main()
+    _end_without_waiting_for_threads_left_running(code)
+    return code
+
+
+def _end_without_waiting_for_threads_left_running(code: int) -> None:
+    """End this process with ``code`` now if a thread that is not a daemon still runs.
+
+    Python waits for every such thread before it exits, and simcluster leaves none: one
+    still running was started by the code under test where this process ran it — importing
+    a TARGET, whose module started a thread that never ends — and a finished check then
+    never exited (an audit of hostile hooks, 2026-12-07). Each is named on stderr (on a
+    cluster it keeps its rank's process from ending too); exit handlers run as at a normal
+    exit, then the process ends without joining it."""
+    left = sorted((t.name, _what_it_runs(t)) for t in threading.enumerate()  # by name: no start-up race decides
+                  if t is not threading.main_thread() and not t.daemon and t.is_alive())
+    if not left:
+        return
+    for name, runs in left:
+        print(f"simcluster: not waiting for thread {name!r} ({runs}), still running at exit: "
+              "the code under test started it (a rank's process would not end either)", file=sys.stderr)
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to say there
+            stream.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def _what_it_runs(thread: threading.Thread) -> str:
+    """``runs name (file:line)`` of a thread's target, or of its class's ``run``."""
+    function = getattr(thread, "_target", None) or type(thread).run
+    name = getattr(function, "__qualname__", None) or type(function).__name__
+    code = getattr(function, "__code__", None)
+    if code is None:  # a builtin, time.sleep: named by its module
+        module = getattr(function, "__module__", None)
+        return f"runs {module}.{name}" if module else f"runs {name}"
+    return f"runs {name} ({short_path(code.co_filename)}:{code.co_firstlineno})"
 
 
 def _run_again_with_a_fixed_hash_seed() -> NoReturn:
@@ -296,7 +337,6 @@ def _explain_command(args: argparse.Namespace) -> int:
     deadline = EXPLAIN_DEADLINE if args.deadline is None else check_deadline(args.deadline)
 
     def job(monitor: Any) -> tuple[int, str]:
-        import contextlib
         import io
 
         monitor.begin({"phase": "explain"})

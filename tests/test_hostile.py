@@ -797,3 +797,12 @@ def test_an_exit_handler_ending_the_process_does_not_turn_a_failed_check_into_ex
     result = run_cli(EXIT_HANDLERS, "--examples", "2", "--world-sizes", "2", "--backend", "gloo")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAIL:averages" in result.stdout and "exit handler ran" not in result.stdout
+
+
+def test_a_thread_the_targets_import_left_running_does_not_keep_the_check_from_ending():
+    """Python waits at exit for every thread that is not a daemon: the check passed, printed
+    its table, and never exited. It now names the thread and exits with the verdict's code."""
+    result = run_cli(str(HERE / "hostile" / "import_starts_a_thread.py") + ":hook", "--examples", "2",
+                     "--world-sizes", "2", "--backend", "gloo", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "not waiting for thread 'never_ends' (runs time.sleep)" in result.stderr, result.stderr
