@@ -806,3 +806,11 @@ def test_a_thread_the_targets_import_left_running_does_not_keep_the_check_from_e
                      "--world-sizes", "2", "--backend", "gloo", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "not waiting for thread 'never_ends' (runs time.sleep)" in result.stderr, result.stderr
+
+
+def test_a_hook_file_wrapping_all_reduce_at_its_top_to_average_passes_as_on_real_gloo():
+    """Each real rank divides once in its own wrapper; shared by the simulated ranks, the
+    wrappers nested (W of them, more with every example) and the correct hook failed averages."""
+    report = check_hook(str(HERE / "hostile" / "import_wraps_all_reduce_to_average.py") + ":hook", examples=10,
+                        world_sizes=(2, 3), database=None)
+    assert report.passed, report.format()

@@ -385,6 +385,23 @@ def test_what_a_rank_module_copys_import_changes_is_the_baseline_not_a_shared_se
         sys.setrecursionlimit(limit)
 
 
+def test_a_wrapper_a_rank_module_copys_import_puts_around_all_reduce_is_that_ranks_alone() -> None:
+    """Each rank's copy of a hook file that wraps ``dist.all_reduce`` at its top wrapped the
+    shared one, on top of the copies before it (and every earlier cluster's): rank r's call ran
+    r + 1 wrappers. A process imports its code once: each rank runs its own wrapper, once;
+    torch's function is back outside the run, and so after the TARGET's shared import."""
+    from simcluster.usercode.targets import load_target
+
+    target = f"{HOOKS / 'import_wraps_all_reduce.py'}:hook"
+    own = dist.all_reduce
+    load_target(target)
+    assert dist.all_reduce is own
+    for _ in range(2):  # a second cluster's copies wrap torch's function again, not the first's wrappers
+        run = SimCluster(3, seed=0).run_hook(target, [torch.zeros(2)] * 3)
+        assert [out.tolist() for out in run.outputs] == [[3.0, 3.0]] * 3  # was [[6.0, 6.0]] * 3, then 12
+        assert dist.all_reduce is own
+
+
 @X86
 def test_flush_denormal_set_before_a_wait_is_the_waiting_ranks_and_reported_once() -> None:
     # rank 1 parks in its hook; the thread that runs the others next was started from

@@ -48,8 +48,9 @@ from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import CollectiveMismatchError, UsageError
 from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
-from simcluster.usercode.rank_state import (CURRENT, RankGenerators, SettingsAudit, install_generators,
-                                            install_process_ids, rank_seed, restore_generators, restore_process_ids)
+from simcluster.usercode.rank_state import (CURRENT, ModulePatch, RankGenerators, SettingsAudit, apply_module_patches,
+                                            install_generators, install_process_ids, rank_seed, restore_generators,
+                                            restore_process_ids, undo_module_patches)
 
 __all__ = ["RankWorld", "RankContexts", "install_torch_patches", "restore_torch_patches", "nccl_version_stand_in",
            "NCCL_VERSION_STAND_IN"]
@@ -321,6 +322,9 @@ class RankContexts:
         self._outside_world: Any = None
         self.generators = RankGenerators(world_size, seed, rng)
         self.modules: list[dict[str, Any]] = [{} for _ in range(world_size)]
+        self.patches: list[list[ModulePatch]] = [[] for _ in range(world_size)]
+        """Each rank's own values of torch's module attributes, in place while its code runs
+        (what its module copies' imports replaced: :func:`~simcluster.usercode.rank_state.imports_set_the_baseline`)."""
         self.audit = SettingsAudit()
         self._futures_made = [itertools.count() for _ in range(world_size + 1)]  # the last: outside every rank
         self.future_class: tuple[type, list[Any]] | None = None
@@ -341,6 +345,8 @@ class RankContexts:
             CURRENT.generators = self.generators
         else:
             self.rng_states[old] = _GENERATOR.get_state()
+            if self.patches[old]:
+                undo_module_patches(self.patches[old])
             self.audit.check(old, new)
         if new is None:
             self.audit.finish()
@@ -348,11 +354,14 @@ class RankContexts:
                 self.launcher.end()
             _GENERATOR.set_state(self._outside_rng)
             c10d._world = self._outside_world
-            CURRENT.generators = CURRENT.modules = None
+            CURRENT.generators = CURRENT.modules = CURRENT.patches = None
         else:
             _GENERATOR.set_state(self.rng_states[new])
             c10d._world = self.worlds[new]
             CURRENT.modules = self.modules[new]
+            patches = CURRENT.patches = self.patches[new]
+            if patches:
+                apply_module_patches(patches)
             if self.launcher is not None:
                 self.launcher.enter(new, self.audit.environ_baseline)
                 self.audit.environ_synced()

@@ -61,6 +61,7 @@ from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
            "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE", "exit_handlers_held",
+           "ModulePatch", "apply_module_patches", "undo_module_patches", "torch_modules_kept",
            "process_generator_states", "rank_seed", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
@@ -74,12 +75,15 @@ except ImportError:  # pragma: no cover - no numpy: nothing to swap
 class _Current:
     """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
 
-    __slots__ = ("generators", "rank", "modules", "announce", "audit", "exits")
+    __slots__ = ("generators", "rank", "modules", "patches", "announce", "audit", "exits")
 
     def __init__(self) -> None:
         self.generators: RankGenerators | None = None
         self.rank: int | None = None
         self.modules: dict[str, Any] | None = None  # the running rank's module copies (rank_local)
+        self.patches: list[ModulePatch] | None = None
+        """The running rank's own values of torch's module attributes: what its module copies'
+        imports replaced (:func:`imports_set_the_baseline`); None outside a rank."""
         self.announce: Callable[[int], None] | None = None
         """Told each rank that starts running (a supervised child's ``Monitor.running``: a
         process that dies is placed at the rank whose code ran); None: nobody listens."""
@@ -1005,6 +1009,31 @@ def _environ_diff(before: dict[Any, Any]) -> str:
         f"{decode(k)} {'set' if k not in before else 'removed' if k not in now else 'modified'}" for k in keys[:5])
 
 
+ModulePatch = tuple[dict[str, Any], str, Any, Any]
+"""A rank's own value of an attribute of one of :data:`WATCHED_MODULES`: ``(namespace, name,
+the rank's value, the value under it)`` — ``dist.all_reduce`` as a hook file's top wrapped it."""
+
+
+def apply_module_patches(patches: list[ModulePatch]) -> None:
+    """Give the module attributes the entering rank's own values (:class:`ModulePatch`)."""
+    for namespace, name, mine, _ in patches:
+        namespace[name] = mine
+
+
+def undo_module_patches(patches: list[ModulePatch]) -> None:
+    """Give the module attributes back the values under the leaving rank's (last patch first)."""
+    for namespace, name, _, under in reversed(patches):
+        namespace[name] = under
+
+
+def _replaced(namespaces: list[dict[str, Any]], before: list[dict[str, Any]]) -> list[ModulePatch]:
+    """The attributes of ``namespaces`` that hold another object than in ``before`` (added or
+    deleted ones are not replacements: an import's new attribute is every process's)."""
+    return [(namespace, name, namespace[name], was[name])
+            for namespace, was in zip(namespaces, before) for name in was
+            if name in namespace and namespace[name] is not was[name]]
+
+
 @contextlib.contextmanager
 def imports_set_the_baseline() -> Iterator[None]:
     """Around the import of a rank's module copies inside a run: a run-level setting
@@ -1012,11 +1041,17 @@ def imports_set_the_baseline() -> Iterator[None]:
     or ``sys.setrecursionlimit(…)`` at its top — is what that import does in every process,
     so the running audit takes the new value as its baseline instead of reporting it at the
     run's end (it did: a false ``SharedSettingError`` for a common way to write a hook file).
-    So do the attributes of :data:`WATCHED_MODULES` (a hook file that wraps ``dist.all_reduce``
-    at its top) — where each rank's copy wraps what the copy before it left, so W wrappers
-    run nested where a real process runs one (not modelled: a wrapper that only observes is
-    unaffected). A change the hook makes when it is *called* is still reported. No run in
-    progress: nothing to do."""
+    An attribute of :data:`WATCHED_MODULES` the import *replaces* (a hook file that wraps
+    ``dist.all_reduce`` at its top) is the importing rank's own: a process imports its code
+    once, so each real rank runs one wrapper around torch's function. Shared, each rank's
+    copy wrapped what the copy before it left, and every example's fresh copies wrapped
+    again: a wrapper that divided by the world size divided W times, then more, and a correct
+    hook failed *averages* (an audit of hostile hooks, 2026-12-07; real gloo: no failure).
+    So the rank's value is undone for the others and kept as a :class:`ModulePatch` of that
+    rank, put in place whenever its code runs (:meth:`RankContexts.switch`). An attribute the
+    import adds is every process's. A change the hook makes when it is *called* is still
+    reported. No run in progress: nothing to do (a TARGET's shared import, outside every
+    run: :func:`torch_modules_kept`)."""
     audit = CURRENT.audit
     before = _run_settings() if audit is not None else ()
     namespaces = audit.watched_namespaces() if audit is not None else None
@@ -1025,7 +1060,33 @@ def imports_set_the_baseline() -> Iterator[None]:
         yield
     finally:
         if audit is not None:
+            patches = _replaced(_watched_namespaces(), namespaces or [])
+            undo_module_patches(patches)  # what every other rank sees
             audit.accept_import_changes(before, _run_settings(), namespaces, (lazy, _lazy_settings()))
+            if CURRENT.patches is not None:
+                CURRENT.patches.extend(patches)
+                apply_module_patches(patches)  # the importing rank goes on with its own
+
+
+def _watched_namespaces() -> list[dict[str, Any]]:
+    """The namespaces of :data:`WATCHED_MODULES`, in that order."""
+    return [sys.modules[name].__dict__ for name in WATCHED_MODULES]
+
+
+@contextlib.contextmanager
+def torch_modules_kept() -> Iterator[None]:
+    """Around the import of a TARGET's (or state factory's) shared module, outside every run:
+    attributes of :data:`WATCHED_MODULES` it replaces are put back. Each rank's copy imports
+    the module again and keeps its own (:func:`imports_set_the_baseline`); left in place, the
+    shared import's ``dist.all_reduce`` wrapper sat under every rank's own — two wrappers
+    where a real rank runs one. Code holding a plain function (not a TARGET string) was
+    imported by its caller, whose process it is: untouched."""
+    namespaces = _watched_namespaces()
+    before = [dict(namespace) for namespace in namespaces]
+    try:
+        yield
+    finally:
+        undo_module_patches(_replaced(namespaces, before))
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
