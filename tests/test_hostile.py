@@ -814,3 +814,18 @@ def test_a_hook_file_wrapping_all_reduce_at_its_top_to_average_passes_as_on_real
     report = check_hook(str(HERE / "hostile" / "import_wraps_all_reduce_to_average.py") + ":hook", examples=10,
                         world_sizes=(2, 3), database=None)
     assert report.passed, report.format()
+
+
+@pytest.mark.parametrize("module", ["import_redirects_stdout", "import_changes_directory"])
+def test_what_a_targets_import_does_to_stdout_or_the_directory_is_not_the_checking_processs(module, tmp_path):
+    """The report went into the module's StringIO (nothing on stdout, exit 1); after its
+    ``os.chdir("/")`` the next load of the relative TARGET said "file not found" (exit 2) and a
+    relative ``--json`` would have landed in /."""
+    (tmp_path / "hooks.py").write_text((HERE / "hostile" / f"{module}.py").read_text())
+    result = subprocess.run([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database", "hooks.py:hook",
+                             "--examples", "2", "--world-sizes", "2", "--backend", "gloo", "--json", "report.json"],
+                            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL:averages" in result.stdout and "replay:" in result.stdout
+    assert json.loads((tmp_path / "report.json").read_text())[0]["passed"] is False

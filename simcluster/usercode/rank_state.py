@@ -61,7 +61,7 @@ from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
            "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE", "exit_handlers_held",
-           "ModulePatch", "apply_module_patches", "undo_module_patches", "torch_modules_kept",
+           "ModulePatch", "apply_module_patches", "undo_module_patches", "checking_process_kept",
            "process_generator_states", "rank_seed", "seed_process_generators"]
 
 try:  # numpy is optional for simcluster, but torch installs it almost always
@@ -1051,7 +1051,7 @@ def imports_set_the_baseline() -> Iterator[None]:
     rank, put in place whenever its code runs (:meth:`RankContexts.switch`). An attribute the
     import adds is every process's. A change the hook makes when it is *called* is still
     reported. No run in progress: nothing to do (a TARGET's shared import, outside every
-    run: :func:`torch_modules_kept`)."""
+    run: :func:`checking_process_kept`)."""
     audit = CURRENT.audit
     before = _run_settings() if audit is not None else ()
     namespaces = audit.watched_namespaces() if audit is not None else None
@@ -1074,19 +1074,29 @@ def _watched_namespaces() -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def torch_modules_kept() -> Iterator[None]:
+def checking_process_kept() -> Iterator[None]:
     """Around the import of a TARGET's (or state factory's) shared module, outside every run:
-    attributes of :data:`WATCHED_MODULES` it replaces are put back. Each rank's copy imports
-    the module again and keeps its own (:func:`imports_set_the_baseline`); left in place, the
-    shared import's ``dist.all_reduce`` wrapper sat under every rank's own — two wrappers
-    where a real rank runs one. Code holding a plain function (not a TARGET string) was
-    imported by its caller, whose process it is: untouched."""
+    what the checking process relies on is put back after it — the working directory,
+    ``sys.stdout`` and ``sys.stderr``, and the attributes of :data:`WATCHED_MODULES` it
+    replaced. That import is the one place the checking process runs the code under test
+    (all else runs in supervised children, or in runs, which audit it); each rank's copy
+    imports the module again and keeps what its import did (:func:`imports_set_the_baseline`).
+    Left in place, a module's ``sys.stdout = io.StringIO()`` swallowed the whole report (exit
+    1, nothing on stdout), its ``os.chdir("/")`` made the next load of ``hooks.py:hook`` say
+    "file not found" (exit 2), and its ``dist.all_reduce`` wrapper sat under every rank's own
+    — two wrappers where a real rank runs one (an audit of hostile hooks, 2026-12-07). Code
+    holding a plain function (not a TARGET string) was imported by its caller, whose process
+    it is: untouched."""
     namespaces = _watched_namespaces()
     before = [dict(namespace) for namespace in namespaces]
+    cwd, streams = os.getcwd(), (sys.stdout, sys.stderr)
     try:
         yield
     finally:
         undo_module_patches(_replaced(namespaces, before))
+        sys.stdout, sys.stderr = streams
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:

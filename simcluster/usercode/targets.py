@@ -43,7 +43,7 @@ from typing import Any
 
 from simcluster.errors import TargetLoadError, UsageError, first_line
 from simcluster.fake.state import StateSpec
-from simcluster.usercode.rank_state import exit_handlers_held, torch_modules_kept
+from simcluster.usercode.rank_state import checking_process_kept, exit_handlers_held
 
 __all__ = [
     "load_target",
@@ -201,7 +201,7 @@ def load_target(spec: str, *, what: str = "TARGET") -> Callable[..., Any]:
     if not isinstance(spec, str):
         raise TargetLoadError(f"{what} {spec!r} (type={type(spec).__name__}) must be a string")
     where, name = split_spec(spec, what)
-    with torch_modules_kept():  # what its import does to torch's modules, each rank's copy does for itself
+    with checking_process_kept():  # what its import does to the process, each rank's copy does for itself
         module = _load_file(where, spec, what) if is_file_spec(where) else import_module(where, spec, what)
     obj: Any = module
     for part in name.split("."):
