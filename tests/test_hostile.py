@@ -829,3 +829,11 @@ def test_what_a_targets_import_does_to_stdout_or_the_directory_is_not_the_checki
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAIL:averages" in result.stdout and "replay:" in result.stdout
     assert json.loads((tmp_path / "report.json").read_text())[0]["passed"] is False
+
+
+def test_a_fork_handler_a_targets_import_registers_does_not_run_in_the_checking_processs_children():
+    """The handler ended every supervised child at its start: each example a liveness failure,
+    "exited with code 0 without reporting". A rank's fork handlers run when that rank forks."""
+    result = run_cli(str(HERE / "hostile" / "import_registers_a_fork_handler.py") + ":hook", "--examples", "2",
+                     "--world-sizes", "2", "--backend", "gloo")
+    assert result.returncode == 0, result.stdout + result.stderr

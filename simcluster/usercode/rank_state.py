@@ -60,7 +60,7 @@ from simcluster.engine.frames import is_internal, short_path
 from simcluster.errors import SharedSettingError
 
 __all__ = ["CURRENT", "RankGenerators", "SettingsAudit", "install_generators", "restore_generators",
-           "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE", "exit_handlers_held",
+           "install_process_ids", "restore_process_ids", "SIMULATED_PID_BASE", "process_handlers_held",
            "ModulePatch", "apply_module_patches", "undo_module_patches", "checking_process_kept",
            "process_generator_states", "rank_seed", "seed_process_generators"]
 
@@ -316,19 +316,20 @@ def simulated_kill(pid: int, sig: int) -> None:
 
 
 def install_process_ids() -> tuple[Any, ...]:
-    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins, and ``atexit.register``
-    and ``atexit.unregister`` theirs (:func:`exit_handlers_held`); returns the originals."""
-    saved = os.getpid, os.kill, atexit.register, atexit.unregister
+    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins, and the exit and fork
+    handler registries theirs (:func:`process_handlers_held`); returns the originals."""
+    saved = os.getpid, os.kill, _hold_process_handlers()
     os.getpid, os.kill = simulated_getpid, simulated_kill
-    atexit.register, atexit.unregister = _held_register, _held_unregister
     return saved
 
 
 def restore_process_ids(saved: tuple[Any, ...]) -> None:
-    os.getpid, os.kill, atexit.register, atexit.unregister = saved
+    os.getpid, os.kill, handlers = saved
+    _release_process_handlers(handlers)
 
 
-_real_register, _real_unregister = atexit.register, atexit.unregister
+_real_register, _real_unregister, _real_register_at_fork = atexit.register, atexit.unregister, os.register_at_fork
+_FORK_HANDLER_KINDS = ("before", "after_in_child", "after_in_parent")
 
 
 def _held_register(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -348,26 +349,54 @@ def _held_unregister(func: Callable[..., Any], /) -> None:
         _real_unregister(func)
 
 
-@contextlib.contextmanager
-def exit_handlers_held() -> Iterator[None]:
-    """Keep the exit handlers that code under test registers (``atexit.register(f)``, also
-    as a decorator) out of this process: each is accepted — ``register`` returns ``f`` and
-    raises what the real one raises — and never run.
+def _held_register_at_fork(**handlers: Any) -> None:
+    """``os.register_at_fork`` while held: a call from the code under test is checked as the
+    real one checks it and never registered; one from Python's library, torch or simcluster is."""
+    if is_internal(sys._getframe(1).f_code.co_filename):
+        return _real_register_at_fork(**handlers)
+    if not handlers:
+        raise TypeError("At least one argument is required.")
+    for kind, handler in handlers.items():
+        if kind not in _FORK_HANDLER_KINDS:
+            raise TypeError(f"{kind!r} is an invalid keyword argument for register_at_fork()")
+        if not callable(handler):
+            raise TypeError(f"{kind!r} must be callable, not {type(handler).__name__}")
+    return None
 
-    A simulated rank's handlers belong to a process that, here, never exits: on a cluster
-    each rank runs its own when its process ends, after training, where no verdict depends
-    on them. Registered for real, they ran at the *checking* process's exit, and one that
-    ended it (``atexit.register(os._exit, 0)`` in a hook's module) made a failed
-    ``simcluster check`` exit 0 (an audit of hostile hooks, 2026-12-07). Held while a
-    target module is imported (:mod:`simcluster.usercode.targets`) and during every run
-    (:func:`install_process_ids`). A module that bound ``from atexit import register``
-    while held keeps the stand-in; one that bound the real function before is not covered."""
-    saved = atexit.register, atexit.unregister
-    atexit.register, atexit.unregister = _held_register, _held_unregister
+
+def _hold_process_handlers() -> tuple[Any, Any, Any]:
+    """Swap in the held registries (:func:`process_handlers_held`); returns the ones replaced."""
+    saved = atexit.register, atexit.unregister, os.register_at_fork
+    atexit.register, atexit.unregister, os.register_at_fork = _held_register, _held_unregister, _held_register_at_fork
+    return saved
+
+
+def _release_process_handlers(saved: tuple[Any, Any, Any]) -> None:
+    atexit.register, atexit.unregister, os.register_at_fork = saved
+
+
+@contextlib.contextmanager
+def process_handlers_held() -> Iterator[None]:
+    """Keep the exit and fork handlers that code under test registers (``atexit.register(f)``,
+    also as a decorator; ``os.register_at_fork(after_in_child=f)``) out of this process: each
+    is accepted — checked, and refused, as the real functions do — and never run.
+
+    A simulated rank's handlers belong to a process that, here, never exits and never forks:
+    on a cluster each rank runs its exit handlers when its process ends, after training,
+    where no verdict depends on them, and its fork handlers when *it* forks. Registered for
+    real, they ran at the *checking* process's exit — one that ended it
+    (``atexit.register(os._exit, 0)`` in a hook's module) made a failed ``simcluster check``
+    exit 0 — and in every child it forked to check an example — one that ended the child
+    made every example a liveness failure, "exited with code 0 without reporting" (an audit
+    of hostile hooks, 2026-12-07). Held while a target module is imported
+    (:mod:`simcluster.usercode.targets`) and during every run (:func:`install_process_ids`).
+    A module that bound ``from atexit import register`` while held keeps the stand-in; one
+    that bound the real function before is not covered."""
+    saved = _hold_process_handlers()
     try:
         yield
     finally:
-        atexit.register, atexit.unregister = saved
+        _release_process_handlers(saved)
 
 
 # --------------------------------------------------------------------------- settings

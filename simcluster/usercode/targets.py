@@ -43,7 +43,7 @@ from typing import Any
 
 from simcluster.errors import TargetLoadError, UsageError, first_line
 from simcluster.fake.state import StateSpec
-from simcluster.usercode.rank_state import checking_process_kept, exit_handlers_held
+from simcluster.usercode.rank_state import checking_process_kept, process_handlers_held
 
 __all__ = [
     "load_target",
@@ -109,7 +109,7 @@ def import_module(where: str, spec: str, what: str) -> ModuleType:
     """``importlib.import_module(where)`` with the legacy aliases in place
     (:func:`legacy_aliases`); any failure is a one-line :class:`TargetLoadError` naming ``spec``."""
     try:
-        with legacy_aliases(), exit_handlers_held():
+        with legacy_aliases(), process_handlers_held():
             return importlib.import_module(where)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (where == exc.name or where.startswith(exc.name + ".")):
@@ -156,7 +156,7 @@ def exec_file(name: str, path: Path, spec: str, what: str, loader: Any = None) -
     folder = str(path.parent)
     sys.path.insert(0, folder)
     try:
-        with legacy_aliases(), exit_handlers_held():  # its exit handlers are not this process's
+        with legacy_aliases(), process_handlers_held():  # its exit and fork handlers are not this process's
             module_spec.loader.exec_module(module)
     except BaseException as exc:
         del sys.modules[name]
