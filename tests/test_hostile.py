@@ -837,3 +837,25 @@ def test_a_fork_handler_a_targets_import_registers_does_not_run_in_the_checking_
     result = run_cli(str(HERE / "hostile" / "import_registers_a_fork_handler.py") + ":hook", "--examples", "2",
                      "--world-sizes", "2", "--backend", "gloo")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ctrl_c_stops_a_check_whose_targets_import_ignores_it(tmp_path):
+    """``signal.signal(SIGINT, SIG_IGN)`` at a hook module's top reached the checking process:
+    Ctrl-C did nothing; only SIGTERM ended the check. Its import leaves it the handlers it had."""
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database",
+                             str(HERE / "hostile" / "import_ignores_ctrl_c.py") + ":hook", "--backend", "gloo"],
+                            cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)},
+                            preexec_fn=ctrl_c_as_from_a_terminal)
+    limit = time.monotonic() + 120
+    while time.monotonic() < limit and not any(tmp_path.iterdir()):
+        time.sleep(0.1)
+    assert any(tmp_path.iterdir())
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    try:
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "import_ignores_ctrl_c.py:hook was being checked" in err
