@@ -485,7 +485,7 @@ def test_error_feedback_drains_longer_while_the_lag_shrinks() -> None:
     'error feedback lost' (a false alarm, stop 30). The drain now goes on while the lag shrinks
     (its sum: the largest entry stays at the peak until the last is sent). A hook that keeps
     what it does not send and never sends it is still caught, without the longer runs."""
-    quick = {**QUICK, "world_sizes": (2,), "examples": 5, "steps": 2, "params": [(300,)],
+    quick = {**QUICK, "world_sizes": (2,), "examples": 3, "steps": 2, "params": [(300,)],
              "properties": ["error_feedback"]}
     kept = check_hook(reference.topk_hook, state="tests/user_hooks.py:top_tenth_percent_state", tolerance="none",
                       **quick)

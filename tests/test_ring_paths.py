@@ -117,13 +117,15 @@ def test_the_skewed_fold_of_tiny_chunks_matches_the_reference(dtype: torch.dtype
     """Many ranks, chunks of 1–16 bytes: each chunk moved as one wide element, then folded by rows."""
     tried = 0
     for seed, (world, n) in enumerate(TINY_CHUNKS):
+        if world > 300 and dtype != torch.float32:  # world 1024 once: its reference's W² folds take ~7 s
+            continue
         raw = inputs(seed, world, n, dtype)
         chunks = C.ring_chunks(n, raw[0].element_size(), world)
         chunk = chunks[0][1] - chunks[0][0]
         if chunk * raw[0].element_size() not in C._WIDE:
             continue
         tried += 1
-        want = reference_ring(raw, "SUM")  # once: at world 1024 the reference's W² folds take ~7 s
+        want = reference_ring(raw, "SUM")  # once per case
         assert same_bits(C._fold_skewed(raw, torch.Tensor.add_, chunk), want), (dtype, world, n)
         assert same_bits(C.reduce(raw, "SUM", "gloo"), want), (dtype, world, n)
     assert tried >= 3, "the cases no longer reach the skewed fold"
