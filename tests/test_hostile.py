@@ -512,18 +512,25 @@ def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
     assert json.loads(out.read_text())[0]["failures"][0]["property"] == "liveness"
 
 
-def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process(tmp_path):
-    # the signal goes once the hook says it runs (a fixed 8 s sleep left a thin margin under load)
-    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database",
-                             target("spins_announced"), "--backend", "gloo"], cwd=HERE.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)},
+def _ctrl_c_once_the_hook_runs(spec: str, started: Path) -> subprocess.Popen:
+    """Start ``simcluster check SPEC`` as from a terminal, wait until its hook says it runs (a
+    file in ``started``: a fixed 8 s sleep left a thin margin under load), then press Ctrl-C
+    (SIGINT to the whole foreground group, as the terminal sends it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database", spec,
+                             "--backend", "gloo"], cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(started)},
                             preexec_fn=ctrl_c_as_from_a_terminal)
     limit = time.monotonic() + 120
-    while time.monotonic() < limit and not any(tmp_path.iterdir()):
+    while time.monotonic() < limit and not any(started.iterdir()):
         time.sleep(0.1)
-    assert any(tmp_path.iterdir())
-    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    assert any(started.iterdir())
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc
+
+
+def test_cli_ctrl_c_ends_the_run_at_once_and_leaves_no_process(tmp_path):
+    proc = _ctrl_c_once_the_hook_runs(target("spins_announced"), tmp_path)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert "interrupted" in err
@@ -842,16 +849,7 @@ def test_a_fork_handler_a_targets_import_registers_does_not_run_in_the_checking_
 def test_ctrl_c_stops_a_check_whose_targets_import_ignores_it(tmp_path):
     """``signal.signal(SIGINT, SIG_IGN)`` at a hook module's top reached the checking process:
     Ctrl-C did nothing; only SIGTERM ended the check. Its import leaves it the handlers it had."""
-    proc = subprocess.Popen([sys.executable, "-m", "simcluster", "check", "--quiet", "--no-database",
-                             str(HERE / "hostile" / "import_ignores_ctrl_c.py") + ":hook", "--backend", "gloo"],
-                            cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "SIMCLUSTER_TEST_STARTED": str(tmp_path)},
-                            preexec_fn=ctrl_c_as_from_a_terminal)
-    limit = time.monotonic() + 120
-    while time.monotonic() < limit and not any(tmp_path.iterdir()):
-        time.sleep(0.1)
-    assert any(tmp_path.iterdir())
-    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    proc = _ctrl_c_once_the_hook_runs(str(HERE / "hostile" / "import_ignores_ctrl_c.py") + ":hook", tmp_path)
     try:
         out, err = proc.communicate(timeout=20)
     finally:
