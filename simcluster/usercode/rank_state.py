@@ -1107,8 +1107,9 @@ def checking_process_kept() -> Iterator[None]:
     """Around the import of a TARGET's (or state factory's) shared module, outside every run:
     what the checking process relies on is put back after it — the working directory,
     ``sys.stdout`` and ``sys.stderr``, the signal handlers (:data:`_SIGNALS`: Ctrl-C and
-    SIGTERM stop a check) and the attributes of :data:`WATCHED_MODULES` it replaced. That import is the one place the checking process runs the code under test
-    (all else runs in supervised children, or in runs, which audit it); each rank's copy
+    SIGTERM stop a check) and the attributes of :data:`WATCHED_MODULES` it replaced. That
+    import is the one place the checking process runs the code under test (all else runs
+    in supervised children, or in runs, which audit it); each rank's copy
     imports the module again and keeps what its import did (:func:`imports_set_the_baseline`).
     Left in place, a module's ``sys.stdout = io.StringIO()`` swallowed the whole report (exit
     1, nothing on stdout), its ``os.chdir("/")`` made the next load of ``hooks.py:hook`` say
@@ -1127,9 +1128,8 @@ def checking_process_kept() -> Iterator[None]:
         sys.stdout, sys.stderr = streams
         if os.getcwd() != cwd:
             os.chdir(cwd)
-        for number, was, now in zip(_SIGNALS, handlers, _signal_handlers()):
-            if now is not was and was is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(number, was)
+        if _signal_handlers() != handlers:
+            _set_signal_handlers(handlers)
 
 
 def _describe(name: str, before: Any, now: Any) -> tuple[str, str]:
