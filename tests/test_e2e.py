@@ -249,6 +249,16 @@ def test_a_hook_with_module_globals_agrees_with_real_ddp(census) -> None:
                      timeout=120, start_method="forkserver")
     assert result.agree and not result.hook_failed, result.format()
 
+def test_a_hook_file_wrapping_all_reduce_at_its_top_agrees_with_real_gloo(census) -> None:
+    """Each real rank's process wraps ``dist.all_reduce`` once, to divide by the world size. The
+    simulated side runs the real reducer with every rank thread importing its own copy into one
+    process: each copy wrapped the one before it, a rank divided W times, and ``--e2e`` on this
+    correct hook said FIDELITY BUG, exit 4 (sim 1/2 of real gloo at world 2, 1/9 at world 3)."""
+    hook = str(Path(__file__).parent / "hostile" / "import_wraps_all_reduce_to_average.py") + ":hook"
+    result = run_e2e(Scenario(3, ((1,), (5, 6)), steps=2), hook, "none", timeout=120, start_method="forkserver")
+    assert result.agree and not result.hook_failed, result.format()
+
+
 def test_module_globals_start_clean_in_every_job_of_a_reused_real_world(census) -> None:
     """``check --e2e`` and the plugin run several scenarios on one gloo world per size; its
     processes imported the hook's module once, so the second run's real ranks counted on

@@ -215,6 +215,36 @@ def test_torch_state_is_restored_and_no_thread_is_left() -> None:
     assert sim_threads() == []
 
 
+def test_what_a_rank_thread_sets_in_torch_distributed_is_that_ranks_own_and_gone_after_the_run() -> None:
+    """A process's ``dist.x = …`` (a hook file wrapping ``dist.all_reduce`` at its top) is its
+    own: each rank thread's writes to ``torch.distributed`` and ``torch.futures`` land in that
+    rank's attributes, which its reads see first and no other rank's do (they were shared: each
+    rank's copy of a wrapping module wrapped the wrapper the copy before it had left); a delete
+    is the rank's own too; after the run both modules are as they were."""
+    seen: dict[int, list[Any]] = {0: [], 1: []}
+
+    def setup(ddp: Any, group: Any) -> tuple[Any, Any, None]:
+        rank = dist.get_rank()
+        dist._simcluster_probe = f"rank {rank}'s"  # type: ignore[attr-defined]
+        if rank == 1:
+            del torch.futures.collect_all
+            with pytest.raises(AttributeError, match="module 'torch.futures' has no attribute 'collect_all'"):
+                del torch.futures.collect_all
+
+        def hook(state, bucket):  # noqa: ANN001 - DDP refuses a bucket annotated other than dist.GradBucket
+            seen[rank].append((dist._simcluster_probe, hasattr(torch.futures, "collect_all")))  # type: ignore[attr-defined]
+            return allreduce_hook(state, bucket)
+
+        return hook, group, None
+
+    collect_all = torch.futures.collect_all
+    run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 2), world_size=2, hook=None, setup=setup,
+                 iterations=2)
+    assert seen == {0: [("rank 0's", True)] * 2, 1: [("rank 1's", False)] * 2}
+    assert not hasattr(dist, "_simcluster_probe") and torch.futures.collect_all is collect_all
+    assert type(dist) is type(torch) and type(torch.futures) is type(torch)
+
+
 class _MeetsInForward(torch.nn.Module):
     """Each rank's forward waits for the other's to begin, then notes which DDP module torch
     says is in its forward (what torch.compile's DDPOptimizer reads), and waits again so both

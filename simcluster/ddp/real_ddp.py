@@ -38,7 +38,10 @@ Per-rank process state while the run lasts (all restored afterwards):
   torch: a new thread starts with it on — measured), so ``backward()`` runs entirely
   in the rank's thread;
 * DDP's "inside forward" mark (``DistributedDataParallel._active_ddp_module``, read by
-  ``torch.compile``) is each rank thread's own (:func:`_per_rank_ddp_forward`).
+  ``torch.compile``) is each rank thread's own (:func:`_per_rank_ddp_forward`);
+* what a rank thread sets or deletes in ``torch.distributed`` or ``torch.futures`` (a hook
+  file wrapping ``dist.all_reduce`` at its top) is that rank's own
+  (:func:`_per_rank_module_attributes`).
 
 Where this differs from a real cluster: ranks share the process-wide CPU generator
 (``torch.manual_seed`` in one rank moves every rank's stream); the interleaving of
@@ -53,9 +56,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -70,6 +75,7 @@ from simcluster.fake.process_group import GroupSpec, Runtime, SimProcessGroup
 from simcluster.fake.reducer import layout_copy
 from simcluster.fake.rank_context import GroupRegistry, RankWorld, nccl_version_stand_in
 from simcluster.fake.state import StateSpec
+from simcluster.usercode.rank_state import WATCHED_MODULES
 from simcluster.usercode.stand_in import stand_in
 from simcluster.engine.threaded import ThreadedEngine
 from simcluster.engine.trace import Trace
@@ -188,6 +194,92 @@ def _per_thread_world(proxy: _WorldProxy, new_group: Callable[..., Any], backend
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+_DELETED = object()
+"""A rank's ``del dist.name``, in its own attributes (:func:`_per_rank_module_attributes`)."""
+_NOT_SET = object()
+
+
+@contextlib.contextmanager
+def _per_rank_module_attributes(engine: ThreadedEngine) -> Iterator[None]:
+    """Each rank thread's own attributes of :data:`~simcluster.usercode.rank_state.WATCHED_MODULES`
+    (``torch.distributed``, ``torch.futures``) for the run only.
+
+    A process imports its code once: a hook file that wraps ``dist.all_reduce`` at its top
+    (``_under = dist.all_reduce; dist.all_reduce = averaging``) puts one wrapper around
+    torch's function on each real rank. Here every rank thread imports its own copy of the
+    file into one process; sharing the module, each copy wrapped what the copy before it
+    left, so a rank's ``all_reduce`` divided W times, and a correct hook's ``--e2e`` run
+    said FIDELITY BUG (an audit of hostile hooks: world 2, the simulated side half of real
+    gloo's; world 3, a ninth). So while the run lasts the modules' class is swapped for one
+    (a ``ModuleType`` subclass, as Python allows for modules) where a rank thread's
+    ``setattr``/``delattr`` lands in that rank's own attributes, and that rank's reads see
+    them first: each copy's import finds torch's function (or what the rank's own earlier
+    imports left), as in its process, and no rank sees another's. Threads that are no
+    rank's — the caller's, a thread the hook started — read and write the module itself. The
+    reading half is switched on at the first write of a rank: until then nothing is
+    different, and reads cost nothing more. Afterwards the modules are as they were before
+    the run; a rank's own attributes go with it."""
+    own: dict[tuple[int, ModuleType], dict[str, Any]] = {}
+    modules = [sys.modules[name] for name in WATCHED_MODULES]
+    if any(type(module) is not ModuleType for module in modules):  # someone else's module class: leave it be
+        yield
+        return
+
+    def mine(module: ModuleType, create: bool) -> dict[str, Any] | None:
+        rank = engine.current_rank
+        if rank is None:
+            return None
+        attributes = own.get((rank, module))
+        if attributes is None and create:
+            attributes = own[(rank, module)] = {}
+            for each in modules:  # not through _Writes.__setattr__: it would keep the class as the rank's
+                ModuleType.__setattr__(each, "__class__", _Reads)
+        return attributes
+
+    class _Writes(ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            attributes = mine(self, create=True)
+            if attributes is None:
+                ModuleType.__setattr__(self, name, value)
+            else:
+                attributes[name] = value
+
+        def __delattr__(self, name: str) -> None:
+            attributes = mine(self, create=True)
+            if attributes is None:
+                ModuleType.__delattr__(self, name)
+            else:
+                there = (attributes[name] is not _DELETED if name in attributes
+                         else name in ModuleType.__getattribute__(self, "__dict__"))
+                if not there:
+                    raise _no_attribute(self, name)
+                attributes[name] = _DELETED
+
+    class _Reads(_Writes):
+        def __getattribute__(self, name: str) -> Any:
+            attributes = mine(self, create=False)
+            if attributes:
+                value = attributes.get(name, _NOT_SET)
+                if value is _DELETED:
+                    raise _no_attribute(self, name)
+                if value is not _NOT_SET:
+                    return value
+            return ModuleType.__getattribute__(self, name)
+
+    for module in modules:
+        module.__class__ = _Writes
+    try:
+        yield
+    finally:
+        for module in modules:
+            ModuleType.__setattr__(module, "__class__", ModuleType)
+
+
+def _no_attribute(module: ModuleType, name: str) -> AttributeError:
+    """The error Python raises for a module attribute that is not there."""
+    return AttributeError(f"module {ModuleType.__getattribute__(module, '__name__')!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager
@@ -362,7 +454,7 @@ def run_real_ddp(
     engine.on_abort(lambda: _fail_pending(run.returned))
 
     with _per_thread_world(_WorldProxy(worlds, c10d._world, engine), _new_group_on(registry, engine), model_backend), \
-            _per_rank_ddp_forward():
+            _per_rank_ddp_forward(), _per_rank_module_attributes(engine):
         try:
             engine.run([run.rank_fn(r) for r in range(world_size)])
         except SimClusterError as error:
