@@ -624,3 +624,14 @@ def scale_read_in_flight_hook(state, bucket):
 
 def scale_read_after_wait_hook(state, bucket):
     return _scaled_mean(bucket, wait_first=True)
+
+
+def _nested_count(depth):  # never stops: RecursionError
+    return _nested_count(depth + 1) + 1
+
+
+def recursing_hook(state, bucket):
+    """Recurses without end before it all-reduces: a report must name where the hook began the
+    recursion, not three copies of the recursing line."""
+    _nested_count(0)
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])

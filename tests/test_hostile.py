@@ -9,6 +9,7 @@ behind (no default group, RNGs restored, no simulator thread, no child process).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from simcluster.checking.check import check_hook
 from simcluster.errors import DeadlockError, ForeignThreadError, StuckError, ThreadedRankCodeError
 
 HERE = Path(__file__).parent
+HERE_SOURCE = Path(__file__).read_text().splitlines()
 HOOKS = HERE / "hostile" / "hooks.py"
 SLACK = 12.0  # seconds allowed beyond the deadline: fork, report, a loaded 2-core CI machine
 
@@ -500,6 +502,44 @@ def test_a_base_exception_of_the_hooks_own_is_its_failure_and_its_keyboard_inter
     result = run_cli(target("raises_a_keyboard_interrupt_of_its_own"), "--examples", "2", "--world-sizes", "1")
     assert result.returncode == 130, result.stderr
     assert "raised as" in result.stderr and "InterruptOfItsOwn" in result.stderr and "Traceback" not in result.stderr
+
+
+def _dump_from_depth(depth: int, path: Path) -> None:
+    if depth:
+        _dump_from_depth(depth - 1, path)  # recurses
+        return
+    with open(path, "w") as out:
+        # the stack sample a stuck example's supervisor takes (of this thread only: under xdist
+        # execnet's threads are in the dump, and they are no part of simcluster or the checked code)
+        faulthandler.dump_traceback(out, all_threads=False)  # sampled here
+
+
+def _began_the_recursion(path: Path, depth: int) -> None:
+    _dump_from_depth(depth, path)  # the hook's own line
+
+
+@pytest.mark.parametrize("depth", [20, 150])
+def test_a_sampled_stack_shows_a_recursion_once_and_says_when_the_sample_is_cut(depth, tmp_path):
+    """A hook stuck deep in a recursion: its sampled stack was eight copies of the recursing line
+    (faulthandler keeps the innermost 100 frames, so the hook's own line was not in it either).
+    The recursing line is now shown once, said to be a recursion, under the line that began it —
+    or, when faulthandler cut the stack, a line saying the outer calls are not in the sample."""
+    from simcluster.checking.supervisor import format_stack
+
+    _began_the_recursion(tmp_path / "dump", depth)
+    shown = format_stack((tmp_path / "dump").read_text()).splitlines()
+    recursing = next(n for n, line in enumerate(HERE_SOURCE, 1) if "# recurses" in line)
+    began = next(n for n, line in enumerate(HERE_SOURCE, 1) if "# the hook's own line" in line)
+    sampled = next(n for n, line in enumerate(HERE_SOURCE, 1) if "# sampled here" in line)
+    here = "tests/test_hostile.py" if Path.cwd() == HERE.parent else str(HERE / "test_hostile.py")
+    assert [line for line in shown if " in _dump_from_depth" in line] == [
+        f"    {here}:{recursing} in _dump_from_depth  [the same line again and again: a recursion]",
+        f"    {here}:{sampled} in _dump_from_depth"]
+    if depth < 100:
+        assert f"    {here}:{began} in _began_the_recursion" in shown and "… (outer calls" not in shown[0]
+    else:
+        assert shown[0] == "    … (outer calls not shown: the stack is deeper than the 100 frames a sample holds)"
+        assert not any("_began_the_recursion" in line for line in shown)
 
 
 def test_cli_stuck_hook_exit_1_with_stack(tmp_path):

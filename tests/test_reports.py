@@ -58,6 +58,28 @@ def test_mismatch_report_shows_every_rank_call(capsys: pytest.CaptureFixture[str
     assert failure["error_type"] == "CollectiveMismatchError" and failure["details"]["line"] == f"{HOOKS}:{line}"
 
 
+def test_a_recursion_is_one_line_below_the_hooks_own_call_of_it(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    """A RecursionError's report listed the last three user frames: three copies of the
+    recursing line, and not the hook's line that began the recursion. A frame that follows
+    itself is now one line, said to be a recursion, and the report and its replay say the same
+    (how deep a recursion gets before Python's limit is not: it depends on where it began)."""
+    code, out, data = _check(capsys, tmp_path, "recursing_hook", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "3", "--properties", "liveness")
+    assert code == 1
+    began, recursing = _line("    _nested_count(0)"), _line("return _nested_count(depth + 1) + 1")
+    assert (f"  at tests/report_hooks.py:{began} in recursing_hook: _nested_count(0)\n"
+            f"  at tests/report_hooks.py:{recursing} in _nested_count: return _nested_count(depth + 1) + 1  "
+            "[the same line again and again: a recursion]\n") in out, out
+    (failure,) = data["failures"]
+    assert [(f["line"], f["repeated"]) for f in failure["details"]["frames"]] == [(began, False), (recursing, True)]
+    replay = main(shlex.split(failure["replay"])[1:] + ["--quiet", "--no-database"])
+    again = capsys.readouterr().out
+    assert replay == 1 and "[the same line again and again: a recursion]" in again
+    assert out[out.index("FAILED liveness"):out.index("  layout:")] == again[again.index("FAILED liveness"):
+                                                                             again.index("  layout:")]
+
+
 def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, data = _check(capsys, tmp_path, "send_before_recv_hook", "--backend", "gloo", "--world-sizes", "2",
                              "--examples", "5", "--properties", "liveness")

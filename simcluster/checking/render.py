@@ -346,7 +346,8 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
         error_type=info.get("error_type", ""), frames=[str(f) for f in frames], buckets=describe_steps(ddp_steps),
         hint=hint or "", output=printed_output(info.get("output", ""), whole=info.get("whole_output", False)),
         details={"step": at, "token": token, "line": info.get("line", ""), "ddp_steps": ddp_steps,
-                 "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source}
+                 "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source,
+                             "repeated": f.repeated}
                             for f in frames]},
     )
 

@@ -515,17 +515,29 @@ def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
     innermost frame first (faulthandler's order). A forked child's main thread stops at
     :func:`fork_child`: the frames outside it are the parent's caller (a CLI, or a test
     function — which, being user code, was once named as where a hung hook was stuck)."""
-    threads: list[list[tuple[str, int, str]]] = []
+    return [frames for frames, _ in _threads_cut(dump)]
+
+
+_DEEPER = "  ..."
+"""What faulthandler writes after a thread's 100th frame when its stack goes deeper: the outer
+frames are not in the dump."""
+
+
+def _threads_cut(dump: str) -> list[tuple[list[tuple[str, int, str]], bool]]:
+    """:func:`_threads`, each with whether faulthandler cut its stack (:data:`_DEEPER`)."""
+    threads: list[tuple[list[tuple[str, int, str]], bool]] = []
     cut = False
     for line in dump.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            threads.append([])
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (")):  # the last: one thread's dump
+            threads.append(([], False))
             cut = False
+        elif threads and line.rstrip() == _DEEPER.rstrip() and not cut:
+            threads[-1] = (threads[-1][0], True)
         elif threads and not cut and (match := _FRAME.match(line)):
             if match["func"] == "fork_child" and match["file"] == __file__:
                 cut = True
                 continue
-            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+            threads[-1][0].append((match["file"], int(match["line"]), match["func"]))
     return threads
 
 
@@ -545,24 +557,38 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
     """The stuck code's stack from a faulthandler dump, outermost call first, with source
     lines: the thread whose innermost frames are user code (not simcluster, torch, the
     standard library), else the thread that was running. ``''`` for an empty dump."""
-    threads = _threads(dump)
+    cut_threads = _threads_cut(dump)
+    threads = [frames for frames, _ in cut_threads]
     if not threads:
         return ""
     with_user = [t for t in threads if any(not is_internal(f) for f, _, _ in t)]
     # a thread parked by simcluster (waiting its turn inside a simulated wait) is not the stuck one
     running = [t for t in with_user if not _parked_by_simcluster(t)]
     chosen = (running or with_user or threads)[0 if (running or with_user) else -1]
+    deeper = next(cut for frames, cut in cut_threads if frames is chosen)
     user = [i for i, (f, _, _) in enumerate(chosen) if not is_internal(f)]
     if user:  # the innermost run of user frames, and up to 3 library frames it called into
         end = user[0]
         while end + 1 < len(chosen) and not is_internal(chosen[end + 1][0]):
             end += 1
+        deeper = deeper and end + 1 == len(chosen)  # the run of user frames reaches the cut
         chosen = chosen[max(0, user[0] - 3): end + 1]
-    frames = list(reversed(chosen))[-limit:]
+    # a frame that follows itself (a recursion) once, said so: the sample of a deep recursion
+    # was eight copies of its recursing line (an audit of reports)
+    collapsed: list[tuple[tuple[str, int, str], bool]] = []
+    for frame in reversed(chosen):
+        if collapsed and collapsed[-1][0] == frame:
+            collapsed[-1] = (frame, True)
+        else:
+            collapsed.append((frame, False))
     lines = []
-    for path, lineno, func in frames:
+    if deeper or len(collapsed) > limit:
+        lines.append("    … (outer calls not shown: " + ("the stack is deeper than the 100 frames a sample "
+                     "holds)" if deeper else f"{len(collapsed) - limit} more)"))
+    for (path, lineno, func), repeated in collapsed[-limit:]:
         shown = short_path(path)
-        lines.append(f"    {shown}:{lineno} in {func}")
+        lines.append(f"    {shown}:{lineno} in {func}" + ("  [the same line again and again: a recursion]"
+                                                          if repeated else ""))
         source = linecache.getline(path, lineno).strip()
         if source:
             lines.append(f"        {source}")
