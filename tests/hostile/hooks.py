@@ -234,6 +234,18 @@ def joins_a_multiprocessing_fork(state, bucket):
     return _mean(bucket)
 
 
+STARTED_PROCESS = ["sleep", "600.0417"]
+"""What :func:`starts_a_process_each_call` runs (an argument no other process on the machine has)."""
+
+
+def starts_a_process_each_call(state, bucket):
+    """Correct, but starts a process at every call and leaves it running."""
+    import subprocess
+
+    subprocess.Popen(STARTED_PROCESS, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _mean(bucket)
+
+
 _pushed = []
 
 
