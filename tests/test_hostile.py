@@ -90,6 +90,31 @@ def test_a_hook_that_forks_ends_and_passes(name):
     assert elapsed < 60
 
 
+def test_a_hook_killing_its_parent_kills_its_simulated_rank_not_the_checking_process():
+    """``os.kill(os.getppid(), SIGKILL)`` killed the checking process itself — no report, exit
+    137 (an audit of hostile hooks, 2026-12-07). A rank's parent is now a simulated launcher,
+    and a signal to it is a signal to the process the ranks run in: on a cluster the job ends."""
+    from simcluster.usercode.rank_state import SIMULATED_PARENT_PID
+
+    parents = SimCluster(2).run(lambda rank: os.getppid()).values
+    assert parents == [SIMULATED_PARENT_PID] * 2 and os.getppid() != SIMULATED_PARENT_PID
+    report, _ = check("kills_its_parent", examples=2, backends=("gloo",))
+    failure = report.failures[0]
+    assert failure.property == "liveness" and "killed by SIGKILL" in failure.message, failure.message
+    assert "rank 0, DDP step 0, bucket 0" in failure.message
+
+
+def test_a_hook_that_stops_itself_is_said_to_have_stopped_with_where_it_stopped():
+    """``os.kill(os.getpid(), SIGSTOP)``: a stopped process answers no request for its stack, so
+    the deadline's report had none, and called it "spinning or blocked". It is now continued to
+    answer — after where it was is read, as it runs on a moment — and said to be stopped."""
+    report, _ = check("stops_itself", deadline=1.0, examples=2, backends=("gloo",))
+    message = report.failures[0].message
+    assert "did not return within 1 s (its process was stopped by a signal (SIGSTOP, SIGTSTP, …)" in message, message
+    assert "stuck at rank 0, DDP step 0, bucket 0" in message and "in stops_itself (tests/hostile/hooks.py)" in message
+    assert "os.kill(os.getpid(), 19)" in message
+
+
 def _processes_running(argv: list[str]) -> list[int]:
     """The ids of the processes on this machine whose command line is ``argv``."""
     found = []

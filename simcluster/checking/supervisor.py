@@ -95,6 +95,7 @@ _HEADER = struct.Struct("<QdBiiiiI")
 the rank whose code runs (-1: none yet), payload length."""
 _RUNNING_AT = 29  # the running rank's offset: after seq (8), time (8), active (1), rank/step/bucket (12)
 _DUMP_GRACE = 1.0  # seconds allowed for faulthandler to write the stacks
+_real_getppid = os.getppid  # a run swaps in the ranks' simulated parent (rank_state.SIMULATED_PARENT_PID)
 _POLL = 0.05
 _PR_SET_PDEATHSIG = 1
 
@@ -163,6 +164,9 @@ class ChildDeath:
     """Between examples: what the last example that *returned* announced (None: none had
     begun). A hook that closed every file descriptor, started a timer thread or armed an
     alarm ends the process after its example returned — the example to replay."""
+    stopped: bool = False
+    """At the deadline the process was stopped by a signal (``SIGSTOP``, ``SIGTSTP``, …), not
+    running: its code stopped it, not spinning or blocked."""
 
     def where(self) -> str:
         """``rank 1, DDP step 0, bucket 0`` (the last hook call), or what is known; and the
@@ -192,7 +196,9 @@ class ChildDeath:
         place = self.where()
         place = place if place.startswith(("before", "between")) else f"at {place}"  # not "stuck at before …"
         if self.kind == "deadline":
-            return f"{subject} {self.detail} (hook code spinning or blocked); stuck {place}{inside}"
+            why = ("its process was stopped by a signal (SIGSTOP, SIGTSTP, …) and never went on" if self.stopped
+                   else "hook code spinning or blocked")
+            return f"{subject} {self.detail} ({why}); stuck {place}{inside}"
         return f"{subject}'s process {self.detail}; it was {place}{inside}"
 
 
@@ -333,7 +339,7 @@ def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:
+    if _real_getppid() != parent:
         os._exit(70)
 
 
@@ -407,7 +413,7 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
         it never runs simcluster's own code on (:func:`~simcluster.engine.inline.leave_if_forked`)."""
         os._exit = real_exit  # type: ignore[assignment]
         mark_forked(real_exit)
-        die_with_parent(os.getppid())
+        die_with_parent(_real_getppid())  # the process that forked, not a rank's simulated parent
 
     os._exit = exit_is_a_finding  # type: ignore[assignment]
     os.register_at_fork(after_in_child=forked_by_user_code)
@@ -457,9 +463,13 @@ def _watch(pid: int, page: mmap.mmap, pipe: int, stack_file: Any, deadline: floa
             # (Hypothesis generating, shrinking) gets the generous default as a backstop.
             limit = deadline if active else max(deadline, DEFAULT_DEADLINE)
             if _monotonic() - (stamp or start) > limit:
-                stacks = _dump_and_kill(pid, stack_file)
-                return Outcome(death=_death(page, "deadline", f"did not return within {deadline:g} s", stacks),
-                               seconds=_monotonic() - start)
+                stopped = _stopped(pid)
+                # continued to answer (below), a stopped child runs on for a moment: where it was is read first
+                where = bytes(page) if stopped else page
+                stacks = _dump_and_kill(pid, stack_file, stopped)
+                death = _death(where, "deadline", f"did not return within {deadline:g} s", stacks)
+                death.stopped = stopped
+                return Outcome(death=death, seconds=_monotonic() - start)
     except BaseException as exc:
         stacks = _dump_and_kill(pid, stack_file)
         if stacks:
@@ -488,10 +498,23 @@ def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: floa
     return Outcome(death=_death(page, kind, detail, stacks), seconds=seconds)
 
 
-def _dump_and_kill(pid: int, stack_file: Any) -> str:
-    """Ask the child for every thread's stack, then kill and reap it; return the dump."""
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (its state in ``/proc``: ``T``)."""
     try:
-        os.kill(pid, signal.SIGUSR1)
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] == b"T"
+    except (OSError, IndexError):  # not Linux, or already gone
+        return False
+
+
+def _dump_and_kill(pid: int, stack_file: Any, stopped: bool = False) -> str:
+    """Ask the child for every thread's stack, then kill and reap it; return the dump. A child
+    ``stopped`` by a signal is continued first: stopped, it answers nothing (the report of a
+    hook that sent itself ``SIGSTOP`` had no stack), continued, it dumps where it stopped."""
+    try:
+        os.kill(pid, signal.SIGUSR1)  # first: pending when it goes on, it is answered before any more of its code runs
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
     else:
@@ -509,7 +532,7 @@ def _dump_and_kill(pid: int, stack_file: Any) -> str:
     return os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
 
 
-def _death(page: mmap.mmap, kind: str, detail: str, stacks: str) -> ChildDeath:
+def _death(page: mmap.mmap | bytes, kind: str, detail: str, stacks: str) -> ChildDeath:
     import json
 
     _seq, _started, active, rank, step, bucket, running, length = _HEADER.unpack_from(page, 0)

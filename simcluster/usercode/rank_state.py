@@ -298,7 +298,14 @@ gloo's drift apart (an audit of hostile hooks; ``simcluster e2e`` exit 4). The s
 every run, so a replay repeats; above Linux's largest pid (2**22 = 4,194,304), so none is
 another process's: ``os.kill`` of one signals this process (:func:`simulated_kill`)."""
 
-_real_getpid, _real_kill = os.getpid, os.kill
+SIMULATED_PARENT_PID = SIMULATED_PID_BASE - 1
+"""Every rank's ``os.getppid()`` during a run: the process that started the ranks (a launcher
+such as torchrun's agent), simulated. A hook's ``os.kill(os.getppid(), SIGKILL)`` killed the
+real parent — the checking process, with no report (exit 137: an audit of hostile hooks,
+2026-12-07); on a cluster it ends the rank's job, so it signals the process the ranks run
+in (:func:`simulated_kill`), whose death the supervisor reports with the hook call it came in."""
+
+_real_getpid, _real_getppid, _real_kill = os.getpid, os.getppid, os.kill
 
 
 def simulated_getpid() -> int:
@@ -307,24 +314,29 @@ def simulated_getpid() -> int:
     return _real_getpid() if rank is None else SIMULATED_PID_BASE + rank
 
 
+def simulated_getppid() -> int:
+    """``os.getppid()`` during a run: :data:`SIMULATED_PARENT_PID` in rank code (the real one outside it)."""
+    return _real_getppid() if CURRENT.rank is None else SIMULATED_PARENT_PID
+
+
 def simulated_kill(pid: int, sig: int) -> None:
-    """``os.kill`` during a run: a rank's simulated pid is this process (a hook that signals
-    itself signals the process it runs in)."""
-    if SIMULATED_PID_BASE <= pid < SIMULATED_PID_BASE + 2**20:
+    """``os.kill`` during a run: a rank's simulated pid, and the ranks' simulated parent's, is
+    this process (a hook that signals itself, or its launcher, signals the process it runs in)."""
+    if SIMULATED_PARENT_PID <= pid < SIMULATED_PID_BASE + 2**20:
         pid = _real_getpid()
     _real_kill(pid, sig)
 
 
 def install_process_ids() -> tuple[Any, ...]:
-    """Give ``os.getpid`` and ``os.kill`` their per-rank stand-ins, and the exit and fork
-    handler registries theirs (:func:`process_handlers_held`); returns the originals."""
-    saved = os.getpid, os.kill, _hold_process_handlers()
-    os.getpid, os.kill = simulated_getpid, simulated_kill
+    """Give ``os.getpid``, ``os.getppid`` and ``os.kill`` their per-rank stand-ins, and the exit
+    and fork handler registries theirs (:func:`process_handlers_held`); returns the originals."""
+    saved = os.getpid, os.getppid, os.kill, _hold_process_handlers()
+    os.getpid, os.getppid, os.kill = simulated_getpid, simulated_getppid, simulated_kill
     return saved
 
 
 def restore_process_ids(saved: tuple[Any, ...]) -> None:
-    os.getpid, os.kill, handlers = saved
+    os.getpid, os.getppid, os.kill, handlers = saved
     _release_process_handlers(handlers)
 
 

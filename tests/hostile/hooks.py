@@ -68,6 +68,17 @@ def kills_itself(state, bucket):
     os.kill(os.getpid(), 9)
 
 
+def kills_its_parent(state, bucket):
+    """Kills the process that started it (on a cluster: the launcher, and so the job)."""
+    os.kill(os.getppid(), 9)
+    return _mean(bucket)
+
+
+def stops_itself(state, bucket):
+    os.kill(os.getpid(), 19)  # SIGSTOP: nothing but a SIGCONT from outside goes on from here
+    return _mean(bucket)
+
+
 def slow_but_fine(state, bucket):
     """Takes its time (0.3 s a call) and then averages correctly: slowness under the deadline is no finding."""
     time.sleep(0.3)
