@@ -115,6 +115,15 @@ def test_a_hook_that_stops_itself_is_said_to_have_stopped_with_where_it_stopped(
     assert "os.kill(os.getpid(), 19)" in message
 
 
+def test_a_stuck_hook_that_ignores_the_request_for_its_stack_is_said_to():
+    """The supervisor asks a stuck child for its stack with SIGUSR1; a hook that ignored it got
+    a report with no stack and no word why."""
+    report, _ = check("ignores_the_stack_request_then_spins", deadline=1.0, examples=2, backends=("gloo",))
+    message = report.failures[0].message
+    assert "did not return within 1 s" in message and "stuck at rank 0, DDP step 0, bucket 0" in message
+    assert "\n  no stack: its process did not answer the request for one (SIGUSR1" in message, message
+
+
 def _processes_running(argv: list[str]) -> list[int]:
     """The ids of the processes on this machine whose command line is ``argv``."""
     found = []

@@ -358,6 +358,9 @@ def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) ->
     message = death.summary("the example")
     if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
         message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
+    elif death.kind == "deadline":  # asked for and not given: said, not left out (an audit of hostile hooks)
+        message += ("\n  no stack: its process did not answer the request for one (SIGUSR1, which faulthandler "
+                    "answers: the checked code blocks or ignores it, or set a handler of its own)")
     error_type = "Stuck" if death.kind == "deadline" else "ProcessDied"
     token = (death.payload or death.previous or {}).get("token")
     if token is None:  # before the first example: the search's own command reruns it

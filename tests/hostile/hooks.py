@@ -74,6 +74,14 @@ def kills_its_parent(state, bucket):
     return _mean(bucket)
 
 
+def ignores_the_stack_request_then_spins(state, bucket):
+    import signal
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    while True:
+        pass
+
+
 def stops_itself(state, bucket):
     os.kill(os.getpid(), 19)  # SIGSTOP: nothing but a SIGCONT from outside goes on from here
     return _mean(bucket)
