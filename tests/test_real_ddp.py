@@ -245,6 +245,24 @@ def test_what_a_rank_thread_sets_in_torch_distributed_is_that_ranks_own_and_gone
     assert type(dist) is type(torch) and type(torch.futures) is type(torch)
 
 
+def test_a_hook_pickling_its_group_fails_as_with_a_real_group() -> None:
+    """The groups of this run are a subclass of the simulated group, which wore no torch name:
+    pickling one said "cannot pickle '_DDPGroup' object", real gloo's group
+    "'torch._C._distributed_c10d.ProcessGroup'", and e2e called the difference a FIDELITY BUG."""
+    import pickle
+
+    with pytest.raises(TypeError) as real:
+        pickle.dumps(dist.ProcessGroup(0, 1))
+
+    def pickles(state, bucket):  # noqa: ANN001 - DDP checks the hook's annotations
+        pickle.dumps(state)
+        return allreduce_hook(state, bucket)
+
+    with pytest.raises(TypeError) as simulated:
+        run_real_ddp(lambda: build_model(STACK), make_inputs(STACK, 2, 1), world_size=2, hook=pickles, iterations=1)
+    assert str(simulated.value) == str(real.value) == "cannot pickle 'torch._C._distributed_c10d.ProcessGroup' object"
+
+
 class _MeetsInForward(torch.nn.Module):
     """Each rank's forward waits for the other's to begin, then notes which DDP module torch
     says is in its forward (what torch.compile's DDPOptimizer reads), and waits again so both
