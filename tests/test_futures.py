@@ -191,3 +191,29 @@ def test_value_of_a_pending_future_raises_torchs_own_first_line() -> None:
         assert first == expected, text
         assert rest == "simcluster: value() on the pending all_reduce#0 on WORLD: call wait(), or read it inside a " \
                        "then-callback of it", text
+
+
+def future_kinds(rank: int, world_size: int = 1, payload: Any = None) -> list[tuple[str, bool, bool]]:
+    """For each future a hook meets: is it a ``torch.futures.Future``, does it have
+    ``set_exception`` — run on real gloo (a job of ``gloo_world``) and in a simulated run."""
+    collective = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    made = torch.futures.Future()
+    futures = {"a collective's": collective, "its then's": collective.then(lambda f: f.value()),
+               "torch.futures.Future()": made, "made one's then's": made.then(lambda f: f.value()),
+               "collect_all's": torch.futures.collect_all([collective])}
+    made.set_result(0)
+    kinds = [(name, isinstance(fut, torch.futures.Future), hasattr(fut, "set_exception"))
+             for name, fut in futures.items()]
+    torch.futures.wait_all(list(futures.values()))
+    return kinds
+
+
+def test_which_futures_are_torch_futures_Future_is_as_on_real_gloo(gloo_world: Any) -> None:
+    """On real gloo a collective's future, and every ``then``'s and ``collect_all``'s, is a
+    ``torch._C.Future``: not a ``torch.futures.Future``, and without ``set_exception``; only
+    ``torch.futures.Future()`` is one. Every simulated future was one, so a hook branching on
+    ``isinstance(fut, torch.futures.Future)`` took another path than on real gloo (e2e: a
+    FIDELITY BUG, an audit of hostile hooks, 2026-12-07)."""
+    real = gloo_world(1).run(future_kinds, [None], timeout=120.0)[0]
+    assert [kind[1] for kind in real] == [False, False, True, False, False]  # the measured fact, stated
+    assert SimCluster(1).run(future_kinds).values[0] == real

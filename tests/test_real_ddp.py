@@ -393,7 +393,9 @@ def test_only_a_callback_exception_errors_the_future_handed_to_the_reducer() -> 
         handed.wait()
     # A future user code completed with set_exception holds the exception as its *value*, as
     # torch stores it: the reducer then says "Unable to cast <it> to Tensor" (docs/ddp-facts.md).
-    user = SimFuture(_Idle(), 0, "user")  # type: ignore[arg-type]
+    from simcluster.fake.rank_context import user_future_class
+
+    user = user_future_class(_Idle, torch.futures.Future, lambda rank: 0)()  # torch.futures.Future() in a run
     handed = for_reducer(user)
     error = ValueError("boom via set_exception")
     user.set_exception(error)

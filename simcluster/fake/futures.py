@@ -1,8 +1,12 @@
-"""Simulated futures: real ``torch.futures.Future`` objects that complete on the engine's say.
+"""Simulated futures: real torch futures that complete on the engine's say.
 
-A :class:`SimFuture` *is* a ``torch.futures.Future`` (``isinstance`` holds, and
-``value()``, ``done()``, ``set_result`` behave as torch's do), with three changes so
-that the engine stays in control:
+A :class:`SimFuture` *is* a ``torch._C.Future`` — what a collective's ``get_future()`` and
+every ``then`` return on real gloo (``value()``, ``done()``, ``set_result`` behave as
+torch's do; like torch's, it has no ``set_exception``, and ``isinstance(fut,
+torch.futures.Future)`` is False: measured on torch 2.13). The future hook code makes with
+``torch.futures.Future()`` is the subclass the run puts in that name's place
+(:func:`~simcluster.fake.rank_context.user_future_class`), a ``torch.futures.Future`` too, as
+torch's is. Three changes keep the engine in control:
 
 * ``then(cb)`` returns another :class:`SimFuture` (torch's would return a plain C++
   future whose ``wait`` the engine could not see);
@@ -63,6 +67,7 @@ _C_FUTURE_INIT = torch._C.Future.__init__
 _C_SET_RESULT = torch._C.Future.set_result
 _C_VALUE = torch._C.Future.value
 _C_WAIT = torch._C.Future.wait
+_C_SET_UNWRAP = torch._C.Future._set_unwrap_func
 _GUARD = threading.Lock()
 """Makes "check pending, then append a callback or waiter" atomic with "mark complete, then
 take the lists", for every :class:`SimFuture` and :class:`DoneFlag`. Only the free-running
@@ -183,8 +188,19 @@ def callback_exception(error: BaseException) -> BaseException | None:
     return getattr(error, "_simcluster_callback_exception", None)
 
 
-class SimFuture(torch.futures.Future):
+def _raise_it(error: BaseException) -> Any:
+    """The unwrap function of a future completed with an exception: ``wait()`` and ``value()`` raise it."""
+    raise error
+
+
+class SimFuture(torch._C.Future):
     """A future owned by one simulated rank, completed by the engine or by user code.
+
+    A ``torch._C.Future``, as a collective's and a ``then``'s future is on real gloo: until
+    2026-12-07 it was a ``torch.futures.Future``, so a hook's ``isinstance(fut,
+    torch.futures.Future)`` was True here and False on real gloo, and a hook branching on it
+    took another path (``simcluster e2e``: FIDELITY BUG); and ``fut.set_exception`` worked
+    here where torch's collective future has no such method.
 
     ``label`` names it in traces and deadlock reports (``"all_reduce#3 on WORLD"``,
     ``"then(decompress) of all_reduce#3 on WORLD"``).
@@ -255,17 +271,15 @@ class SimFuture(torch.futures.Future):
         _C_SET_RESULT(self, result)
         self._finish()
 
-    def set_exception(self, result: BaseException) -> None:  # type: ignore[override]
+    def _set_exception(self, result: BaseException) -> None:
+        """Complete with ``result`` as the value, which ``wait()`` and ``value()`` raise: what
+        ``torch.futures.Future.set_exception`` does, for the simulator's own completions of
+        futures user code cannot call it on (a collective's, a ``then``'s, ``collect_all``'s)."""
         engine = self._engine
         if engine.running:
             engine.check_thread(f"completing {self.label}")
-        if self._complete:
-            raise RuntimeError(
-                "Attempting to mark a completed Future as complete again. "
-                "Note that a Future can only be marked completed once."
-            )
-        super().set_exception(result)
-        self._finish()
+        _C_SET_UNWRAP(self, _raise_it)
+        self._resolve(result)
 
     def set_error(self, error: BaseException) -> None:
         """Complete this future *errored*, as C++ does when a collective fails or a ``then``
@@ -276,7 +290,7 @@ class SimFuture(torch.futures.Future):
         cast to a tensor (measured, docs/ddp-facts.md). Python has no way to error a C++
         future; the simulator's completions use this."""
         self._errored = True
-        self.set_exception(error)
+        self._set_exception(error)
 
     @property
     def errored(self) -> bool:
@@ -515,7 +529,7 @@ def collect_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future
         if remaining[0] == 0:
             raised = next((e for e in map(_exception_of, items) if e is not None), None)
             if raised is not None:
-                out.set_exception(raised)
+                out._set_exception(raised)  # noqa: SLF001 - the same module's class
             else:
                 out.set_result(items)
 

@@ -389,13 +389,20 @@ def user_future_class(current_engine: Callable[[], Any], plain: type, number: Ca
     Each is named in traces and reports by its rank's count, ``number(rank)``, and the
     user line that made it: ``torch.futures.Future() #1 made by rank 1 at hooks.py:12``."""
 
-    class Future(futures.SimFuture):
+    class Future(futures.SimFuture, plain):  # type: ignore[valid-type,misc] - a torch.futures.Future, as torch's
         def __init__(self, devices: Any = None) -> None:
             engine = current_engine()
             rank = engine.current_rank
             who = "code outside every rank" if rank is None else f"rank {rank}"
             label = f"torch.futures.Future() #{number(rank)} made by {who}{_made_at(sys._getframe(1))}"
             super().__init__(engine, -1 if rank is None else rank, label)
+
+        def set_exception(self, result: BaseException) -> None:
+            # as torch.futures.Future's (measured on 2.13): refused unless an Exception, then
+            # the value that wait() and value() raise
+            if not isinstance(result, Exception):
+                raise AssertionError(f"{result} is of type {type(result)}, not an Exception.")
+            self._set_exception(result)
 
         def __class_getitem__(cls, item: Any) -> Any:  # Future[torch.Tensor] in annotations
             return plain[item]
@@ -417,7 +424,7 @@ def _future_class_for(contexts: RankContexts, engine: Any) -> type:
     found = contexts.future_class
     if found is None:
         holder: list[Any] = [None]
-        found = contexts.future_class = (user_future_class(lambda: holder[0], futures.SimFuture.__bases__[0],
+        found = contexts.future_class = (user_future_class(lambda: holder[0], torch.futures.Future,
                                                            contexts.future_number), holder)
     found[1][0] = engine
     return found[0]
