@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hostile.hooks import STARTED_PROCESS, line_of
 from processes import children, ctrl_c_as_from_a_terminal, in_session
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
@@ -140,8 +141,6 @@ def test_processes_a_hook_starts_end_with_its_example():
     """A hook starting a process at every call (a ``subprocess.Popen``) left them all running
     after the check: 138 for three examples. The supervised child leads a process group,
     which they inherit; what is left of it is killed before the child is reaped."""
-    from hostile.hooks import STARTED_PROCESS
-
     assert _processes_running(STARTED_PROCESS) == []
     report, _ = check("starts_a_process_each_call", examples=3)
     assert report.passed, report.format()
@@ -833,7 +832,7 @@ def test_explain_of_a_hook_calling_sys_exit_fails_and_says_so(name, code):
     result = run_explain(target(name))
     assert result.returncode == 1, (result.stdout, result.stderr)
     failure = result.stdout[result.stdout.index("4. The hook failed at step 0:"):]
-    assert f"the hook called sys.exit({code})" in failure and f"hooks.py:{20 if code == 0 else 24} in {name}" in failure
+    assert f"the hook called sys.exit({code})" in failure and f"hooks.py:{line_of(name, 'sys.exit')} in {name}" in failure
 
 
 def test_explain_range_of_a_hook_calling_sys_exit_says_it_is_unsafe():
@@ -846,7 +845,7 @@ def test_explain_of_a_state_factory_calling_sys_exit_fails_and_says_so():
     result = run_explain(target("slow_but_fine"), "--state", target("exiting_state"))
     assert result.returncode == 1, (result.stdout, result.stderr)
     failure = result.stdout[result.stdout.index("4. The hook failed at step 0:"):]
-    assert "sys.exit(3)" in failure and "hooks.py:98 in exiting_state" in failure
+    assert "sys.exit(3)" in failure and f"hooks.py:{line_of('exiting_state', 'sys.exit(3)')} in exiting_state" in failure
 
 
 def test_a_state_factory_that_exits_or_spins_is_named_as_such():

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hostile.hooks import line_of
 from processes import alive, ctrl_c_as_from_a_terminal, descendants
 from simcluster.checking import defaults
 from simcluster.checking.report import CheckReport, PropertyFailure
@@ -232,21 +233,12 @@ def test_ctrl_c_with_two_workers_exits_130_and_leaves_no_process(tmp_path: Path)
     spins = err.index(f"{HOSTILE}:spins_announced was being checked")
     sleeps = err.index(f"{HOSTILE}:sleeps_announced was being checked")
     assert spins < sleeps, err
-    spin_lines = "|".join(str(_hostile_line("spins_announced", text)) for text in ("# spins here", "pass"))
+    spin_lines = "|".join(str(line_of("spins_announced", text)) for text in ("# spins here", "pass"))
     assert re.search(rf"hooks\.py:({spin_lines}) in spins_announced", err[spins:sleeps]), err
-    assert f"hooks.py:{_hostile_line('sleeps_announced', '# sleeps here')} in sleeps_announced" in err[sleeps:], err
+    assert f"hooks.py:{line_of('sleeps_announced', '# sleeps here')} in sleeps_announced" in err[sleeps:], err
     assert json.loads(path.read_text()) == []
     time.sleep(0.5)  # the grandchildren's parent-death signal
     assert not [pid for pid in seen if alive(pid)], seen
-
-
-def _hostile_line(function: str, text: str) -> int:
-    """The first line of ``function`` in tests/hostile/hooks.py that holds ``text``. (It was the
-    file's last line holding ``text``: a hook added after the announced ones, with a ``pass`` of
-    its own, made this test fail whenever Ctrl-C caught the spin loop on its ``pass`` line.)"""
-    lines = Path(HOSTILE).read_text().splitlines()
-    start = lines.index(next(line for line in lines if line.startswith(f"def {function}(")))
-    return next(i for i, line in enumerate(lines[start:], start + 1) if text in line)
 
 
 CTRL_C_DURING_A_COLLECTION = """

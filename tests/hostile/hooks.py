@@ -12,6 +12,15 @@ import torch
 import torch.distributed as dist
 
 
+def line_of(function, text):
+    """The number of the first line of ``function`` (a hook of this file) holding ``text``: tests
+    find the lines a report names here, so a hook added above them moves nothing they check."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(globals()[function])
+    return next(start + i for i, line in enumerate(lines) if text in line)
+
+
 def _allreduce(bucket):
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
