@@ -130,17 +130,61 @@ def _installed(file: str) -> bool:
     return os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path
 
 
-def wear_torchs_name(cls: type, torch_name: str) -> None:
-    """Name ``cls`` as the torch type it stands in for is named in Python's own errors: a
-    pybind type's ``tp_name`` is its dotted path (``torch._C.Future``), and setting a
-    class's ``__name__`` sets its ``tp_name``. So a hook's typo fails as on a real run,
-    ``'torch._C.Future' object has no attribute 'vale'`` (measured on torch 2.13:
-    docs/gloo-facts.md §8, docs/ddp-facts.md), not naming a class the user never wrote.
-    ``__qualname__`` and ``__module__`` stay, so the class itself still reads as
-    simcluster's (``<class 'simcluster.fake.futures.SimFuture'>``).
+def wear_torchs_name(cls: type, torch_type: type) -> None:
+    """Name ``cls`` as ``torch_type``, the torch type it stands in for, is named — everywhere
+    a hook or a report may read a type's name (measured on torch 2.13: docs/gloo-facts.md §8
+    and §16, docs/ddp-facts.md):
+
+    * ``type(x).__name__``, ``__qualname__``, ``__module__`` and so ``repr(type(x))``:
+      ``Future``, ``<class 'torch.Future'>`` for a collective's future;
+    * Python's own errors, which name a type by its C ``tp_name`` — a pybind type's is its
+      dotted path: ``'torch._C.Future' object has no attribute 'vale'``, ``cannot pickle
+      'torch._C._distributed_c10d.ProcessGroup' object``.
+
+    A Python class has one name for both (setting ``__name__`` sets ``tp_name``), so the
+    ``tp_name`` pointer is copied from ``torch_type`` once the names are set
+    (:func:`_copy_tp_name`; the string it points to lives as long as torch's type, for
+    ever). Until 2026-12-07 ``__name__`` held the dotted path, so errors read right but a
+    hook's ``f"got {type(fut).__name__}"`` said ``torch._C.Future`` where a real run says
+    ``Future`` (``simcluster e2e``: FIDELITY BUG). Where the copy cannot be trusted (not
+    64-bit CPython, or the layout check fails) errors name the short name.
 
     Done this way rather than with a ``__getattr__`` that words the error: a class with
     ``__getattr__`` gets a slower attribute lookup for *every* attribute, found or not,
     and none of its attribute reads is specialised by the interpreter — ~5 % of a
     simulated step's instructions (docs/speed.md, stop 23)."""
-    cls.__name__ = torch_name
+    cls.__name__ = torch_type.__name__
+    cls.__qualname__ = torch_type.__qualname__
+    cls.__module__ = torch_type.__module__
+    _copy_tp_name(cls, torch_type)
+
+
+_TP_NAME_OFFSET = 3 * 8  # ob_refcnt, ob_type, ob_size: the first fields of every type object (64-bit CPython)
+
+
+def _copy_tp_name(cls: type, source: type) -> bool:
+    """Point ``cls``'s C ``tp_name`` at ``source``'s; False (nothing changed) unless this
+    interpreter's type objects are laid out as expected (checked on a throwaway class)."""
+    import ctypes
+
+    if sys.implementation.name != "cpython" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    try:
+        probe = type("_TpNameProbe", (), {})
+        if ctypes.c_char_p.from_address(id(probe) + _TP_NAME_OFFSET).value != b"_TpNameProbe":
+            return False
+        ctypes.c_void_p.from_address(id(probe) + _TP_NAME_OFFSET).value = \
+            ctypes.c_void_p.from_address(id(int) + _TP_NAME_OFFSET).value
+        try:
+            probe().no_such_attribute  # noqa: B018
+        except AttributeError as exc:
+            if not str(exc).startswith("'int' object"):
+                return False
+        wanted = ctypes.c_char_p.from_address(id(source) + _TP_NAME_OFFSET).value
+        if not wanted:
+            return False
+        ctypes.c_void_p.from_address(id(cls) + _TP_NAME_OFFSET).value = \
+            ctypes.c_void_p.from_address(id(source) + _TP_NAME_OFFSET).value
+        return ctypes.c_char_p.from_address(id(cls) + _TP_NAME_OFFSET).value == wanted
+    except (ValueError, OSError):  # pragma: no cover - defensive: ctypes refused the address
+        return False

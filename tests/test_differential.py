@@ -39,11 +39,14 @@ _DEFAULT = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks:"
 def sim_aware_hook(process_group: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
     """A mean all-reduce that nudges element 3 up by one ulp — only inside the simulator.
 
-    It tells the two worlds apart by the type of its default group, so it is exactly the
-    kind of process-dependent hook a differential check must flag.
+    It tells the two worlds apart by the class of its default group (the simulated one wears
+    torch's names, so it asks for simcluster's class), so it is exactly the kind of
+    process-dependent hook a differential check must flag.
     """
+    from simcluster.fake.process_group import SimProcessGroup
+
     group = dist.group.WORLD
-    simulated = type(group).__module__.startswith("simcluster")
+    simulated = isinstance(group, SimProcessGroup)
     buffer = bucket.buffer()
     buffer.div_(group.size())
 

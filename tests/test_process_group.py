@@ -1160,3 +1160,26 @@ def test_a_reported_rerun_records_the_first_user_read_of_memory_in_flight_and_no
     assert "seen = scale[:1].sum().item()" in reads[0].site
     assert "rank 0: reads memory all_reduce #0 on WORLD still has in flight (Tensor.sum at" in run.trace.format()
     assert not SimCluster(2).run(rank_fn).trace.of(ReadInFlight)  # the search never watches
+
+
+def names_a_hook_may_read(rank: int, world_size: int = 1, payload: Any = None) -> list[Any]:
+    """What a hook reads of its objects' names, run on real gloo (a job of ``gloo_world``) and
+    in a simulated run: type names and class reprs, and the groups' descriptions."""
+    work = dist.all_reduce(torch.ones(1), async_op=True)
+    future = work.get_future()
+    objects = [work, future, future.then(lambda f: f.value()), torch.futures.Future(), dist.group.WORLD]
+    names = [(type(x).__name__, type(x).__qualname__, repr(type(x))) for x in objects]
+    descs = [dist.group.WORLD.group_desc, dist.new_group([0]).group_desc, dist.new_group([0], group_desc="mine").group_desc]
+    future.wait()
+    return [names, descs]
+
+
+def test_the_names_a_hook_reads_are_real_gloos(gloo_world: Any) -> None:
+    """``type(fut).__name__`` said ``torch._C.Future`` (real: ``Future``), a work's and a group's
+    the dotted C path too, and a group's ``group_desc`` was empty (real: ``default_pg`` for
+    WORLD, ``undefined`` for a new group): a hook naming a type in its message, or branching on
+    the description, did another thing than on real gloo (e2e: FIDELITY BUG; an audit of
+    hostile hooks, 2026-12-07). Python's own errors still name the C path (tests above)."""
+    real = gloo_world(1).run(names_a_hook_may_read, [None], timeout=120.0)[0]
+    assert real[1] == ["default_pg", "undefined", "mine"] and real[0][0][0] == "Work"  # the measured facts, stated
+    assert SimCluster(1).run(names_a_hook_may_read).values[0] == real

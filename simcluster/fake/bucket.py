@@ -48,6 +48,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 
 from simcluster.errors import (
     GradBucketAttributeError, GradBucketMisuse, GradBucketRuntimeError, GradBucketTypeError, UsageError,
@@ -326,9 +327,7 @@ def _wear_torchs_name(cls: type) -> None:
     instead`` (measured, docs/ddp-facts.md). Otherwise they named ``SimGradBucket``, a class
     the user never wrote. Only the simulator's own bucket classes wear it: a user's subclass
     keeps its name."""
-    wear_torchs_name(cls, _TORCH_BUCKET_TYPE)
-    cls.__qualname__ = "GradBucket"
-    cls.__module__ = _TORCH_BUCKET_TYPE.rpartition(".")[0]
+    wear_torchs_name(cls, dist.GradBucket)
 
 
 _GATED_CLASSES: dict[tuple[type[SimGradBucket], str], type[SimGradBucket]] = {}

@@ -218,7 +218,7 @@ class SimFuture(torch._C.Future):
         # then()'s future is a torch.Future, torch.futures.Future() a torch.jit.Future —
         # never this class, which the user did not write; the address masked (no id()
         # reaches a report). Real DDP quotes it: 'Unable to cast <torch.Future object at …>'.
-        kind = "torch.jit.Future" if type(self).__name__ == "Future" else "torch.Future"
+        kind = "torch.jit.Future" if isinstance(self, torch.futures.Future) else "torch.Future"
         return f"<{kind} object at {MASKED_ADDRESS}>"
 
     def __init__(self, engine: "EngineContract", rank: int, label: str) -> None:
@@ -490,7 +490,7 @@ class _Synchronous:
         self._flag.on_done(resume)
 
 
-wear_torchs_name(SimFuture, "torch._C.Future")
+wear_torchs_name(SimFuture, torch._C.Future)
 """A collective's or ``then``'s future is a ``torch._C.Future`` in Python's errors (measured,
 docs/gloo-facts.md §8); one the hook made with ``torch.futures.Future()`` (the per-cluster
 subclass named ``Future``: :func:`~simcluster.fake.rank_context.user_future_class`) says

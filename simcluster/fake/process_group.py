@@ -159,7 +159,7 @@ class SimWork(dist.Work):
         return None
 
 
-wear_torchs_name(SimWork, "torch._C._distributed_c10d.Work")  # as a real gloo work is named (docs/gloo-facts.md §8)
+wear_torchs_name(SimWork, dist.Work)  # as a real gloo work is named (docs/gloo-facts.md §8)
 
 
 class CoalescedWork(dist.Work):
@@ -201,7 +201,7 @@ class CoalescedWork(dist.Work):
         return None
 
 
-wear_torchs_name(CoalescedWork, "torch._C._distributed_c10d.Work")
+wear_torchs_name(CoalescedWork, dist.Work)
 
 
 RECENTLY_HELD = 3
@@ -807,7 +807,7 @@ class SimProcessGroup(dist.ProcessGroup):
             )
 
 
-wear_torchs_name(SimProcessGroup, "torch._C._distributed_c10d.ProcessGroup")  # as a real group is named
+wear_torchs_name(SimProcessGroup, dist.ProcessGroup)  # as a real group is named
 
 
 def _op_words(name: str, factor: Any) -> str:

@@ -48,6 +48,7 @@ from simcluster.fake.launcher import LauncherEnvironment, check_launcher
 from simcluster.fake import futures
 from simcluster.errors import CollectiveMismatchError, UsageError
 from simcluster.fake.process_group import CoalescedWork, GroupSpec, Runtime, SimProcessGroup
+from simcluster.names import wear_torchs_name
 from simcluster.usercode.rank_state import (CURRENT, ModulePatch, RankGenerators, SettingsAudit, apply_module_patches,
                                             install_generators, install_process_ids, rank_seed, restore_generators,
                                             restore_process_ids, undo_module_patches)
@@ -128,16 +129,19 @@ class RankWorld(c10d._World):
         self.pg_to_tag[pg] = tag
         if default:
             self.default_pg = pg
+            pg._set_group_desc("default_pg")  # what init_process_group names it (measured, torch 2.13)
 
 
-def new_group_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, bool]:
-    """``(use_local_synchronization, sort_ranks)`` of a call ``dist.new_group(ranks, *args,
-    **kwargs)`` — torch 2.13's parameters after ``ranks``: ``timeout, backend, pg_options,
+def new_group_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, bool, str]:
+    """``(use_local_synchronization, sort_ranks, group_desc)`` of a call ``dist.new_group(ranks,
+    *args, **kwargs)`` — torch 2.13's parameters after ``ranks``: ``timeout, backend, pg_options,
     use_local_synchronization, group_desc, device_id, sort_ranks`` (the others change nothing
-    the simulator models)."""
+    the simulator models). A group made without ``group_desc`` is described ``"undefined"``, as
+    torch describes it (measured, torch 2.13 with gloo; WORLD: ``"default_pg"``)."""
     local = kwargs.get("use_local_synchronization", args[3] if len(args) > 3 else False)
+    desc = kwargs.get("group_desc", args[4] if len(args) > 4 else None)
     sort = kwargs.get("sort_ranks", args[6] if len(args) > 6 else True)
-    return bool(local), bool(sort)
+    return bool(local), bool(sort), "undefined" if desc is None else str(desc)
 
 
 class _Made:
@@ -218,7 +222,7 @@ class GroupRegistry:
         """``dist.new_group(ranks, *args, **kwargs)`` called by ``rank``'s code under ``engine``:
         its simulated group, ``GroupMember.NON_GROUP_MEMBER`` for a non-member as in torch
         (None with ``use_local_synchronization``); may wait, or end the run (see the class)."""
-        local, sort = new_group_options(args, kwargs or {})
+        local, sort, desc = new_group_options(args, kwargs or {})
         world_size = len(self.worlds)
         members = tuple(range(world_size)) if ranks is None else tuple(sorted(ranks) if sort else ranks)
         if local and rank not in members:
@@ -261,6 +265,7 @@ class GroupRegistry:
         for wake in resume:
             wake()
         pg = SimProcessGroup(self.runtime, made.spec, rank)
+        pg._set_group_desc(desc)
         world.register(pg)
         if not made.done() and self.runtime.backend.new_group_waits:
             engine.block_until(made)
@@ -407,8 +412,7 @@ def user_future_class(current_engine: Callable[[], Any], plain: type, number: Ca
         def __class_getitem__(cls, item: Any) -> Any:  # Future[torch.Tensor] in annotations
             return plain[item]
 
-    Future.__qualname__ = Future.__name__ = "Future"
-    Future.__module__ = "torch.futures"
+    wear_torchs_name(Future, plain)
     return Future
 
 
