@@ -42,7 +42,7 @@ def threaded_engine() -> ThreadedEngine:
 
 
 CONTRACT_MEMBERS = ["trace", "running", "failures", "current_rank", "where", "post", "block_until", "expect",
-                    "check_thread", "pending_ops"]
+                    "check_thread", "pending_ops", "choose"]
 
 
 # ------------------------------------------------------------------ the protocol
@@ -52,7 +52,7 @@ def test_each_engine_implements_the_contract(make: Callable[[], Any]) -> None:
     assert isinstance(engine, EngineContract)
     for name in CONTRACT_MEMBERS:
         assert hasattr(engine, name), name
-    for name in ("post", "block_until", "expect", "check_thread", "pending_ops"):
+    for name in ("post", "block_until", "expect", "check_thread", "pending_ops", "choose"):
         wanted = list(inspect.signature(getattr(EngineContract, name)).parameters)[1:]
         assert list(inspect.signature(getattr(engine, name)).parameters) == wanted, name
     assert isinstance(type(engine).current_rank, property) and isinstance(type(engine).where, property)

@@ -263,6 +263,25 @@ def test_a_hook_pickling_its_group_fails_as_with_a_real_group() -> None:
     assert str(simulated.value) == str(real.value) == "cannot pickle 'torch._C._distributed_c10d.ProcessGroup' object"
 
 
+def test_a_barrier_after_a_failed_collective_runs_under_the_real_reducer() -> None:
+    """A gloo barrier behind a failed collective asks the engine whether it re-raises that
+    error (real timing decides); the free-running engine could not answer, and the run broke
+    with "'ThreadedEngine' object has no attribute 'choose'", reported as a mismatch of the
+    ranks' calls. It answers 0, no re-raise — one of the outcomes measured on real gloo."""
+    def fails_then_barriers(state, bucket):  # noqa: ANN001 - DDP checks the hook's annotations
+        try:
+            dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)  # gloo fails it at wait()
+        except RuntimeError:
+            pass
+        dist.barrier()
+        return allreduce_hook(state, bucket)
+
+    inputs = make_inputs(STACK, 2, 1)
+    run = run_real_ddp(lambda: build_model(STACK), inputs, world_size=2, hook=fails_then_barriers, iterations=1)
+    for got, want in zip(run.grads[0][0], local_mean_grads(STACK, inputs, 0)):
+        torch.testing.assert_close(got, want)
+
+
 class _MeetsInForward(torch.nn.Module):
     """Each rank's forward waits for the other's to begin, then notes which DDP module torch
     says is in its forward (what torch.compile's DDPOptimizer reads), and waits again so both

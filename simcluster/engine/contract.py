@@ -208,6 +208,11 @@ class EngineContract(Protocol):
         """Note that ``waitable`` must complete before the run may end, blocking no one."""
         ...
 
+    def choose(self, options: int) -> int:
+        """A pick among ``options`` outcomes that real timing decides between (a gloo barrier
+        behind a failed work: re-raise its error or not); 0 is what a quiet cluster mostly does."""
+        ...
+
     def check_thread(self, what: str) -> None:
         """Raise if the calling thread may not do ``what`` (a collective, a wait, a completion)."""
         ...

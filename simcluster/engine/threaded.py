@@ -275,6 +275,16 @@ class ThreadedEngine:
     def expect(self, rank: int, waitable: Waitable, context: str) -> None:
         """Nothing to do: in this mode the code that needs the value waits for it itself."""
 
+    def choose(self, options: int) -> int:
+        """0, what a quiet cluster mostly does: this engine has no scheduler and no replay (the
+        OS's timing decides the rest). It had no ``choose`` at all: a gloo barrier after a failed
+        collective — which asks whether it re-raises that error — broke the run with
+        ``'ThreadedEngine' object has no attribute 'choose'``, reported as the ranks' mismatch
+        (``simcluster e2e``: an audit of hostile hooks, 2026-12-07)."""
+        if options < 1:
+            raise ValueError(f"choose({options}): there must be an option")
+        return 0
+
     def let_others_run(self, polled: Waitable, at: str = "") -> None:
         """A poll of a pending ``polled``: the other rank threads and the workers run on their
         own here, as a real backend's do; only the interpreter is handed to them."""
