@@ -1183,3 +1183,61 @@ def test_the_names_a_hook_reads_are_real_gloos(gloo_world: Any) -> None:
     real = gloo_world(1).run(names_a_hook_may_read, [None], timeout=120.0)[0]
     assert real[1] == ["default_pg", "undefined", "mine"] and real[0][0][0] == "Work"  # the measured facts, stated
     assert SimCluster(1).run(names_a_hook_may_read).values[0] == real
+
+
+def recv_sources(rank: int, world_size: int = 2, payload: Any = None) -> list[Any]:
+    """What ``source_rank()`` answers on point-to-point works, on real gloo (a job of
+    ``gloo_world``) and in a simulated run: a batched irecv's, a plain irecv's, a send's."""
+    peer = 1 - rank
+    ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank)), peer), dist.P2POp(dist.irecv, torch.zeros(2), peer)]
+    send, recv = dist.batch_isend_irecv(ops)
+    answers: list[Any] = []
+    try:
+        send.source_rank()
+    except RuntimeError as exc:
+        answers.append(str(exc))
+    for work in (send, recv):
+        work.wait()
+    answers.append(recv.source_rank())
+    if rank == 0:
+        work = dist.isend(torch.ones(1), 1)
+        work.wait()
+    else:
+        work = dist.irecv(torch.zeros(1), 0)
+        answers.append(work.source_rank())  # not waited for yet
+        work.wait()
+        answers.append(work.source_rank())
+    return answers
+
+
+def test_a_recv_works_source_rank_is_real_gloos(gloo_world: Any) -> None:
+    """gloo's recv work answers ``source_rank()`` with the rank it received from once its
+    ``wait()`` returned (-1 before, even completed); every
+    simulated work raised, and a hook asking a batched irecv where its data came from took
+    another path than on real gloo (e2e: FIDELITY BUG; an audit of hostile hooks, 2026-12-07)."""
+    real = gloo_world(2).run(recv_sources, [None, None], timeout=120.0)
+    assert real[0][1] == 1 and real[1][1:] == [0, -1, 0]  # the measured facts, stated: -1 until wait() returned
+    assert SimCluster(2).run(recv_sources).values == real
+
+
+def _polls_its_recv_until_completed(rank: int) -> float:
+    if rank == 0:
+        dist.isend(torch.ones(1), 1).wait()
+        return 1.0
+    got = torch.zeros(1)
+    work = dist.irecv(got, 0)
+    while not work.is_completed():  # on real gloo: for ever (measured: False until wait() returned)
+        pass
+    work.wait()
+    return float(got)
+
+
+def test_a_hook_polling_a_point_to_point_work_before_waiting_deadlocks_on_the_gloo_model() -> None:
+    """gloo's point-to-point works say ``is_completed()`` False until their ``wait()`` returned
+    (measured: a recv polled for 2 s after its peer's send, and the send, both False): a rank
+    polling its recv until it completes spins for ever on real gloo. The simulated work said
+    True once the pair had matched, and such a hook passed. Under the NCCL model the work
+    completes when the operation does."""
+    with pytest.raises(DeadlockError, match=r"which gloo says is completed only once its wait\(\) returned"):
+        SimCluster(2, backend="gloo").run(_polls_its_recv_until_completed)
+    assert SimCluster(2, backend="nccl").run(_polls_its_recv_until_completed).values == [1.0, 1.0]

@@ -125,6 +125,17 @@ class BackendModel:
     whose CUDA build knows its NCCL (this CPU build does not, so a run installs
     :func:`simcluster.fake.rank_context.nccl_version_stand_in`; only torch's collective
     error logger reads it, for a log field); False: left as torch has it (gloo)."""
+    recv_knows_its_source: bool
+    """True: a ``recv``'s work answers ``source_rank()`` with its source, the group rank it
+    receives from, once its ``wait()`` returned, -1 before (gloo's ``RecvWork``, measured
+    2026-12-07); False: it raises, as every other work does (NCCL's work has no
+    ``sourceRank``, from torch's source; not measured: no GPU here)."""
+    p2p_completed_at_wait: bool
+    """True: a ``send``'s or ``recv``'s work says ``is_completed()`` False until its ``wait()``
+    returned, however long ago the data moved (gloo, measured 2026-12-07: a recv polled for
+    2 s after its peer's send, and the send itself, both False until waited): a hook that
+    polls one before it waits spins for ever on a real cluster. False: it says True once the
+    operation finished (NCCL: the work queries its CUDA event; from torch's source)."""
 
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
@@ -167,6 +178,8 @@ GLOO = BackendModel(
     coalesces_p2p=False,
     new_group_waits=True,
     knows_nccl_version=False,
+    recv_knows_its_source=True,
+    p2p_completed_at_wait=True,
 )
 
 NCCL = BackendModel(
@@ -185,6 +198,8 @@ NCCL = BackendModel(
     coalesces_p2p=True,
     new_group_waits=False,
     knows_nccl_version=True,
+    recv_knows_its_source=False,
+    p2p_completed_at_wait=False,
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

@@ -102,7 +102,7 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    __slots__ = ("_future", "_finished", "_op", "_get_future_error")  # as SimFuture's (see there): one per call
+    __slots__ = ("_future", "_finished", "_op", "_get_future_error", "_source", "_unwaited")  # as SimFuture's: one per call
 
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
@@ -121,6 +121,10 @@ class SimWork(dist.Work):
         # Called from torch's front end, it is a collective called with async_op=False.
         self._finished.wait(synchronous=sys._getframe(1).f_code.co_filename == _C10D_FILE)
         self._future.wait()
+        source = getattr(self, "_source", None)
+        if source is not None:  # a recv: its source is known once wait() returned (source_rank)
+            self._source = (source[0], True)
+        self._unwaited = None  # gloo point to point: completed from now on (polled)
         return True
 
     def is_completed(self) -> bool:
@@ -129,6 +133,10 @@ class SimWork(dist.Work):
     def polled(self, caller: Any) -> bool:
         """:meth:`is_completed` as ``caller`` (a frame) asked it: a pending work polled by
         the code under test lets the others make progress first (:func:`polled_by_user`)."""
+        unwaited = getattr(self, "_unwaited", None)
+        if unwaited is not None:  # gloo point to point: not completed until wait() returned, ever
+            polled_by_user(self._future.engine, unwaited, caller)
+            return False
         finished = self._finished
         if not finished.done():
             polled_by_user(self._future.engine, finished, caller)
@@ -158,8 +166,41 @@ class SimWork(dist.Work):
     def synchronize(self) -> None:
         return None
 
+    def source_rank(self) -> int:
+        """A ``recv``'s source (a group rank) where the backend's recv work knows it
+        (:attr:`~simcluster.fake.backends.BackendModel.recv_knows_its_source`: gloo): -1 until
+        its ``wait()`` returned, as gloo's ``RecvWork`` learns it there (measured); otherwise
+        torch's own answer, the ``RuntimeError`` every other work raises. It raised for every
+        work, and a hook asking a batched irecv where its data came from took another path than
+        on real gloo (e2e: FIDELITY BUG; an audit of hostile hooks, 2026-12-07)."""
+        source = getattr(self, "_source", None)  # (source, waited) for a recv only (SimProcessGroup._p2p)
+        if source is None:
+            return super().source_rank()
+        return source[0] if source[1] else -1
 
-wear_torchs_name(SimWork, dist.Work)  # as a real gloo work is named (docs/gloo-facts.md §8)
+
+wear_torchs_name(SimWork, dist.Work)
+
+
+class _CompletedAtWait:
+    """What a poll of a gloo point-to-point work before its ``wait()`` finds: pending, for good
+    (:attr:`~simcluster.fake.backends.BackendModel.p2p_completed_at_wait`) — a waitable that is
+    never done, named so that a deadlock of a rank polling it says why. A hook that polled a
+    recv until it completed passed here, where on real gloo it spins for ever (an audit of
+    hostile hooks, 2026-12-07)."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, finished: DoneFlag) -> None:
+        self.label = (f"{finished.label}, which gloo says is completed only once its wait() returned "
+                      "(is_completed() stays False until then, however long ago the data moved; "
+                      "docs/gloo-facts.md, 'Point to point')")
+
+    def done(self) -> bool:
+        return False
+
+    def on_done(self, resume: Callable[[], None]) -> None:
+        return None  # as a real gloo work is named (docs/gloo-facts.md §8)
 
 
 class CoalescedWork(dist.Work):
@@ -765,8 +806,14 @@ class SimProcessGroup(dist.ProcessGroup):
             collectives.copy_bits_(calls[dst_g].payload, calls[src_g].payload)
             return {r: ([calls[r].payload], None) for r in calls}
 
-        return self._post(op, t, (_dtype(t), tuple(t.shape), f"{src}->{dst}", f"tag={tag}"), compute, t,
+        work = self._post(op, t, (_dtype(t), tuple(t.shape), f"{src}->{dst}", f"tag={tag}"), compute, t,
                           channel=channel, ranks=(src_g, dst_g), detail=f"{src}->{dst} tag {tag}")
+        backend = self._runtime.backend
+        if op == "recv" and backend.recv_knows_its_source:
+            work._source = (src, False)
+        if backend.p2p_completed_at_wait:
+            work._unwaited = _CompletedAtWait(work._finished)
+        return work
 
     # -- not modelled ---------------------------------------------------------
     def _start_coalescing(self, *args: Any) -> None:
