@@ -217,3 +217,24 @@ def test_which_futures_are_torch_futures_Future_is_as_on_real_gloo(gloo_world: A
     real = gloo_world(1).run(future_kinds, [None], timeout=120.0)[0]
     assert [kind[1] for kind in real] == [False, False, True, False, False]  # the measured fact, stated
     assert SimCluster(1).run(future_kinds).values[0] == real
+
+
+def _making_futures(rank: int = 0) -> list[str]:
+    """How ``torch.futures.Future(...)`` answers a few ways of calling it."""
+    answers = []
+    for make in (lambda: torch.futures.Future(devices=["cpu"]), lambda: torch.futures.Future(["cpu"]),
+                 lambda: torch.futures.Future(devices=[]), lambda: torch.futures.Future()):
+        try:
+            make()
+            answers.append("made")
+        except Exception as exc:  # noqa: BLE001 - the answer
+            answers.append(f"{type(exc).__name__}: {exc}")
+    return answers
+
+
+def test_a_future_made_by_hook_code_takes_its_arguments_as_torchs_does() -> None:
+    """``torch.futures.Future(devices=["cpu"])`` raises on torch (a CPU device has no index) and
+    ``devices`` is keyword-only; the simulated class took any ``devices`` and a positional one."""
+    real = _making_futures()
+    assert real[0] == "ValueError: Expected devices to have indices, got cpu"  # the measured fact, stated
+    assert SimCluster(1).run(_making_futures).values[0] == real

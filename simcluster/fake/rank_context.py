@@ -30,6 +30,7 @@ everything back, so after a run torch's global distributed state is exactly as b
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 import threading
@@ -395,7 +396,9 @@ def user_future_class(current_engine: Callable[[], Any], plain: type, number: Ca
     user line that made it: ``torch.futures.Future() #1 made by rank 1 at hooks.py:12``."""
 
     class Future(futures.SimFuture, plain):  # type: ignore[valid-type,misc] - a torch.futures.Future, as torch's
-        def __init__(self, devices: Any = None) -> None:
+        def __init__(self, *, devices: Any = None) -> None:
+            if devices:  # refused as torch refuses them (a CPU device: "Expected devices to have indices, got cpu")
+                torch._C.Future([torch.device(d) for d in devices])
             engine = current_engine()
             rank = engine.current_rank
             who = "code outside every rank" if rank is None else f"rank {rank}"
@@ -413,6 +416,9 @@ def user_future_class(current_engine: Callable[[], Any], plain: type, number: Ca
             return plain[item]
 
     wear_torchs_name(Future, plain)
+    for name, method in vars(Future).items():  # Python's own errors name them: "Future.__init__() takes …"
+        if inspect.isfunction(method):
+            method.__qualname__ = f"Future.{name}"
     return Future
 
 
