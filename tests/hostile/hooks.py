@@ -97,8 +97,10 @@ def stops_itself(state, bucket):
 
 
 def slow_but_fine(state, bucket):
-    """Takes its time (0.3 s a call) and then averages correctly: slowness under the deadline is no finding."""
-    time.sleep(0.3)
+    """Takes its time (0.3 s a call on rank 0: an example takes longer than Hypothesis' own
+    200 ms deadline) and then averages correctly: slowness under the deadline is no finding."""
+    if dist.get_rank() == 0:  # one slow rank is enough, and halves the tests' time at world 2
+        time.sleep(0.3)
     buffer = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
 
