@@ -31,6 +31,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -142,9 +143,9 @@ def wear_torchs_name(cls: type, torch_type: type) -> None:
       'torch._C._distributed_c10d.ProcessGroup' object``.
 
     A Python class has one name for both (setting ``__name__`` sets ``tp_name``), so the
-    ``tp_name`` pointer is copied from ``torch_type`` once the names are set
-    (:func:`_copy_tp_name`; the string it points to lives as long as torch's type, for
-    ever). Until 2026-12-07 ``__name__`` held the dotted path, so errors read right but a
+    ``tp_name`` pointer is copied from ``torch_type`` once the names are set (the layout is
+    checked once, :func:`_tp_names_copyable`; the string it points to lives as long as
+    torch's type, for ever). Until 2026-12-07 ``__name__`` held the dotted path, so errors read right but a
     hook's ``f"got {type(fut).__name__}"`` said ``torch._C.Future`` where a real run says
     ``Future`` (``simcluster e2e``: FIDELITY BUG). Where the copy cannot be trusted (not
     64-bit CPython, or the layout check fails) errors name the short name.
@@ -156,15 +157,25 @@ def wear_torchs_name(cls: type, torch_type: type) -> None:
     cls.__name__ = torch_type.__name__
     cls.__qualname__ = torch_type.__qualname__
     cls.__module__ = torch_type.__module__
-    _copy_tp_name(cls, torch_type)
+    if _tp_names_copyable():
+        _tp_name_slot(cls).value = _tp_name_slot(torch_type).value
 
 
 _TP_NAME_OFFSET = 3 * 8  # ob_refcnt, ob_type, ob_size: the first fields of every type object (64-bit CPython)
 
 
-def _copy_tp_name(cls: type, source: type) -> bool:
-    """Point ``cls``'s C ``tp_name`` at ``source``'s; False (nothing changed) unless this
-    interpreter's type objects are laid out as expected (checked on a throwaway class)."""
+def _tp_name_slot(cls: type) -> Any:
+    """``cls``'s C ``tp_name`` pointer, as a ``ctypes.c_void_p`` over the type object's memory."""
+    import ctypes
+
+    return ctypes.c_void_p.from_address(id(cls) + _TP_NAME_OFFSET)
+
+
+@functools.cache
+def _tp_names_copyable() -> bool:
+    """Whether this interpreter's type objects are laid out as :func:`wear_torchs_name` expects:
+    64-bit CPython, ``tp_name`` at :data:`_TP_NAME_OFFSET`, and Python's errors reading it —
+    checked once, on a throwaway class that takes ``int``'s name."""
     import ctypes
 
     if sys.implementation.name != "cpython" or ctypes.sizeof(ctypes.c_void_p) != 8:
@@ -173,18 +184,11 @@ def _copy_tp_name(cls: type, source: type) -> bool:
         probe = type("_TpNameProbe", (), {})
         if ctypes.c_char_p.from_address(id(probe) + _TP_NAME_OFFSET).value != b"_TpNameProbe":
             return False
-        ctypes.c_void_p.from_address(id(probe) + _TP_NAME_OFFSET).value = \
-            ctypes.c_void_p.from_address(id(int) + _TP_NAME_OFFSET).value
+        _tp_name_slot(probe).value = _tp_name_slot(int).value
         try:
             probe().no_such_attribute  # noqa: B018
         except AttributeError as exc:
-            if not str(exc).startswith("'int' object"):
-                return False
-        wanted = ctypes.c_char_p.from_address(id(source) + _TP_NAME_OFFSET).value
-        if not wanted:
-            return False
-        ctypes.c_void_p.from_address(id(cls) + _TP_NAME_OFFSET).value = \
-            ctypes.c_void_p.from_address(id(source) + _TP_NAME_OFFSET).value
-        return ctypes.c_char_p.from_address(id(cls) + _TP_NAME_OFFSET).value == wanted
+            return str(exc).startswith("'int' object")
+        return False
     except (ValueError, OSError):  # pragma: no cover - defensive: ctypes refused the address
         return False

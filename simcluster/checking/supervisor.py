@@ -370,15 +370,18 @@ def kill_and_reap(pid: int) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-def _reap_with_its_group(pid: int) -> int:
-    """Wait for the supervised child ``pid`` to end, ``SIGKILL`` what is left of its process
-    group, then reap it; its status. The child leads a group of its own (:func:`_prepare_child`),
+def _reap_with_its_group(pid: int, *, kill: bool = False) -> int:
+    """Wait for the supervised child ``pid`` to end (``kill``: ``SIGKILL`` it first), ``SIGKILL``
+    what is left of its process group, then reap it; its status. The child leads a group of its own (:func:`_prepare_child`),
     which every process the code under test started inherits — a ``subprocess.Popen`` per
     hook call left 138 ``sleep`` processes running after a three-example check (an audit of
     hostile hooks, 2026-12-07) — so whatever it left running ends with the example, as a
     rank's processes end with its job. The child is reaped only after the group is killed:
     until then it is a zombie, and its id, the group's, cannot name another process.
     A process that left the group (``start_new_session=True``, ``os.setsid``) is not found."""
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -526,9 +529,7 @@ def _dump_and_kill(pid: int, stack_file: Any, stopped: bool = False) -> str:
             if now and now == size:
                 break
             size = now
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    _reap_with_its_group(pid)
+    _reap_with_its_group(pid, kill=True)
     return os.pread(stack_file.fileno(), 1 << 20, 0).decode(errors="replace")
 
 

@@ -194,7 +194,7 @@ def _inside_the_run(frames: list[tuple[CodeType, int]]) -> list[tuple[CodeType, 
 
 def _frames(frames: list[tuple[CodeType, int]]) -> list[Frame]:
     """The user frames of ``frames`` (outermost first) inside the run, a frame that follows
-    itself collapsed into one that says how many more times (a recursion: a report's last
+    itself collapsed into one marked :attr:`Frame.repeated` (a recursion: a report's last
     three lines were three copies of the recursing line, and the hook's own call of it —
     where the recursion began — was cut; Python's traceback collapses them too)."""
     found: list[Frame] = []

@@ -179,7 +179,7 @@ class SimWork(dist.Work):
         return source[0] if source[1] else -1
 
 
-wear_torchs_name(SimWork, dist.Work)
+wear_torchs_name(SimWork, dist.Work)  # as a real gloo work is named (docs/gloo-facts.md §8)
 
 
 class _CompletedAtWait:
@@ -200,7 +200,7 @@ class _CompletedAtWait:
         return False
 
     def on_done(self, resume: Callable[[], None]) -> None:
-        return None  # as a real gloo work is named (docs/gloo-facts.md §8)
+        return None
 
 
 class CoalescedWork(dist.Work):
