@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hostile.hooks import STARTED_PROCESS, line_of
+from hostile.hooks import ORPHAN_PROCESS, SESSION_PROCESS, STARTED_PROCESS, line_of
 from processes import children, ctrl_c_as_from_a_terminal, in_session
 from simcluster import SimCluster
 from simcluster.checking.check import check_hook
@@ -148,6 +148,35 @@ def test_processes_a_hook_starts_end_with_its_example():
     for pid in left:  # the old behaviour: do not leave them to the next test run either
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+def _ended(argv: list[str]) -> list[int]:
+    """The processes running ``argv``, after killing them (none is left to the next test)."""
+    left = _processes_running(argv)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.parametrize("name, argv", [("starts_a_session_each_call", SESSION_PROCESS),
+                                        ("leaves_an_orphan_each_call", ORPHAN_PROCESS)])
+def test_processes_a_hook_starts_in_a_session_of_their_own_end_with_its_child(name, argv):
+    """A process started with ``start_new_session=True``, or orphaned by a shell that put it in
+    a session of its own, leaves the child's process group, so killing the group missed it:
+    three examples left dozens running. The supervised child is a subreaper (orphans below it
+    become its children) and ends every process below it before it exits."""
+    assert _processes_running(argv) == []
+    report, _ = check(name, examples=3, backends=("gloo",))
+    assert report.passed, report.format()
+    assert _ended(argv) == []
+
+
+def test_a_process_in_a_session_of_its_own_ends_with_a_child_killed_at_its_deadline():
+    """The parent stops the stuck child, ends every process below it, then kills it."""
+    assert _processes_running(SESSION_PROCESS) == []
+    report, _ = check("starts_a_session_then_spins", deadline=1.0, examples=2, backends=("gloo",))
+    assert [f.property for f in report.failures] == ["liveness"], report.format()
+    assert _ended(SESSION_PROCESS) == []
 
 
 def test_a_killed_process_is_a_liveness_failure_with_its_position():

@@ -29,7 +29,9 @@ The child also: runs in a process group of its own, so a terminal's Ctrl-C reach
 the parent (which asks the child for its stack, kills it and re-raises), and raises
 ``KeyboardInterrupt`` on ``SIGINT`` as any Python process does (a hook that sends its own
 process ``SIGINT`` stops the check with 130, as one raising ``KeyboardInterrupt`` does),
-dies with its parent (``PR_SET_PDEATHSIG``), and turns a hook's
+dies with its parent (``PR_SET_PDEATHSIG``), ends every process the code under test
+started before it exits (:func:`end_descendants`: it is a subreaper, so orphans below it
+stay below it), and turns a hook's
 ``os._exit(code)`` into :class:`~simcluster.errors.HookExited` raised at the call, so the
 report can name the line. Time limits are the one place where wall-clock time reaches
 a verdict: a hook that needs longer than ``deadline`` for one example is reported as
@@ -96,8 +98,10 @@ the rank whose code runs (-1: none yet), payload length."""
 _RUNNING_AT = 29  # the running rank's offset: after seq (8), time (8), active (1), rank/step/bucket (12)
 _DUMP_GRACE = 1.0  # seconds allowed for faulthandler to write the stacks
 _real_getppid = os.getppid  # a run swaps in the ranks' simulated parent (rank_state.SIMULATED_PARENT_PID)
+_real_getpid, _real_kill, _sleep = os.getpid, os.kill, time.sleep  # as the process started: code under test may replace them
 _POLL = 0.05
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class Monitor:
@@ -307,6 +311,8 @@ def _child(job: Callable[[Monitor], Any], monitor: Monitor, out: int, stack_fd: 
     except BaseException:  # noqa: BLE001 - never let the child return into the caller's code
         code = 70
     finally:
+        with contextlib.suppress(BaseException):  # noqa: BLE001 - the child ends whatever happens
+            end_descendants(_real_getpid())  # what the checked code started ends with the child
         end_process(code, real_exit)
 
 
@@ -343,6 +349,15 @@ def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked
         os._exit(70)
 
 
+def _become_subreaper() -> None:  # pragma: no cover - runs in a forked child
+    """Make this process a subreaper (Linux ``PR_SET_CHILD_SUBREAPER``; elsewhere nothing): a
+    process below it whose parent ends becomes its child, not ``init``'s, so
+    :func:`end_descendants` still finds it — a daemon's double fork, a shell that started a
+    process in the background and exited."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
 def one_torch_thread() -> None:  # pragma: no cover - runs in a forked child
     """In a forked child: run torch with one intra-op thread (its OpenMP pool does not
     survive ``fork``: a parallel region would hang). Only if the caller imported torch:
@@ -371,21 +386,76 @@ def kill_and_reap(pid: int) -> int:
 
 
 def _reap_with_its_group(pid: int, *, kill: bool = False) -> int:
-    """Wait for the supervised child ``pid`` to end (``kill``: ``SIGKILL`` it first), ``SIGKILL``
-    what is left of its process group, then reap it; its status. The child leads a group of its own (:func:`_prepare_child`),
+    """Wait for the supervised child ``pid`` to end (``kill``: stop it, end every process
+    below it — :func:`end_descendants` — and ``SIGKILL`` it), ``SIGKILL`` what is left of its
+    process group, then reap it; its status. The child leads a group of its own (:func:`_prepare_child`),
     which every process the code under test started inherits — a ``subprocess.Popen`` per
     hook call left 138 ``sleep`` processes running after a three-example check (an audit of
-    hostile hooks, 2026-12-07) — so whatever it left running ends with the example, as a
+    hostile hooks, 2026-12-07) — so whatever it left running ends with the child, as a
     rank's processes end with its job. The child is reaped only after the group is killed:
     until then it is a zombie, and its id, the group's, cannot name another process.
-    A process that left the group (``start_new_session=True``, ``os.setsid``) is not found."""
+    A process that left the group (``start_new_session=True``, ``os.setsid``) is ended by the
+    child itself when it finishes, or here before a stuck child is killed."""
     if kill:
         with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)  # it starts no more processes while those below it are ended
+            end_descendants(pid)
             os.kill(pid, signal.SIGKILL)
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     return os.waitpid(pid, 0)[1]
+
+
+_ENDING_ROUNDS = 100
+"""How many times :func:`end_descendants` looks again for processes below its root (each
+look finds those started, or orphaned onto the root, while the previous ones were killed)."""
+
+
+def _living_descendants(root: int) -> list[int]:
+    """The ids of the processes below ``root`` in the process tree that have not ended
+    (zombies left out: they are only waiting to be reaped), read from ``/proc``; ``[]``
+    where there is no ``/proc``."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                state, parent = stat.read().rpartition(b")")[2].split()[:2]
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+        if state not in (b"Z", b"X"):
+            children.setdefault(int(parent), []).append(int(name))
+    found: list[int] = []
+    below = children.get(root, [])
+    while below:
+        found += below
+        below = [grandchild for child in below for grandchild in children.get(child, ())]
+    return found
+
+
+def end_descendants(root: int) -> int:
+    """``SIGKILL`` every process below process ``root`` — the processes the code under test
+    started, and theirs, also those that left its process group (``start_new_session=True``,
+    ``os.setsid``) — until none is left; how many were killed. A process whose parent ended is
+    found too when ``root`` is a subreaper (:func:`_prepare_child` makes the supervised child
+    one): the kernel makes such an orphan ``root``'s child, not ``init``'s. Linux only (``/proc``)."""
+    killed = 0
+    for _ in range(_ENDING_ROUNDS):
+        found = _living_descendants(root)
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                _real_kill(pid, signal.SIGKILL)
+        killed += len(found)
+        _sleep(0.001)  # SIGKILL is delivered asynchronously: let them become zombies
+    return killed
 
 
 def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - runs in the child
@@ -398,6 +468,7 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the command's handler: a hook's SIGTERM to itself kills it
     die_with_parent(parent)
+    _become_subreaper()
     faulthandler.enable(file=stack_fd, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
     one_torch_thread()

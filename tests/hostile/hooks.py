@@ -276,6 +276,42 @@ def starts_a_process_each_call(state, bucket):
     return _mean(bucket)
 
 
+SESSION_PROCESS = ["sleep", "600.0418"]
+"""What :func:`starts_a_session_each_call` and :func:`starts_a_session_then_spins` run."""
+
+ORPHAN_PROCESS = ["sleep", "600.0419"]
+"""What :func:`leaves_an_orphan_each_call` leaves behind."""
+
+
+def starts_a_session_each_call(state, bucket):
+    """Correct, but starts a process in a session of its own at every call (it leaves the
+    process group that ends with the example) and leaves it running."""
+    import subprocess
+
+    subprocess.Popen(SESSION_PROCESS, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    return _mean(bucket)
+
+
+def leaves_an_orphan_each_call(state, bucket):
+    """Correct, but at every call a shell starts a process in a session of its own and
+    exits: the process is an orphan whose parent no longer exists (a daemon's double fork)."""
+    import subprocess
+
+    subprocess.run(["sh", "-c", f"setsid {' '.join(ORPHAN_PROCESS)} </dev/null >/dev/null 2>&1 &"], check=True)
+    return _mean(bucket)
+
+
+def starts_a_session_then_spins(state, bucket):
+    """Starts a process in a session of its own, then spins: ended at the deadline."""
+    import subprocess
+
+    subprocess.Popen(SESSION_PROCESS, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    while True:
+        pass
+
+
 _pushed = []
 
 
