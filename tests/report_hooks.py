@@ -632,6 +632,21 @@ def _nested_count(depth):  # never stops: RecursionError
     return _nested_count(depth + 1) + 1
 
 
+def _ping(depth):  # with _pong: never stops
+    return _pong(depth + 1)
+
+
+def _pong(depth):
+    return _ping(depth + 1)
+
+
+def mutually_recursing_hook(state, bucket):
+    """Two functions calling each other without end: a report must show the pair once, under
+    the hook's line that began it."""
+    _ping(0)
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
 def recursing_hook(state, bucket):
     """Recurses without end before it all-reduces: a report must name where the hook began the
     recursion, not three copies of the recursing line."""

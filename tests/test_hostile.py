@@ -631,6 +631,33 @@ def test_a_sampled_stack_shows_a_recursion_once_and_says_when_the_sample_is_cut(
         assert not any("_began_the_recursion" in line for line in shown)
 
 
+def _dump_from_ping(depth: int, path: Path) -> None:
+    if depth:
+        _dump_from_pong(depth - 1, path)  # ping calls pong
+        return
+    _dump_from_depth(0, path)
+
+
+def _dump_from_pong(depth: int, path: Path) -> None:
+    _dump_from_ping(depth, path)  # pong calls ping
+
+
+def test_a_sampled_stack_shows_a_mutual_recursion_once(tmp_path):
+    """A hook stuck at the bottom of two functions calling each other: its sampled stack was
+    eight lines of the pair, without the line that began it. The pair is now shown once."""
+    from simcluster.checking.supervisor import format_stack
+
+    _dump_from_ping(10, tmp_path / "dump")  # began here
+    shown = format_stack((tmp_path / "dump").read_text()).splitlines()
+    lines = {mark: next(n for n, line in enumerate(HERE_SOURCE, 1) if mark in line)
+             for mark in ("# ping calls pong", "# pong calls ping", "# began here")}
+    here = "tests/test_hostile.py" if Path.cwd() == HERE.parent else str(HERE / "test_hostile.py")
+    assert [line for line in shown if line.startswith("    ") and not line.startswith("        ")][:3] == [
+        f"    {here}:{lines['# began here']} in test_a_sampled_stack_shows_a_mutual_recursion_once",
+        f"    {here}:{lines['# ping calls pong']} in _dump_from_ping",
+        f"    {here}:{lines['# pong calls ping']} in _dump_from_pong  [the last 2 lines again and again: a recursion]"]
+
+
 def test_cli_stuck_hook_exit_1_with_stack(tmp_path):
     out = tmp_path / "report.json"
     start = time.monotonic()

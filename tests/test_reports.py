@@ -80,6 +80,33 @@ def test_a_recursion_is_one_line_below_the_hooks_own_call_of_it(capsys: pytest.C
                                                                              again.index("  layout:")]
 
 
+def test_a_mutual_recursion_is_shown_once_below_the_hooks_own_call_of_it(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    """Two functions calling each other until RecursionError: the report's three lines were the
+    pair and one more copy, and the hook's line that began it was cut (Python's traceback
+    collapses only a line that repeats itself). The pair is now shown once, said to recur."""
+    code, out, data = _check(capsys, tmp_path, "mutually_recursing_hook", "--backend", "gloo", "--world-sizes", "2",
+                             "--examples", "3", "--properties", "liveness")
+    assert code == 1
+    began, ping, pong = _line("    _ping(0)"), _line("return _pong(depth + 1)"), _line("return _ping(depth + 1)")
+    assert (f"  at tests/report_hooks.py:{began} in mutually_recursing_hook: _ping(0)\n"
+            f"  at tests/report_hooks.py:{ping} in _ping: return _pong(depth + 1)\n"
+            f"  at tests/report_hooks.py:{pong} in _pong: return _ping(depth + 1)  "
+            "[the last 2 lines again and again: a recursion]\n") in out, out
+    (failure,) = data["failures"]
+    assert [(f["line"], f["repeated"], f["cycle"]) for f in failure["details"]["frames"]] == [
+        (began, False, 0), (ping, False, 0), (pong, True, 2)]
+
+
+def test_frames_module_examples_run() -> None:
+    import doctest
+
+    import simcluster.engine.frames as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def test_p2p_deadlock_names_the_missing_recv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, data = _check(capsys, tmp_path, "send_before_recv_hook", "--backend", "gloo", "--world-sizes", "2",
                              "--examples", "5", "--properties", "liveness")

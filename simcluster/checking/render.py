@@ -347,7 +347,7 @@ def failure(opts: Options, prop: str, message: str, info: dict[str, Any], steps:
         hint=hint or "", output=printed_output(info.get("output", ""), whole=info.get("whole_output", False)),
         details={"step": at, "token": token, "line": info.get("line", ""), "ddp_steps": ddp_steps,
                  "frames": [{"file": f.file, "line": f.line, "function": f.function, "source": f.source,
-                             "repeated": f.repeated}
+                             "repeated": f.repeated, "cycle": f.cycle}
                             for f in frames]},
     )
 

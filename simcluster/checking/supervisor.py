@@ -65,7 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simcluster.checking import ctrl_c
-from simcluster.engine.frames import is_internal, is_simcluster_code, short_path, stack_user_frames, user_frames
+from simcluster.engine.frames import (collapse_recursions, is_internal, is_simcluster_code, recursion_mark, short_path,
+                                      stack_user_frames, user_frames)
 from simcluster.engine.inline import mark_forked
 from simcluster.errors import HookExited
 from simcluster.usercode.rank_state import CURRENT
@@ -685,22 +686,15 @@ def format_stack(dump: str, *, limit: int = 8) -> str:
             end += 1
         deeper = deeper and end + 1 == len(chosen)  # the run of user frames reaches the cut
         chosen = chosen[max(0, user[0] - 3): end + 1]
-    # a frame that follows itself (a recursion) once, said so: the sample of a deep recursion
-    # was eight copies of its recursing line (an audit of reports)
-    collapsed: list[tuple[tuple[str, int, str], bool]] = []
-    for frame in reversed(chosen):
-        if collapsed and collapsed[-1][0] == frame:
-            collapsed[-1] = (frame, True)
-        else:
-            collapsed.append((frame, False))
+    # a recursion once, said so: the sample of a deep recursion was eight copies of its
+    # recursing line (an audit of reports)
+    collapsed = collapse_recursions(chosen[::-1])
     lines = []
     if deeper or len(collapsed) > limit:
         lines.append("    … (outer calls not shown: " + ("the stack is deeper than the 100 frames a sample "
                      "holds)" if deeper else f"{len(collapsed) - limit} more)"))
-    for (path, lineno, func), repeated in collapsed[-limit:]:
-        shown = short_path(path)
-        lines.append(f"    {shown}:{lineno} in {func}" + ("  [the same line again and again: a recursion]"
-                                                          if repeated else ""))
+    for (path, lineno, func), cycle in collapsed[-limit:]:
+        lines.append(f"    {short_path(path)}:{lineno} in {func}" + (recursion_mark(cycle) if cycle else ""))
         source = linecache.getline(path, lineno).strip()
         if source:
             lines.append(f"        {source}")

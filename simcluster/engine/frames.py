@@ -13,7 +13,6 @@ False
 
 from __future__ import annotations
 
-import dataclasses
 import linecache
 import os
 import re
@@ -111,17 +110,77 @@ class Frame:
     line: int
     function: str
     source: str
-    repeated: bool = False
-    """Whether this frame followed itself on the stack (a recursion), collapsed into one
-    (:func:`user_frames`, :func:`stack_user_frames`). How many times is not said: the depth a
-    recursion reaches before Python's limit depends on how deep the stack was where it began,
-    and a replay of the failure starts it from another depth (measured: 1,979 frames in a
-    check, 962 in its replay) — a report and its replay say the same."""
+    cycle: int = 0
+    """Whether this frame ends a recursion, and how many frames the recursing block has: 0
+    if not; 1 when a function called itself from this line again and again, 2 for two
+    functions calling each other, … — shown once (:func:`collapse_recursions`). How many
+    times is not said: the depth a recursion reaches before Python's limit depends on how
+    deep the stack was where it began, and a replay of the failure starts it from another
+    depth (measured: 1,979 frames in a check, 962 in its replay) — a report and its replay
+    say the same."""
+
+    @property
+    def repeated(self) -> bool:
+        """Whether this frame ends a recursion (:attr:`cycle`)."""
+        return self.cycle > 0
 
     def __str__(self) -> str:
         text = f"{short_path(self.file)}:{self.line} in {self.function}"
         text = f"{text}: {self.source}" if self.source else text
-        return text + ("  [the same line again and again: a recursion]" if self.repeated else "")
+        return text + recursion_mark(self.cycle) if self.cycle else text
+
+
+def recursion_mark(cycle: int) -> str:
+    """What follows the last line of a recursion shown once (:func:`collapse_recursions`)."""
+    if cycle == 1:
+        return "  [the same line again and again: a recursion]"
+    return f"  [the last {cycle} lines again and again: a recursion]"
+
+
+_T = TypeVar("_T")
+
+LONGEST_CYCLE = 8
+"""The most frames a recursing block may have for :func:`collapse_recursions` to find it."""
+
+
+def collapse_recursions(items: list[_T]) -> list[tuple[_T, int]]:
+    """``items`` (frames, outermost first) with each recursion shown once: ``(item, cycle)``
+    pairs, ``cycle`` > 0 on the last item of a block of ``cycle`` items that followed itself
+    on the stack — at least twice for one item (a function calling itself from one line), at
+    least three times for a longer block (functions calling each other: ``ping`` → ``pong`` →
+    ``ping`` …; two passes through two functions are as likely a shallow walk as a runaway
+    recursion) — else 0. The shortest block is tried first; where the recursion stopped part
+    way through a block (Python's limit is reached in either function), the rest belongs to it.
+
+        >>> collapse_recursions(["hook", "ping", "pong", "ping", "pong", "ping", "pong", "ping"])
+        [('hook', 0), ('ping', 0), ('pong', 2)]
+        >>> collapse_recursions(["hook", "down", "down", "down"])
+        [('hook', 0), ('down', 1)]
+        >>> collapse_recursions(["hook", "walk", "visit", "walk", "visit"])
+        [('hook', 0), ('walk', 0), ('visit', 0), ('walk', 0), ('visit', 0)]
+
+    Python's own traceback collapses only a line that repeats (``[Previous line repeated 996
+    more times]``): a mutual recursion's report was three lines of the two functions, and the
+    hook's line where it began was cut (an audit of reports, stop 42)."""
+    out: list[tuple[_T, int]] = []
+    i, n = 0, len(items)
+    while i < n:
+        for cycle in range(1, min(LONGEST_CYCLE, (n - i) // 2) + 1):
+            block = items[i:i + cycle]
+            end = i + cycle
+            while items[end:end + cycle] == block:
+                end += cycle
+            if (end - i) // cycle >= (2 if cycle == 1 else 3):
+                while end < n and items[end] == block[(end - i) % cycle]:  # stopped part way through
+                    end += 1
+                out += [(item, 0) for item in block[:-1]]
+                out.append((block[-1], cycle))
+                i = end
+                break
+        else:
+            out.append((items[i], 0))
+            i += 1
+    return out
 
 
 def short_path(path: str) -> str:
@@ -193,22 +252,11 @@ def _inside_the_run(frames: list[tuple[CodeType, int]]) -> list[tuple[CodeType, 
 
 
 def _frames(frames: list[tuple[CodeType, int]]) -> list[Frame]:
-    """The user frames of ``frames`` (outermost first) inside the run, a frame that follows
-    itself collapsed into one marked :attr:`Frame.repeated` (a recursion: a report's last
-    three lines were three copies of the recursing line, and the hook's own call of it —
-    where the recursion began — was cut; Python's traceback collapses them too)."""
-    found: list[Frame] = []
-    last: tuple[CodeType, int] | None = None
-    for code, line in _inside_the_run(frames):
-        if is_internal(code.co_filename):
-            continue
-        if (code, line) == last:
-            if not found[-1].repeated:
-                found[-1] = dataclasses.replace(found[-1], repeated=True)
-            continue
-        found.append(_frame_at(code, line))
-        last = (code, line)
-    return found
+    """The user frames of ``frames`` (outermost first) inside the run, each recursion shown
+    once (:func:`collapse_recursions`: a report's last three lines were three copies of the
+    recursing line, and the hook's own call of it — where the recursion began — was cut)."""
+    user = [(code, line) for code, line in _inside_the_run(frames) if not is_internal(code.co_filename)]
+    return [_frame_at(code, line, cycle) for (code, line), cycle in collapse_recursions(user)]
 
 
 def user_frames(exc: BaseException, limit: int = 3) -> list[Frame]:
@@ -287,9 +335,9 @@ def line_site(frame: FrameType, line: int) -> str:
     return f"{here} (called from {_frame_at(caller.f_code, caller.f_lineno)})"
 
 
-def _frame_at(code: CodeType, line: int) -> Frame:
+def _frame_at(code: CodeType, line: int, cycle: int = 0) -> Frame:
     """The :class:`Frame` of ``code`` at ``line``, with its source line."""
-    return Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip())
+    return Frame(code.co_filename, line, code.co_name, linecache.getline(code.co_filename, line).strip(), cycle)
 
 
 def format_frames(frames: Iterable[Frame], indent: str = "  ") -> list[str]:
