@@ -117,12 +117,23 @@ def test_a_hook_that_stops_itself_is_said_to_have_stopped_with_where_it_stopped(
 
 
 def test_a_stuck_hook_that_ignores_the_request_for_its_stack_is_said_to():
-    """The supervisor asks a stuck child for its stack with SIGUSR1; a hook that ignored it got
+    """The supervisor asks a stuck child for its stack with a signal; a hook that ignored it got
     a report with no stack and no word why."""
     report, _ = check("ignores_the_stack_request_then_spins", deadline=1.0, examples=2, backends=("gloo",))
     message = report.failures[0].message
     assert "did not return within 1 s" in message and "stuck at rank 0, DDP step 0, bucket 0" in message
-    assert "\n  no stack: its process did not answer the request for one (SIGUSR1" in message, message
+    assert "\n  no stack: its process did not answer the request for one (signal SIGRTMAX-3" in message, message
+
+
+def test_the_request_for_a_stack_does_not_run_a_preemption_handler_of_the_checked_code():
+    """The supervisor asked for a stuck child's stack with SIGUSR1, the signal SLURM sends before
+    a job's time limit: a hook with a preemption handler that exits on it was reported as
+    calling sys.exit(0) in that handler, not as stuck. The request is now a real-time signal."""
+    report, _ = check("preempted_on_sigusr1_then_spins", deadline=1.0, examples=2, backends=("gloo",))
+    message = report.failures[0].message
+    assert "did not return within 1 s" in message and "sys.exit" not in message, message
+    assert "in preempted_on_sigusr1_then_spins (tests/hostile/hooks.py)" in message, message
+    assert "stack sampled when it was stopped" in message and "while True:" in message, message
 
 
 def _processes_running(argv: list[str]) -> list[int]:

@@ -34,7 +34,7 @@ from simcluster.ddp.layout import bucket_calls
 from simcluster.checking.replay import decode_example, encode_example
 from simcluster.checking.report import PropertyFailure
 from simcluster.checking.strategies import DTYPES, Example
-from simcluster.checking.supervisor import DEFAULT_DEADLINE, ChildDeath, format_stack
+from simcluster.checking.supervisor import DEFAULT_DEADLINE, STACK_REQUEST_NAME, ChildDeath, format_stack
 from simcluster.usercode.rank_local import RankLocal
 from simcluster.usercode.targets import format_shapes
 from simcluster.names import without_addresses
@@ -359,8 +359,8 @@ def death_failure(opts: Options, backend: str, death: ChildDeath, steps: int) ->
     if stack:  # a sample: a spinning loop's line varies run to run; the line above does not
         message += "\n  stack sampled when it was stopped (outermost call first):\n" + stack
     elif death.kind == "deadline":  # asked for and not given: said, not left out (an audit of hostile hooks)
-        message += ("\n  no stack: its process did not answer the request for one (SIGUSR1, which faulthandler "
-                    "answers: the checked code blocks or ignores it, or set a handler of its own)")
+        message += (f"\n  no stack: its process did not answer the request for one (signal {STACK_REQUEST_NAME}, "
+                    "which faulthandler answers: the checked code blocks or ignores it, or set a handler of its own)")
     error_type = "Stuck" if death.kind == "deadline" else "ProcessDied"
     token = (death.payload or death.previous or {}).get("token")
     if token is None:  # before the first example: the search's own command reruns it

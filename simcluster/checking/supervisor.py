@@ -11,7 +11,7 @@ parent watches it:
    shared memory (:class:`Monitor`): the example's replay token, when it started, and —
    at every hook call — the rank, DDP step and bucket.
 2. The parent polls that page. An example running longer than ``deadline`` seconds is
-   stuck: the parent asks the child for every thread's Python stack (``SIGUSR1``,
+   stuck: the parent asks the child for every thread's Python stack (:data:`STACK_REQUEST`,
    answered by :mod:`faulthandler` from C, so it works whatever the stuck thread is
    doing), kills it (``SIGKILL``) and reports where it was (:class:`ChildDeath`).
 3. A child that exits without answering (``os._exit``, a signal, a segfault) is reported
@@ -97,6 +97,14 @@ _HEADER = struct.Struct("<QdBiiiiI")
 """Example seq, last begin/end (monotonic), active, the last hook call's rank, step and bucket,
 the rank whose code runs (-1: none yet), payload length."""
 _RUNNING_AT = 29  # the running rank's offset: after seq (8), time (8), active (1), rank/step/bucket (12)
+STACK_REQUEST, STACK_REQUEST_NAME = ((int(signal.SIGRTMAX) - 3, "SIGRTMAX-3") if hasattr(signal, "SIGRTMAX")
+                                     else (int(signal.SIGUSR1), "SIGUSR1"))
+"""The signal the parent asks a stuck child for its stacks with (faulthandler answers it), and
+its name as ``kill -l`` prints it. A real-time signal where there are any (Linux): no training
+library handles one. It was ``SIGUSR1``, which SLURM sends before a job's time limit, so a
+hook module's preemption handler ran at the request — one that saves and exits turned a stuck
+hook into a report of ``sys.exit(0)`` in that handler (an audit of hostile hooks, stop 42)."""
+
 _DUMP_GRACE = 1.0  # seconds allowed for faulthandler to write the stacks
 _real_getppid = os.getppid  # a run swaps in the ranks' simulated parent (rank_state.SIMULATED_PARENT_PID)
 _real_getpid, _real_kill, _sleep = os.getpid, os.kill, time.sleep  # as the process started: code under test may replace them
@@ -471,7 +479,7 @@ def _prepare_child(stack_fd: int, parent: int) -> None:  # pragma: no cover - ru
     die_with_parent(parent)
     _become_subreaper()
     faulthandler.enable(file=stack_fd, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
+    faulthandler.register(STACK_REQUEST, file=stack_fd, all_threads=True, chain=False)
     one_torch_thread()
 
     real_exit = os._exit
@@ -587,7 +595,7 @@ def _dump_and_kill(pid: int, stack_file: Any, stopped: bool = False) -> str:
     ``stopped`` by a signal is continued first: stopped, it answers nothing (the report of a
     hook that sent itself ``SIGSTOP`` had no stack), continued, it dumps where it stopped."""
     try:
-        os.kill(pid, signal.SIGUSR1)  # first: pending when it goes on, it is answered before any more of its code runs
+        os.kill(pid, STACK_REQUEST)  # first: pending when it goes on, it is answered before any more of its code runs
         if stopped:
             os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:

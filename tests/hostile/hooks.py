@@ -84,9 +84,22 @@ def kills_its_parent(state, bucket):
 
 
 def ignores_the_stack_request_then_spins(state, bucket):
+    """Ignores the signal simcluster's supervisor asks for a stack with (a hook that targets it)."""
     import signal
 
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    from simcluster.checking.supervisor import STACK_REQUEST
+
+    signal.signal(STACK_REQUEST, signal.SIG_IGN)
+    while True:
+        pass
+
+
+def preempted_on_sigusr1_then_spins(state, bucket):
+    """A training job's preemption handler (SLURM sends SIGUSR1 before its time limit; the job
+    saves and exits), then stuck."""
+    import signal
+
+    signal.signal(signal.SIGUSR1, lambda signum, frame: sys.exit(0))
     while True:
         pass
 
