@@ -1241,3 +1241,83 @@ def test_a_hook_polling_a_point_to_point_work_before_waiting_deadlocks_on_the_gl
     with pytest.raises(DeadlockError, match=r"which gloo says is completed only once its wait\(\) returned"):
         SimCluster(2, backend="gloo").run(_polls_its_recv_until_completed)
     assert SimCluster(2, backend="nccl").run(_polls_its_recv_until_completed).values == [1.0, 1.0]
+
+
+def argument_checks_job(rank: int, world_size: int, payload: Any = None) -> dict[str, str]:
+    """Runs in each real gloo process (and in each simulated rank): arguments a hook can get
+    wrong — dtypes gloo does not move, roots outside the group, a negative tag, layouts — each
+    call made alike on every rank, then waited. Per case: where it failed (``call``/``wait``),
+    the builtin class of the error and its first line, and the tensors' values after."""
+    def t(dtype: torch.dtype = torch.float32, n: int = 4) -> torch.Tensor:
+        return torch.full((n,), rank + 1.0).to(dtype)
+
+    def each(name: str, post: Callable[[], Any], *kept: torch.Tensor) -> None:
+        try:
+            work = post()
+        except Exception as exc:  # noqa: BLE001 - the answer
+            outcome = f"call: {_builtin_name(exc)}: {first_line_of(exc)}"
+        else:
+            try:
+                if work is not None:
+                    work.wait()
+                outcome = "ok"
+            except Exception as exc:  # noqa: BLE001 - the answer
+                outcome = f"wait: {_builtin_name(exc)}: {first_line_of(exc)}"
+        out[name] = f"{outcome} | {[k.float().tolist() for k in kept]}"
+        dist.all_reduce(torch.zeros(1))  # in step (not a barrier: gloo's re-raises an earlier failure)
+
+    out: dict[str, str] = {}
+    for dtype in (torch.int16, torch.float8_e4m3fn):
+        x, outs, whole = t(dtype), [t(dtype) for _ in range(world_size)], t(dtype, 4 * world_size)
+        each(f"broadcast {dtype}", lambda: dist.broadcast(x, 0, async_op=True), x)
+        each(f"all_gather {dtype}", lambda: dist.all_gather(outs, t(dtype), async_op=True), *outs)
+        each(f"all_gather_into_tensor {dtype}", lambda: dist.all_gather_into_tensor(whole, t(dtype), async_op=True),
+             whole)
+        each(f"scatter {dtype}", lambda: dist.scatter(x, outs if rank == 0 else None, 0, async_op=True), x)
+        each(f"all_to_all_single {dtype}", lambda: dist.all_to_all_single(whole, t(dtype, 4 * world_size),
+                                                                          async_op=True), whole)
+        each(f"send/recv {dtype}", lambda: dist.isend(x, 1) if rank == 0 else dist.irecv(x, 0), x)
+    gathered = [t(torch.complex64) for _ in range(world_size)]
+    each("gather complex64", lambda: dist.gather(t(torch.complex64), gathered if rank == 0 else None, 0,
+                                                 async_op=True), *[g.real for g in gathered])
+    for root in (world_size, -1):
+        each(f"broadcast src={root}", lambda: dist.broadcast(t(), root, async_op=True))
+        each(f"reduce dst={root}", lambda: dist.reduce(t(), root, async_op=True))
+        each(f"gather dst={root}", lambda: dist.gather(t(), None, root, async_op=True))
+        each(f"scatter src={root}", lambda: dist.scatter(t(), None, root, async_op=True))
+    each("send/recv tag=-3", lambda: dist.isend(t(), 1, tag=-3) if rank == 0 else dist.irecv(t(), 0, tag=-3))
+    each("send/recv non-contiguous", lambda: (dist.isend(torch.zeros(3, 3).t(), 1) if rank == 0
+                                              else dist.irecv(torch.zeros(3, 3).t(), 0)))
+    each("all_to_all_single non-contiguous input", lambda: dist.all_to_all_single(
+        torch.zeros(2 * world_size, 2), torch.zeros(2, 2 * world_size).t(), async_op=True))
+    each("all_to_all_single non-contiguous output", lambda: dist.all_to_all_single(
+        torch.zeros(2, 2 * world_size).t(), torch.ones(2 * world_size, 2), async_op=True))
+    for given, into in ((torch.float32, torch.float64), (torch.int32, torch.int64)):
+        each(f"all_gather_into_tensor {given} into {into}", lambda: dist.all_gather_into_tensor(
+            torch.zeros(4 * world_size, dtype=into), t(given), async_op=True))
+    return out
+
+
+def _builtin_name(exc: BaseException) -> str:
+    """The builtin class an error is (simcluster's backend errors are subclasses of it)."""
+    return next(k.__name__ for k in type(exc).__mro__ if k.__module__ == "builtins")
+
+
+def first_line_of(exc: BaseException) -> str:
+    return str(exc).partition("\n")[0]
+
+
+@pytest.mark.gloo
+def test_arguments_gloo_refuses_are_refused_where_and_as_real_gloo_does(gloo_world: Any) -> None:
+    """Found by probing through e2e (stop 42): an int16 or float8 broadcast, all_gather,
+    scatter or all_to_all passed here (only the reductions checked the dtype) where real gloo
+    raises ``Invalid scalar type`` at wait() and moves nothing; a root past the group raised
+    ``IndexError`` from inside simcluster, and root -1 was taken as the last rank; a negative tag,
+    a non-contiguous send or all_to_all_single input, an all_gather_into_tensor output of
+    another dtype all passed. Real gloo, world 2, is the oracle."""
+    real = gloo_world(2).run(argument_checks_job, [None, None], timeout=120.0)
+    sim = SimCluster(2).run(lambda rank: argument_checks_job(rank, 2)).values
+    for rank in range(2):
+        assert {k: v for k, v in sim[rank].items() if v != real[rank][k]} == {}, f"rank {rank}: real {real[rank]}"
+    assert real[1]["broadcast torch.int16"] == "wait: RuntimeError: Invalid scalar type | [[2.0, 2.0, 2.0, 2.0]]"
+    assert real[0]["broadcast src=2"] == "call: RuntimeError: ProcessGroupGloo::broadcast: invalid root rank: 2 | []"

@@ -483,7 +483,7 @@ class SimProcessGroup(dist.ProcessGroup):
         root = opts.rootRank
         sig, name, factor, error = self._reduce_signature("reduce", t, opts)
         backend = self._runtime.backend.name
-        root_global = self.spec.ranks[root]
+        root_global = self._root("reduce", root)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
@@ -593,7 +593,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return results
 
         return self._post("all_gather", t, signature, compute, (list(outs), t), watched=(t, *outs),
-                          nbytes=t.numel() * t.element_size())
+                          nbytes=t.numel() * t.element_size(), error=self._dtype_rejection("all_gather", t))
 
     def _uneven_all_gather(self, outs: list[torch.Tensor], t: torch.Tensor) -> tuple[Any, ...]:
         """An ``all_gather`` whose outputs differ in size, under the NCCL model: ProcessGroupNCCL
@@ -634,7 +634,8 @@ class SimProcessGroup(dist.ProcessGroup):
             return results
 
         return self._post("all_gather_into_tensor", input, (_dtype(input), tuple(input.shape)), compute,
-                          (output, input), watched=(input, output))
+                          (output, input), watched=(input, output),
+                          error=self._dtype_rejection("all_gather_into_tensor", input))
 
     _allgather_base = all_gather_single
 
@@ -649,7 +650,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._one_tensor("broadcast", tensors)
         (t,) = tensors
         root = opts.rootRank
-        root_global = self.spec.ranks[root]
+        root_global = self._root("broadcast", root)
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             source = calls[root_global].payload.clone()
@@ -659,7 +660,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 results[r] = ([call.payload], None)
             return results
 
-        return self._post("broadcast", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, t, detail=f"root {root}")
+        return self._post("broadcast", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, t, detail=f"root {root}",
+                          error=self._dtype_rejection("broadcast", t))
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None,
                timeout: Any = None, *, root: Any = None) -> SimWork:
@@ -670,7 +672,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._one_tensor("gather", inputs)
         (t,) = inputs
         root = opts.rootRank
-        root_global = self.spec.ranks[root]
+        root_global = self._root("gather", root)
         gather_list = outputs[0] if outputs else []
         if self.global_rank == root_global:
             self._list_len("gather", "gather_list", gather_list)
@@ -684,7 +686,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return {r: (list(dest) if r == root_global else [], None) for r in ranks}
 
         return self._post("gather", t, (_dtype(t), tuple(t.shape), f"root={root}"), compute, (list(gather_list), t),
-                          detail=f"root {root}")
+                          detail=f"root {root}", error=self._dtype_rejection("gather", t))
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None,
                 timeout: Any = None, *, root: Any = None) -> SimWork:
@@ -695,7 +697,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._one_tensor("scatter", outputs)
         (out,) = outputs
         root = opts.rootRank
-        root_global = self.spec.ranks[root]
+        root_global = self._root("scatter", root)
         scatter_list = inputs[0] if inputs else []
         if self.global_rank == root_global:
             self._list_len("scatter", "scatter_list", scatter_list)
@@ -711,7 +713,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return results
 
         return self._post("scatter", out, (_dtype(out), tuple(out.shape), f"root={root}"), compute,
-                          (out, list(scatter_list)), detail=f"root {root}")
+                          (out, list(scatter_list)), detail=f"root {root}", error=self._dtype_rejection("scatter", out))
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._check_tensors("all_to_all", [*outputs, *inputs])
@@ -731,13 +733,16 @@ class SimProcessGroup(dist.ProcessGroup):
 
         first = inputs[0]
         return self._post("all_to_all", first, (_dtype(first),), compute, (list(outputs), list(inputs)),
-                          nbytes=sum(t.numel() * t.element_size() for t in inputs))
+                          nbytes=sum(t.numel() * t.element_size() for t in inputs),
+                          error=self._dtype_rejection("all_to_all", first))
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
         input_split_sizes: list[int], opts: Any = None,
     ) -> SimWork:
         self._check_tensors("all_to_all_single", [output, input])
+        if not input.is_contiguous():  # at the call on gloo (measured; its output may be a transposed view)
+            raise backend_error(ValueError, "Tensors must be contiguous")
         size = self.size()
         error, ins, outs = _alltoall_parts(self._runtime.backend.alltoall_bytes, output, input,
                                            output_split_sizes, input_split_sizes, size)
@@ -759,7 +764,8 @@ class SimProcessGroup(dist.ProcessGroup):
             return results
 
         return self._post("all_to_all_single", input, (_dtype(input),), compute, ((output, outs), ins),
-                          error=None if error is None else collectives.Rejection(RuntimeError, error, "wait", "measured"))
+                          error=self._dtype_rejection("all_to_all_single", input) or (
+                              None if error is None else collectives.Rejection(RuntimeError, error, "wait", "measured")))
 
     alltoall_base = all_to_all_single
 
@@ -786,6 +792,13 @@ class SimProcessGroup(dist.ProcessGroup):
         raise UnsupportedError("SimProcessGroup does not support recv from any source (src=None): name the source rank")
 
     def _p2p(self, op: str, t: torch.Tensor, src: int, dst: int, tag: int) -> SimWork:
+        if self._runtime.backend.name == "gloo":  # measured (benchmarks/measure_gloo_argument_checks.py), in gloo's order
+            if not t.is_contiguous():
+                raise backend_error(RuntimeError, "input tensor has to be contiguous")
+            if tag < 0:
+                raise backend_error(RuntimeError, "Tag must be nonnegative")
+        elif not t.is_contiguous():  # NCCL's check of a p2p tensor (from its source; not measured)
+            raise backend_error(ValueError, "Tensors must be contiguous")
         for peer in (src, dst):
             if not 0 <= peer < self.size():
                 raise ValueError(f"{op} on rank {self.global_rank}: peer {peer} is not a rank of {self.spec.name}")
@@ -845,6 +858,26 @@ class SimProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         if type(t) is not torch.Tensor or not t.is_cpu or t.is_sparse:  # the common case decided here (hot)
             self._check_tensors(op, tensors)
+
+    def _root(self, op: str, root: int) -> int:
+        """The global rank of ``root``, a group rank, refused at the call when it is not one,
+        in gloo's words (``ProcessGroupGloo::gather: invalid root rank: 2``, also for -1:
+        ``benchmarks/measure_gloo_argument_checks.py``). Until stop 42 a root past the group
+        raised ``IndexError`` from inside simcluster and -1 passed as the last rank. NCCL's own
+        message was not measured: the NCCL model says the same in its name."""
+        if not 0 <= root < self.size():
+            backend = "Gloo" if self._runtime.backend.name == "gloo" else "NCCL"
+            raise backend_error(RuntimeError, f"ProcessGroup{backend}::{op}: invalid root rank: {root}")
+        return self.spec.ranks[root]
+
+    def _dtype_rejection(self, op: str, tensor: torch.Tensor) -> collectives.Rejection | None:
+        """The backend's refusal of ``tensor``'s dtype in a collective that does not reduce
+        (None: accepted): gloo's ``Invalid scalar type`` at ``wait()`` for int16, uint16,
+        uint32, float8, … in every collective — ``gather`` for complex too, which torch
+        does not pass as real — and none for send/recv, which move bytes (measured:
+        ``benchmarks/measure_gloo_argument_checks.py``; until stop 42 only the reductions were
+        refused, and an int16 all_gather passed here and failed on real gloo)."""
+        return collectives.rejection(op, None, tensor.dtype, self._runtime.backend.name)
 
     def _list_len(self, op: str, what: str, items: Sequence[Any]) -> None:
         if len(items) != self.size():
@@ -988,9 +1021,26 @@ def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size
         raise BackendError(f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
                            f"(expected length {size}, got {len(outs)})")
     for i, o in enumerate(outs):
+        if o.dtype != t.dtype:  # checked before the size (an output of another dtype passed here until stop 42)
+            raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor type at index {i} "
+                               f"(expected {_tensor_options(t.dtype)}, got {_tensor_options(o.dtype)})")
         if o.shape != t.shape:
             raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
                                f"(expected {_sizes(t)}, got {_sizes(o)})")
+
+
+_CPP_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+                   torch.bfloat16: "c10::BFloat16", torch.int32: "int", torch.int64: "long int",
+                   torch.uint8: "unsigned char", torch.int8: "signed char", torch.bool: "bool"}
+"""How a C++ error of torch's names each dtype gloo moves (its ``TensorOptions`` printout;
+measured for each: ``benchmarks/measure_gloo_argument_checks.py``)."""
+
+
+def _tensor_options(dtype: torch.dtype) -> str:
+    """A CPU tensor's ``TensorOptions`` as torch's C++ prints them in gloo's type errors."""
+    name = _CPP_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return (f"TensorOptions(dtype={name}, device=cpu, layout=Strided, requires_grad=false (default), "
+            "pinned_memory=false (default), memory_format=(nullopt))")
 
 
 SNAPSHOT_ELEMENTS = 4096
