@@ -669,8 +669,11 @@ def _unmodelled(traceback_text: str) -> str | None:
     found = re.search(rf"^simcluster\.errors\.(?:{kinds}): (.*)$", traceback_text, re.MULTILINE)
     if found is None:
         return None
+    from simcluster.fake.cluster import CAUGHT_UNMODELLED
+
     where = re.search(r"^simcluster: raised in the supervised child \((.*)\)$", traceback_text, re.MULTILINE)
-    return found.group(1) + (f" ({where.group(1)})" if where else "")
+    caught = f"; {CAUGHT_UNMODELLED}" if CAUGHT_UNMODELLED in traceback_text else ""
+    return found.group(1) + (f" ({where.group(1)})" if where else "") + caught
 
 
 def _broken_report(row: dict[str, Any], plan: dict[str, Any], seconds: float, note: str) -> CheckReport:

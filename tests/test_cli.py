@@ -159,6 +159,42 @@ def test_a_hook_using_what_the_simulator_does_not_model_is_named_not_an_internal
     assert "monitored_barrier" in line and f"{path}:7" in line
 
 
+CAUGHT_UNMODELLED_HOOK = """
+import torch
+import torch.distributed as dist
+
+
+def hook(state, bucket):
+    if dist.get_rank() == 1:
+        dist.send(torch.ones(2), dst=0)
+    else:
+        try:
+            dist.recv(torch.zeros(2))  # from any source: real gloo receives rank 1's tensor
+        except Exception:
+            pass
+    return dist.all_reduce(bucket.buffer().div_(2), async_op=True).get_future().then(lambda f: f.value()[0])
+"""
+
+
+def test_a_hook_that_catches_what_the_simulator_does_not_model_still_gets_no_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recv from any source is not modelled; a hook that caught the UnsupportedError (``except
+    Exception``) went on, rank 1's send was never matched, and the deadlock that followed was
+    reported as the hook's liveness failure (exit 1) — where real gloo runs the hook (found by
+    probing through e2e, stop 42). Caught or not, the run now has no verdict: exit 3, naming
+    the call and saying it was caught."""
+    path = tmp_path / "caught.py"
+    path.write_text(CAUGHT_UNMODELLED_HOOK)
+    out_json = tmp_path / "report.json"
+    code = main(["check", f"{path}:hook", "--examples", "3", "--no-database", "--quiet", "--backend", "gloo",
+                 "--world-sizes", "2", "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    assert code == 3, out + err
+    line = next(ln for ln in err.splitlines() if ln.startswith("simcluster: cannot check"))
+    assert "recv from any source" in line and f"{path}:11" in line and line.endswith("caught this error and went on"), line
+    assert "DeadlockError" not in out + err and "FAILED liveness" not in out
+
+
 SHARED_SETTING_HOOK = """
 import torch
 import torch.distributed as dist

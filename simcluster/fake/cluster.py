@@ -20,6 +20,7 @@ error raised from a run ends with a replay line naming both.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -190,6 +191,7 @@ class SimCluster(Runtime):
             engine.spawn(rank, body, f"rank {rank}'s code")
         self.engine = engine
         CURRENT.exits.clear()
+        CURRENT.unmodelled.clear()
         try:
             patches = install_torch_patches(self.contexts, engine)
             try:
@@ -207,6 +209,9 @@ class SimCluster(Runtime):
             self.engine = None
             # a rank that changed a process-wide setting invalidates the run: that story first
             self.contexts.audit.raise_if_changed(self.replay_line)
+            # then a call the simulator does not model: what followed it is no real cluster's
+            if CURRENT.unmodelled and isinstance(sys.exc_info()[1], (Exception, type(None))):
+                raise _unmodelled(CURRENT.unmodelled, engine, self.replay_line())
         upto = len(self.choices)
 
         def replay() -> str:
@@ -348,6 +353,23 @@ def _split_like(grad: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torc
     if sum(sizes) != grad.numel():
         raise UsageError(f"the parameters hold {sum(sizes)} elements but the gradient has {grad.numel()}")
     return [g.view(p.shape) for g, p in zip(grad.split(sizes), params)]
+
+
+CAUGHT_UNMODELLED = "the code under test caught this error and went on"
+"""What a report says of a call the simulator does not model when the code under test caught its error."""
+
+
+def _unmodelled(unmodelled: list[BaseException], engine: Engine, replay: str) -> BaseException:
+    """The first call of the run the simulator does not model (``process_group.not_modelled``),
+    raised whatever the run did after it: when the code under test caught it and went on, a
+    note says so (the deadlock or failure that followed is the simulator's gap, not a finding)."""
+    first = unmodelled[0]
+    if all(exc is not first for _, _, exc in engine.failures):
+        first.add_note(f"simcluster: {CAUGHT_UNMODELLED}; what followed is not what a real cluster would do, so this "
+                       "run has no verdict")
+    first.add_note(f"simcluster: replay with {replay}")
+    unmodelled.clear()
+    return first
 
 
 def _exit_caught(exits: list[BaseException], replay: str) -> BaseException:

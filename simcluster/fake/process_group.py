@@ -39,6 +39,7 @@ from simcluster.engine.trace import Failed, Trace, Wrapped
 from simcluster.errors import BackendError, DeadlockError, UnsupportedError, UsageError, backend_error
 from simcluster.fake.futures import DoneFlag, SimFuture, polled_by_user
 from simcluster.names import MASKED_ADDRESS, MASKED_STAMP, wear_torchs_name
+from simcluster.usercode.rank_state import CURRENT
 
 if TYPE_CHECKING:
     from simcluster.fake.backends import BackendModel
@@ -231,11 +232,11 @@ class CoalescedWork(dist.Work):
         return next((e for e in (work.exception() for work in self._works) if e is not None), None)
 
     def get_future(self) -> torch.futures.Future:
-        raise UnsupportedError("get_future() of the one work dist.batch_isend_irecv returns for a batch under the "
+        raise not_modelled("get_future() of the one work dist.batch_isend_irecv returns for a batch under the "
                                "NCCL model (what it holds is not modelled)")
 
     def result(self) -> list[torch.Tensor]:
-        raise UnsupportedError("result() of the one work dist.batch_isend_irecv returns for a batch under the "
+        raise not_modelled("result() of the one work dist.batch_isend_irecv returns for a batch under the "
                                "NCCL model (not modelled)")
 
     def synchronize(self) -> None:
@@ -324,9 +325,9 @@ class SimProcessGroup(dist.ProcessGroup):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: expected a Tensor, got {type(t).__name__} on rank {self.global_rank}")
             if not t.is_cpu:
-                raise UnsupportedError(f"SimProcessGroup does not support {t.device.type} tensors ({op})")
+                raise not_modelled(f"SimProcessGroup does not support {t.device.type} tensors ({op})")
             if t.is_sparse:
-                raise UnsupportedError(f"SimProcessGroup does not support sparse tensors ({op})")
+                raise not_modelled(f"SimProcessGroup does not support sparse tensors ({op})")
 
     def _post(
         self,
@@ -640,7 +641,7 @@ class SimProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, *args: Any, **kwargs: Any) -> SimWork:
-        raise UnsupportedError("SimProcessGroup does not support all_gather_coalesced yet; use all_gather per tensor")
+        raise not_modelled("SimProcessGroup does not support all_gather_coalesced yet; use all_gather per tensor")
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, *,
                   root: Any = None) -> SimWork:
@@ -789,7 +790,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._p2p("recv", t, src, self.rank(), tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> SimWork:
-        raise UnsupportedError("SimProcessGroup does not support recv from any source (src=None): name the source rank")
+        raise not_modelled("SimProcessGroup does not support recv from any source (src=None): name the source rank")
 
     def _p2p(self, op: str, t: torch.Tensor, src: int, dst: int, tag: int) -> SimWork:
         if self._runtime.backend.name == "gloo":  # measured (benchmarks/measure_gloo_argument_checks.py), in gloo's order
@@ -810,7 +811,7 @@ class SimProcessGroup(dist.ProcessGroup):
         src_g, dst_g = self.spec.ranks[src], self.spec.ranks[dst]
         channel = f"{self.spec.name} p2p {src}->{dst} tag {tag}"
         if src == dst and any(o != op for o in self._engine(op).pending_ops(channel)):
-            raise UnsupportedError(
+            raise not_modelled(
                 f"rank {self.global_rank} posted both a send to itself and a recv from itself on {self.spec.name}: "
                 "NCCL pairs them (docs/gloo-facts.md, 'Point to point'), the NCCL model does not"
             )
@@ -830,13 +831,13 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # -- not modelled ---------------------------------------------------------
     def _start_coalescing(self, *args: Any) -> None:
-        raise UnsupportedError("SimProcessGroup does not support dist._coalescing_manager")
+        raise not_modelled("SimProcessGroup does not support dist._coalescing_manager")
 
     def _end_coalescing(self, *args: Any) -> None:
-        raise UnsupportedError("SimProcessGroup does not support dist._coalescing_manager")
+        raise not_modelled("SimProcessGroup does not support dist._coalescing_manager")
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
-        raise UnsupportedError("SimProcessGroup does not support monitored_barrier")
+        raise not_modelled("SimProcessGroup does not support monitored_barrier")
 
     @property
     def group_name(self) -> str:
@@ -854,7 +855,7 @@ class SimProcessGroup(dist.ProcessGroup):
     # -- validation helpers ---------------------------------------------------
     def _one_tensor(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
         if len(tensors) != 1:
-            raise UnsupportedError(f"SimProcessGroup supports one tensor per rank in {op}, got {len(tensors)}")
+            raise not_modelled(f"SimProcessGroup supports one tensor per rank in {op}, got {len(tensors)}")
         t = tensors[0]
         if type(t) is not torch.Tensor or not t.is_cpu or t.is_sparse:  # the common case decided here (hot)
             self._check_tensors(op, tensors)
@@ -1009,6 +1010,17 @@ def _rooted(make: Callable[[], Any], root: Any, base: Any = None) -> Any:
 
 def _reduce_op(opts: Any) -> Any:
     return getattr(opts, "reduceOp", dist.ReduceOp.SUM) if opts is not None else dist.ReduceOp.SUM
+
+
+def not_modelled(message: str) -> UnsupportedError:
+    """The ``UnsupportedError`` for a call of the code under test the simulator does not model,
+    remembered for the run in progress (``CURRENT.unmodelled``): a hook that catches it and
+    goes on (``except Exception``) does what no real rank would, so the run ends with this
+    error whatever follows — until stop 42 a hook that caught a ``recv`` from any source went
+    on into a deadlock, reported as its finding, where real gloo runs it."""
+    exc = UnsupportedError(message)
+    CURRENT.unmodelled.append(exc)
+    return exc
 
 
 def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size: int) -> None:

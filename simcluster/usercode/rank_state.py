@@ -75,7 +75,7 @@ except ImportError:  # pragma: no cover - no numpy: nothing to swap
 class _Current:
     """Which rank's code runs now: set by :meth:`RankContexts.switch` at every hand-over."""
 
-    __slots__ = ("generators", "rank", "modules", "patches", "announce", "audit", "exits")
+    __slots__ = ("generators", "rank", "modules", "patches", "announce", "audit", "exits", "unmodelled")
 
     def __init__(self) -> None:
         self.generators: RankGenerators | None = None
@@ -95,6 +95,11 @@ class _Current:
         raised in its place (a supervised child's: the call cannot end a rank that is not a
         process): a run whose code caught that error — ``except Exception``, a ``__del__``,
         a finalizer, a thread — still ends as a failure (``SimCluster`` reports it)."""
+        self.unmodelled: list[BaseException] = []
+        """Every ``UnsupportedError`` a call of the code under test got in the run in progress
+        (``recv`` from any source, ``monitored_barrier``, …): caught or not, the run has no
+        verdict (``SimCluster`` raises the first) — a hook that caught one went on as no real
+        rank would, and its deadlock was reported as a finding."""
 
 
 CURRENT = _Current()
