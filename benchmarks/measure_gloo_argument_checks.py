@@ -57,6 +57,12 @@ def _cases(rank: int, world: int) -> dict[str, Callable[[], Any]]:
         torch.zeros(2 * world, 2), torch.zeros(2, 2 * world).t(), async_op=True)
     cases["all_to_all_single non-contiguous output"] = lambda: dist.all_to_all_single(
         torch.zeros(2, 2 * world).t(), torch.zeros(2 * world, 2), async_op=True)
+    cases["all_to_all outputs of 2, inputs of 1"] = lambda: dist.all_to_all(
+        [torch.zeros(2) for _ in range(world)], [torch.ones(1) for _ in range(world)], async_op=True)
+    cases["all_to_all 3 inputs"] = lambda: dist.all_to_all(
+        [torch.zeros(1) for _ in range(world)], [torch.ones(1) for _ in range(world + 1)], async_op=True)
+    cases["reduce_scatter list too long"] = lambda: dist.reduce_scatter(
+        t(), [t() for _ in range(world + 1)], async_op=True)
     for given, out in ((torch.float32, torch.float64), (torch.float16, torch.float32), (torch.int32, torch.int64),
                        (torch.uint8, torch.int8), (torch.bfloat16, torch.bool)):
         cases[f"all_gather_into_tensor {given} into {out}"] = lambda g=given, o=out: dist.all_gather_into_tensor(

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from simcluster.engine.contract import Call
 from simcluster.engine.frames import stack_user_frames
 from simcluster.engine.trace import Completed, Posted, Trace
-from simcluster.errors import CollectiveMismatchError, InFlightWriteError
+from simcluster.errors import CollectiveMismatchError, InFlightWriteError, UnsupportedError
 
 __all__ = [
     "Instance", "Matcher", "MAX_LISTED", "compute_failure", "crossed_lines", "mismatch_error", "posted_at_lines",
@@ -197,9 +197,16 @@ def _mismatch_identity(problem: str, first: Call, call: Call) -> str:
     return f"{problem}: {' vs '.join(sorted({kind(first), kind(call)}))}"
 
 
-def compute_failure(inst: Instance, computed: Call, exc: Exception) -> CollectiveMismatchError:
+def compute_failure(inst: Instance, computed: Call, exc: Exception) -> CollectiveMismatchError | UnsupportedError:
     """The error for a collective whose calls agree in signature but whose ``compute``
-    (``computed``'s) raised ``exc``: they do not fit together. Lists each distinct call once."""
+    (``computed``'s) raised ``exc``: they do not fit together. Lists each distinct call once.
+
+    An ``UnsupportedError`` (``compute`` met what the simulator does not model: a reduce_scatter
+    of a non-contiguous tensor, a view with gaps) stays one: the run then has no verdict. It was
+    reported as a mismatch — a finding — where real gloo runs such calls (probing through e2e,
+    stop 42)."""
+    if isinstance(exc, UnsupportedError):
+        return UnsupportedError(f"{computed.op} #{inst.seq} on {inst.channel}: {exc}\n{_calls_by_description(inst.calls)}")
     return CollectiveMismatchError(
         f"{computed.op} #{inst.seq} on {inst.channel}: ranks' calls do not fit together: {exc}\n"
         f"{_calls_by_description(inst.calls)}"

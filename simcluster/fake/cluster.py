@@ -210,8 +210,8 @@ class SimCluster(Runtime):
             # a rank that changed a process-wide setting invalidates the run: that story first
             self.contexts.audit.raise_if_changed(self.replay_line)
             # then a call the simulator does not model: what followed it is no real cluster's
-            if CURRENT.unmodelled and isinstance(sys.exc_info()[1], (Exception, type(None))):
-                raise _unmodelled(CURRENT.unmodelled, engine, self.replay_line())
+            if _caught_unmodelled(engine) and isinstance(sys.exc_info()[1], (Exception, type(None))):
+                raise _unmodelled(CURRENT.unmodelled, self.replay_line())
         upto = len(self.choices)
 
         def replay() -> str:
@@ -359,14 +359,21 @@ CAUGHT_UNMODELLED = "the code under test caught this error and went on"
 """What a report says of a call the simulator does not model when the code under test caught its error."""
 
 
-def _unmodelled(unmodelled: list[BaseException], engine: Engine, replay: str) -> BaseException:
-    """The first call of the run the simulator does not model (``process_group.not_modelled``),
-    raised whatever the run did after it: when the code under test caught it and went on, a
-    note says so (the deadlock or failure that followed is the simulator's gap, not a finding)."""
+def _caught_unmodelled(engine: Engine) -> bool:
+    """Whether the code under test caught every error of a call the simulator does not model
+    that it got in this run (``process_group.not_modelled``): one it did not catch is a rank's
+    failure, told the usual way (:meth:`SimCluster._raise_failures`, which names its rank)."""
+    failed = {id(exc) for _, _, exc in engine.failures}
+    return bool(CURRENT.unmodelled) and all(id(exc) not in failed for exc in CURRENT.unmodelled)
+
+
+def _unmodelled(unmodelled: list[BaseException], replay: str) -> BaseException:
+    """The first call of the run the simulator does not model, whose error the code under
+    test caught and went on (:func:`_caught_unmodelled`), raised whatever the run did after it:
+    the deadlock or failure that followed is the simulator's gap, not a finding."""
     first = unmodelled[0]
-    if all(exc is not first for _, _, exc in engine.failures):
-        first.add_note(f"simcluster: {CAUGHT_UNMODELLED}; what followed is not what a real cluster would do, so this "
-                       "run has no verdict")
+    first.add_note(f"simcluster: {CAUGHT_UNMODELLED}; what followed is not what a real cluster would do, so this run "
+                   "has no verdict")
     first.add_note(f"simcluster: replay with {replay}")
     unmodelled.clear()
     return first

@@ -299,7 +299,7 @@ def memory_window(t: torch.Tensor) -> torch.Tensor:
     return t.detach().as_strided((t.numel(),), (1,), t.storage_offset())
 
 
-def _is_dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """True when ``t``'s elements fill its memory window exactly (contiguous up to a dim permutation)."""
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
@@ -318,7 +318,7 @@ def _as_raw(t: torch.Tensor, backend: str = "gloo") -> torch.Tensor:
         return t  # already that buffer (a bucket, the common case): no detach/reshape views (hot, per rank)
     if t.is_contiguous() or t.numel() <= 1:
         flat = t.detach().reshape(-1)
-    elif backend == "gloo" and _is_dense(t):
+    elif backend == "gloo" and is_dense(t):
         flat = memory_window(t)
     elif backend == "gloo":
         raise UnsupportedError(

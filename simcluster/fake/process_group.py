@@ -179,6 +179,8 @@ class SimWork(dist.Work):
             return super().source_rank()
         return source[0] if source[1] else -1
 
+    _source_rank = source_rank  # torch's private alias: a hook calling it got the RuntimeError every other work raises
+
 
 wear_torchs_name(SimWork, dist.Work)  # as a real gloo work is named (docs/gloo-facts.md §8)
 
@@ -652,6 +654,10 @@ class SimProcessGroup(dist.ProcessGroup):
         (t,) = tensors
         root = opts.rootRank
         root_global = self._root("broadcast", root)
+        if self._runtime.backend.name == "gloo" and not t.is_contiguous() and not collectives.is_dense(t):
+            raise not_modelled(  # measured: broadcast(x[:, ::2], 1) on real gloo wrote 100..105 into x[0, :] and x[1, :2]
+                f"a broadcast into a {list(t.shape)} view with gaps (strides {t.stride()}): real gloo sends and writes "
+                f"the {t.numel()} elements of memory from each rank's data pointer, not the view's elements")
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             source = calls[root_global].payload.clone()
@@ -718,8 +724,11 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> SimWork:
         self._check_tensors("all_to_all", [*outputs, *inputs])
-        self._list_len("all_to_all", "output_tensor_list", outputs)
         self._list_len("all_to_all", "input_tensor_list", inputs)
+        self._list_len("all_to_all", "output_tensor_list", outputs)
+        if self._runtime.backend.name == "gloo" and any(o.numel() != i.numel() for o, i in zip(outputs, inputs)):
+            raise backend_error(RuntimeError, "ProcessGroupGloo::alltoall: input and output tensors must have the same "
+                                "size")  # at the call (measured); it passed here until stop 42
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
@@ -881,11 +890,18 @@ class SimProcessGroup(dist.ProcessGroup):
         return collectives.rejection(op, None, tensor.dtype, self._runtime.backend.name)
 
     def _list_len(self, op: str, what: str, items: Sequence[Any]) -> None:
-        if len(items) != self.size():
-            raise ValueError(
-                f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
-                f"{self.spec.name} has {self.size()} ranks"
-            )
+        """Refuse a list of tensors that is not one per rank of the group, at the call: in gloo's
+        words where they were measured (``benchmarks/measure_gloo_argument_checks.py`` and the
+        probes of stop 42, docs/gloo-facts.md §17), else in simcluster's."""
+        size = self.size()
+        if len(items) == size:
+            return
+        if self._runtime.backend.name == "gloo" and (op, what) in _GLOO_LIST_SIZE:
+            raise backend_error(RuntimeError, _GLOO_LIST_SIZE[op, what].format(n=len(items), size=size))
+        raise ValueError(
+            f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
+            f"{self.spec.name} has {size} ranks"
+        )
 
 
 wear_torchs_name(SimProcessGroup, dist.ProcessGroup)  # as a real group is named
@@ -1040,6 +1056,20 @@ def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size
             raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
                                f"(expected {_sizes(t)}, got {_sizes(o)})")
 
+
+_GLOO_LIST_SIZE = {
+    ("reduce_scatter", "input_list"): "invalid input tensor list size, must be world size",
+    ("all_to_all", "input_tensor_list"): "ProcessGroupGloo::alltoall: input tensor list size {n} does not match "
+                                         "world size {size}",
+    ("all_to_all", "output_tensor_list"): "ProcessGroupGloo::alltoall: output tensor list size {n} does not match "
+                                          "world size {size}",
+    ("scatter", "scatter_list"): "ProcessGroupGloo::scatter: Incorrect input list size {n}. Input list size should "
+                                 "be {size}, same as size of the process group.",
+    ("gather", "gather_list"): "ProcessGroupGloo::gather: Incorrect output list size {n}. Output list size should "
+                               "be {size}, same as size of the process group.",
+}
+"""gloo's words for a list of tensors that is not one per rank (RuntimeError, at the call). Measured:
+reduce_scatter's, all_to_all's input list, scatter's; all_to_all's output list and gather's by analogy."""
 
 _CPP_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
                    torch.bfloat16: "c10::BFloat16", torch.int32: "int", torch.int64: "long int",
