@@ -182,6 +182,7 @@ def versions_job(rank: int, world_size: int, payload: Any = None) -> dict[str, l
     gathered = [torch.zeros(4), torch.zeros(4)] if rank == 0 else None
     pieces = [torch.ones(4), torch.ones(4)] if rank == 0 else None
     peer = 1 - rank
+    a2a_outs, pair = [torch.zeros(2), torch.zeros(2)], [torch.ones(3), torch.ones(2)]
     return {
         "all_reduce": moved([t], lambda: dist.all_reduce(t, async_op=True)),
         "all_reduce of a view (view, base)": moved([view, base], lambda: dist.all_reduce(view, async_op=True)),
@@ -200,6 +201,17 @@ def versions_job(rank: int, world_size: int, payload: Any = None) -> dict[str, l
             out, pieces, 0, async_op=True)),
         "isend then irecv": moved([buf], lambda: (dist.isend if rank == 0 else dist.irecv)(buf, peer))
         + moved([buf], lambda: (dist.irecv if rank == 0 else dist.isend)(buf, peer)),
+        "all_to_all (outputs)": moved(a2a_outs, lambda: dist.all_to_all(a2a_outs, [torch.ones(2), torch.ones(2)],
+                                                                         async_op=True)),
+        "all_reduce_coalesced": moved(pair, lambda: dist.all_reduce_coalesced(pair, async_op=True)),
+        "all_reduce AVG": moved([t], lambda: dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)),
+        "reduce AVG": moved([t], lambda: dist.reduce(t, 0, op=dist.ReduceOp.AVG, async_op=True)),
+        "reduce_scatter AVG (input 0, output)": moved([ins[0], out], lambda: dist.reduce_scatter(
+            out, ins, op=dist.ReduceOp.AVG, async_op=True)),
+        "reduce_scatter_tensor AVG (input, output)": moved([whole, out], lambda: dist.reduce_scatter_tensor(
+            out, whole, op=dist.ReduceOp.AVG, async_op=True)),
+        "all_reduce_coalesced AVG": moved(pair, lambda: dist.all_reduce_coalesced(pair, op=dist.ReduceOp.AVG,
+                                                                                  async_op=True)),
     }
 
 

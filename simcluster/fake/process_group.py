@@ -446,6 +446,8 @@ class SimProcessGroup(dist.ProcessGroup):
             for r in ranks:
                 mine = calls[r].payload
                 collectives.copy_bits_(mine, result)
+                if name == "AVG":
+                    increment_version(mine)  # gloo divides the sum in place: the version moves once (measured)
                 out[r] = ([mine], None)
             return out
 
@@ -468,6 +470,7 @@ class SimProcessGroup(dist.ProcessGroup):
             for r in ranks:
                 for mine, part in zip(calls[r].payload, parts):
                     collectives.copy_bits_(mine, part)
+                    increment_version(mine)  # copied back from the flat buffer: each tensor's version moves once (measured)
             return {r: (list(calls[r].payload), None) for r in ranks}
 
         return self._post("all_reduce_coalesced", first, (shapes, name), compute, list(tensors),
@@ -495,6 +498,8 @@ class SimProcessGroup(dist.ProcessGroup):
             )
             for r, buffer in zip(ranks, buffers):
                 collectives.copy_bits_(calls[r].payload, buffer)
+                if name == "AVG":
+                    increment_version(calls[r].payload)  # the in-place division, on every rank (measured)
             return {r: ([calls[r].payload], None) for r in ranks}
 
         return self._post("reduce", t, (*sig, f"root={root}"), compute, t,
@@ -554,8 +559,8 @@ class SimProcessGroup(dist.ProcessGroup):
             for r, part in zip(ranks, parts):
                 mine = calls[r].payload[0]
                 collectives.copy_bits_(mine, part.view(mine.shape))
-                if whole_tensor:
-                    increment_version(mine)  # reduce_scatter_tensor moves its output's version by its completion
+                if whole_tensor or name == "AVG":  # reduce_scatter_tensor's completion; the list form's AVG division
+                    increment_version(mine)  # (measured: docs/gloo-facts.md §13)
                 results[r] = ([mine], None)
             return results
 
@@ -738,6 +743,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 outs = calls[r].payload[0]
                 for i, s in enumerate(ranks):
                     collectives.copy_bits_(outs[i], sent[s][j])
+                    increment_version(outs[i])  # all_to_all moves each output's version once (measured)
                 results[r] = (list(outs), None)
             return results
 
