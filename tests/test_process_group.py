@@ -1358,3 +1358,44 @@ def test_a_broadcast_into_a_view_with_gaps_is_not_modelled() -> None:
     with pytest.raises(UnsupportedError, match=r"a broadcast into a \[3, 2\] view with gaps"):
         SimCluster(2).run(rank_fn)
     SimCluster(2).run(lambda rank: dist.broadcast(torch.ones(3, 4).t(), 0))  # a dense permutation is modelled
+
+
+def completed_after_wait_job(rank: int, world_size: int, payload: Any = None) -> dict[str, bool]:
+    """``work.is_completed()`` right after each call's ``wait()`` returned."""
+    def after_wait(post: Callable[[], Any]) -> bool:
+        work = post()
+        work.wait()
+        return work.is_completed()
+
+    return {
+        "all_reduce": after_wait(lambda: dist.all_reduce(torch.ones(4), async_op=True)),
+        "reduce_scatter": after_wait(lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(2)] * world_size,
+                                                                 async_op=True)),
+        "reduce_scatter_tensor": after_wait(lambda: dist.reduce_scatter_tensor(
+            torch.zeros(2), torch.ones(2 * world_size), async_op=True)),
+        "all_gather": after_wait(lambda: dist.all_gather([torch.zeros(2) for _ in range(world_size)], torch.ones(2),
+                                                         async_op=True)),
+        "broadcast": after_wait(lambda: dist.broadcast(torch.ones(2), 0, async_op=True)),
+        "send/recv": after_wait(lambda: dist.isend(torch.ones(2), 1) if rank == 0 else dist.irecv(torch.zeros(2), 0)),
+    }
+
+
+@pytest.mark.gloo
+def test_a_reduce_scatter_never_says_it_completed_as_on_real_gloo(gloo_world: Any) -> None:
+    """gloo's reduce_scatter works say ``is_completed()`` False even after their ``wait()``
+    returned (every other collective's says True); the simulated one said True, so a hook
+    polling one passed here and spins for ever on gloo (found probing through e2e, stop 42).
+    Real gloo, world 2, is the oracle; a polling hook is a deadlock that says why."""
+    real = gloo_world(2).run(completed_after_wait_job, [None, None], timeout=120.0)
+    sim = SimCluster(2).run(lambda rank: completed_after_wait_job(rank, 2)).values
+    assert sim == real
+    assert real[0]["reduce_scatter"] is False and real[0]["all_reduce"] is True
+
+    def polls(rank: int) -> None:
+        work = dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(4), async_op=True)
+        work.wait()
+        while not work.is_completed():
+            pass
+
+    with pytest.raises(DeadlockError, match="gloo never says is completed"):
+        SimCluster(2).run(polls)

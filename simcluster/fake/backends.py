@@ -137,6 +137,12 @@ class BackendModel:
     polls one before it waits spins for ever on a real cluster. False: it says True once the
     operation finished (NCCL: the work queries its CUDA event; from torch's source)."""
 
+    never_completed_ops: frozenset[str] = frozenset()
+    """Ops whose work never says ``is_completed()`` True, not even after its ``wait()`` returned
+    (gloo's ``reduce_scatter`` and ``reduce_scatter_tensor``, measured 2026-12-07: False right
+    after the wait and 0.3 s later, where every other collective's says True; docs/gloo-facts.md
+    §18): a hook that polls one spins for ever on a real cluster."""
+
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
 
@@ -180,6 +186,7 @@ GLOO = BackendModel(
     knows_nccl_version=False,
     recv_knows_its_source=True,
     p2p_completed_at_wait=True,
+    never_completed_ops=frozenset({"reduce_scatter", "reduce_scatter_tensor"}),
 )
 
 NCCL = BackendModel(

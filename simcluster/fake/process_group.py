@@ -103,7 +103,8 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    __slots__ = ("_future", "_finished", "_op", "_get_future_error", "_source", "_unwaited")  # as SimFuture's: one per call
+    __slots__ = ("_future", "_finished", "_op", "_get_future_error", "_source", "_unwaited",
+                 "_never")  # as SimFuture's: one per call
 
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
@@ -134,9 +135,9 @@ class SimWork(dist.Work):
     def polled(self, caller: Any) -> bool:
         """:meth:`is_completed` as ``caller`` (a frame) asked it: a pending work polled by
         the code under test lets the others make progress first (:func:`polled_by_user`)."""
-        unwaited = getattr(self, "_unwaited", None)
-        if unwaited is not None:  # gloo point to point: not completed until wait() returned, ever
-            polled_by_user(self._future.engine, unwaited, caller)
+        never = getattr(self, "_never", None) or getattr(self, "_unwaited", None)
+        if never is not None:  # gloo's point to point until wait() returned; its reduce_scatter, ever
+            polled_by_user(self._future.engine, never, caller)
             return False
         finished = self._finished
         if not finished.done():
@@ -185,19 +186,19 @@ class SimWork(dist.Work):
 wear_torchs_name(SimWork, dist.Work)  # as a real gloo work is named (docs/gloo-facts.md §8)
 
 
-class _CompletedAtWait:
-    """What a poll of a gloo point-to-point work before its ``wait()`` finds: pending, for good
-    (:attr:`~simcluster.fake.backends.BackendModel.p2p_completed_at_wait`) — a waitable that is
-    never done, named so that a deadlock of a rank polling it says why. A hook that polled a
-    recv until it completed passed here, where on real gloo it spins for ever (an audit of
-    hostile hooks, 2026-12-07)."""
+class _NeverCompleted:
+    """What a poll of a work that gloo never says is completed finds: pending, for good — a
+    waitable that is never done, named so that a deadlock of a rank polling it says why. A
+    gloo point-to-point work before its ``wait()``
+    (:attr:`~simcluster.fake.backends.BackendModel.p2p_completed_at_wait`: a hook that polled a
+    recv until it completed passed here, where on real gloo it spins for ever — an audit of
+    hostile hooks, 2026-12-07), a gloo reduce_scatter's at any time
+    (:attr:`~simcluster.fake.backends.BackendModel.never_completed_ops`, stop 42)."""
 
     __slots__ = ("label",)
 
-    def __init__(self, finished: DoneFlag) -> None:
-        self.label = (f"{finished.label}, which gloo says is completed only once its wait() returned "
-                      "(is_completed() stays False until then, however long ago the data moved; "
-                      "docs/gloo-facts.md, 'Point to point')")
+    def __init__(self, finished: DoneFlag, why: str) -> None:
+        self.label = f"{finished.label}, {why}"
 
     def done(self) -> bool:
         return False
@@ -400,7 +401,11 @@ class SimProcessGroup(dist.ProcessGroup):
             call.in_flight = InFlightTensors(watched)
         engine.post(call)
         future.label = f"{op}#{call.seq} on {call.channel}"
-        return SimWork(future, finished, op, backend.get_future_error(op))
+        work = SimWork(future, finished, op, backend.get_future_error(op))
+        if op in backend.never_completed_ops:
+            work._never = _NeverCompleted(finished, "whose work gloo never says is completed: is_completed() stays "
+                                          "False even after its wait() returned (docs/gloo-facts.md §18)")
+        return work
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
         """``(signature, reduce-op name, premul factor, backend rejection or None)`` of a
@@ -841,7 +846,9 @@ class SimProcessGroup(dist.ProcessGroup):
         if op == "recv" and backend.recv_knows_its_source:
             work._source = (src, False)
         if backend.p2p_completed_at_wait:
-            work._unwaited = _CompletedAtWait(work._finished)
+            work._unwaited = _NeverCompleted(work._finished, "which gloo says is completed only once its wait() "
+                                             "returned (is_completed() stays False until then, however long ago the "
+                                             "data moved; docs/gloo-facts.md, 'Point to point')")
         return work
 
     # -- not modelled ---------------------------------------------------------
