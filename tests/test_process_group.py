@@ -1297,6 +1297,9 @@ def argument_checks_job(rank: int, world_size: int, payload: Any = None) -> dict
         each(f"reduce dst={root}", lambda: dist.reduce(t(), root, async_op=True))
         each(f"gather dst={root}", lambda: dist.gather(t(), None, root, async_op=True))
         each(f"scatter src={root}", lambda: dist.scatter(t(), None, root, async_op=True))
+    shaped = torch.zeros(2, 3)
+    each("send (6,) into recv (2, 3)", lambda: dist.isend(torch.arange(6.0), 1) if rank == 0 else dist.irecv(shaped, 0),
+         shaped)
     each("send/recv tag=-3", lambda: dist.isend(t(), 1, tag=-3) if rank == 0 else dist.irecv(t(), 0, tag=-3))
     each("send/recv non-contiguous", lambda: (dist.isend(torch.zeros(3, 3).t(), 1) if rank == 0
                                               else dist.irecv(torch.zeros(3, 3).t(), 0)))
@@ -1337,7 +1340,8 @@ def test_arguments_gloo_refuses_are_refused_where_and_as_real_gloo_does(gloo_wor
     ``IndexError`` from inside simcluster, and root -1 was taken as the last rank; a negative tag,
     a non-contiguous send or all_to_all_single input, an all_gather_into_tensor output of
     another dtype, all_to_all tensors of different sizes all passed; list lengths were refused
-    in simcluster's words; a recv's ``_source_rank()`` raised. Real gloo, world 2, is the oracle."""
+    in simcluster's words; a recv's ``_source_rank()`` raised; a (6,) send received into a (2, 3)
+    tensor was a mismatch. Real gloo, world 2, is the oracle."""
     real = gloo_world(2).run(argument_checks_job, [None, None], timeout=120.0)
     sim = SimCluster(2).run(lambda rank: argument_checks_job(rank, 2)).values
     for rank in range(2):
