@@ -40,7 +40,9 @@ A hook's result can depend on the backend in five ways, and each model states al
    group usable; NCCL rejects unsupported ops when the call is made. gloo also refuses,
    at the call, gather outputs not shaped as the input and a send or recv to the rank
    itself, which NCCL accepts. The messages and the floating-point summation order come
-   from :mod:`simcluster.fake.collectives`.
+   from :mod:`simcluster.fake.collectives`. The arguments each backend refuses at the call
+   itself — a root outside the group, a negative tag, a list of the wrong length, … — and
+   its words for each are :attr:`BackendModel.call_refusals`.
 
 The facts behind each line are in ``docs/gloo-facts.md`` (measured on torch 2.13 with
 real gloo) and ``docs/collectives.md``; NCCL's are read from its code paths, not run.
@@ -48,12 +50,12 @@ real gloo) and ``docs/collectives.md``; NCCL's are read from its code paths, not
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from simcluster.errors import UsageError
+from simcluster.errors import UsageError, backend_error
 from simcluster.limits import BACKEND_NAMES
 
 __all__ = ["BackendModel", "GLOO", "NCCL", "backend_model"]
@@ -143,6 +145,21 @@ class BackendModel:
     after the wait and 0.3 s later, where every other collective's says True; docs/gloo-facts.md
     §18): a hook that polls one spins for ever on a real cluster."""
 
+    call_refusals: Mapping[str, tuple[type[Exception], str]] = field(default_factory=dict)
+    """The arguments the backend refuses at the call, by check, with its exception class and
+    words (a ``str.format`` template): ``root`` (a root outside the group), ``p2p_contiguous``
+    (a non-contiguous send or recv), ``tag`` (a negative one), ``alltoall_sizes`` (all_to_all
+    tensors of different sizes), ``"<op> <list>"`` (a list of tensors not one per rank). A
+    check the backend does not make is absent. gloo's are measured
+    (``benchmarks/measure_gloo_argument_checks.py``, docs/gloo-facts.md §17); NCCL's from its
+    source, not run."""
+
+    def refusal(self, check: str, **words: object) -> Exception | None:
+        """The error the backend raises at the call for ``check`` (:attr:`call_refusals`, its
+        template filled with ``words``), or None when it makes no such check."""
+        found = self.call_refusals.get(check)
+        return None if found is None else backend_error(found[0], found[1].format(**words))
+
     def get_future_error(self, op: str) -> str | None:
         return _GET_FUTURE_NOT_IMPLEMENTED if op in self.no_future_ops else None
 
@@ -187,6 +204,22 @@ GLOO = BackendModel(
     recv_knows_its_source=True,
     p2p_completed_at_wait=True,
     never_completed_ops=frozenset({"reduce_scatter", "reduce_scatter_tensor"}),
+    call_refusals={
+        "root": (RuntimeError, "ProcessGroupGloo::{op}: invalid root rank: {root}"),
+        "p2p_contiguous": (RuntimeError, "input tensor has to be contiguous"),  # checked before the tag
+        "tag": (RuntimeError, "Tag must be nonnegative"),
+        "alltoall_sizes": (RuntimeError, "ProcessGroupGloo::alltoall: input and output tensors must have the same size"),
+        "reduce_scatter input_list": (RuntimeError, "invalid input tensor list size, must be world size"),
+        "all_to_all input_tensor_list": (RuntimeError, "ProcessGroupGloo::alltoall: input tensor list size {n} does "
+                                                       "not match world size {size}"),
+        # by analogy with the input list's (measured), as is gather's with scatter's
+        "all_to_all output_tensor_list": (RuntimeError, "ProcessGroupGloo::alltoall: output tensor list size {n} does "
+                                                        "not match world size {size}"),
+        "scatter scatter_list": (RuntimeError, "ProcessGroupGloo::scatter: Incorrect input list size {n}. Input list "
+                                               "size should be {size}, same as size of the process group."),
+        "gather gather_list": (RuntimeError, "ProcessGroupGloo::gather: Incorrect output list size {n}. Output list "
+                                             "size should be {size}, same as size of the process group."),
+    },
 )
 
 NCCL = BackendModel(
@@ -207,6 +240,10 @@ NCCL = BackendModel(
     knows_nccl_version=True,
     recv_knows_its_source=False,
     p2p_completed_at_wait=False,
+    call_refusals={
+        "root": (RuntimeError, "ProcessGroupNCCL::{op}: invalid root rank: {root}"),  # gloo's form: not measured
+        "p2p_contiguous": (ValueError, "Tensors must be contiguous"),
+    },
 )
 
 _MODELS = {model.name: model for model in (GLOO, NCCL)}

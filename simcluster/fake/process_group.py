@@ -104,8 +104,8 @@ class SimWork(dist.Work):
     whose real backend has no future (gloo's ``reduce_scatter`` and point-to-point).
     """
 
-    __slots__ = ("_future", "_finished", "_op", "_get_future_error", "_source", "_unwaited",
-                 "_never")  # as SimFuture's: one per call
+    __slots__ = ("_future", "_finished", "_op", "_get_future_error", "_source",
+                 "_seen_pending")  # as SimFuture's: one per call
 
     def __init__(self, future: SimFuture, finished: DoneFlag, op: str, get_future_error: str | None) -> None:
         super().__init__()
@@ -127,7 +127,9 @@ class SimWork(dist.Work):
         source = getattr(self, "_source", None)
         if source is not None:  # a recv: its source is known once wait() returned (source_rank)
             self._source = (source[0], True)
-        self._unwaited = None  # gloo point to point: completed from now on (polled)
+        seen = getattr(self, "_seen_pending", None)
+        if seen is not None and seen.until_wait:  # gloo point to point: completed from now on (polled)
+            self._seen_pending = None
         return True
 
     def is_completed(self) -> bool:
@@ -136,9 +138,9 @@ class SimWork(dist.Work):
     def polled(self, caller: Any) -> bool:
         """:meth:`is_completed` as ``caller`` (a frame) asked it: a pending work polled by
         the code under test lets the others make progress first (:func:`polled_by_user`)."""
-        never = getattr(self, "_never", None) or getattr(self, "_unwaited", None)
-        if never is not None:  # gloo's point to point until wait() returned; its reduce_scatter, ever
-            polled_by_user(self._future.engine, never, caller)
+        seen = getattr(self, "_seen_pending", None)
+        if seen is not None:  # gloo's point to point until wait() returned; its reduce_scatter, ever
+            polled_by_user(self._future.engine, seen, caller)
             return False
         finished = self._finished
         if not finished.done():
@@ -196,10 +198,11 @@ class _NeverCompleted:
     hostile hooks, 2026-12-07), a gloo reduce_scatter's at any time
     (:attr:`~simcluster.fake.backends.BackendModel.never_completed_ops`, stop 42)."""
 
-    __slots__ = ("label",)
+    __slots__ = ("label", "until_wait")
 
-    def __init__(self, finished: DoneFlag, why: str) -> None:
+    def __init__(self, finished: DoneFlag, why: str, *, until_wait: bool = False) -> None:
         self.label = f"{finished.label}, {why}"
+        self.until_wait = until_wait  # True: only until the work's wait() returned (point to point); False: for good
 
     def done(self) -> bool:
         return False
@@ -404,8 +407,8 @@ class SimProcessGroup(dist.ProcessGroup):
         future.label = f"{op}#{call.seq} on {call.channel}"
         work = SimWork(future, finished, op, backend.get_future_error(op))
         if op in backend.never_completed_ops:
-            work._never = _NeverCompleted(finished, "whose work gloo never says is completed: is_completed() stays "
-                                          "False even after its wait() returned (docs/gloo-facts.md §18)")
+            work._seen_pending = _NeverCompleted(finished, "whose work gloo never says is completed: is_completed() "
+                                                 "stays False even after its wait() returned (docs/gloo-facts.md §18)")
         return work
 
     def _reduce_signature(self, op: str, tensor: torch.Tensor, opts: Any) -> tuple[tuple[Any, ...], str, Any, str | None]:
@@ -737,9 +740,8 @@ class SimProcessGroup(dist.ProcessGroup):
         self._check_tensors("all_to_all", [*outputs, *inputs])
         self._list_len("all_to_all", "input_tensor_list", inputs)
         self._list_len("all_to_all", "output_tensor_list", outputs)
-        if self._runtime.backend.name == "gloo" and any(o.numel() != i.numel() for o, i in zip(outputs, inputs)):
-            raise backend_error(RuntimeError, "ProcessGroupGloo::alltoall: input and output tensors must have the same "
-                                "size")  # at the call (measured); it passed here until stop 42
+        if any(o.numel() != i.numel() for o, i in zip(outputs, inputs)):  # it passed here until stop 42
+            self._refuse("alltoall_sizes")
 
         def compute(calls: dict[int, Call]) -> dict[int, Any]:
             ranks = list(calls)
@@ -814,13 +816,10 @@ class SimProcessGroup(dist.ProcessGroup):
         raise not_modelled("SimProcessGroup does not support recv from any source (src=None): name the source rank")
 
     def _p2p(self, op: str, t: torch.Tensor, src: int, dst: int, tag: int) -> SimWork:
-        if self._runtime.backend.name == "gloo":  # measured (benchmarks/measure_gloo_argument_checks.py), in gloo's order
-            if not t.is_contiguous():
-                raise backend_error(RuntimeError, "input tensor has to be contiguous")
-            if tag < 0:
-                raise backend_error(RuntimeError, "Tag must be nonnegative")
-        elif not t.is_contiguous():  # NCCL's check of a p2p tensor (from its source; not measured)
-            raise backend_error(ValueError, "Tensors must be contiguous")
+        if not t.is_contiguous():  # checked before the tag (gloo, measured)
+            self._refuse("p2p_contiguous")
+        if tag < 0:
+            self._refuse("tag")
         for peer in (src, dst):
             if not 0 <= peer < self.size():
                 raise ValueError(f"{op} on rank {self.global_rank}: peer {peer} is not a rank of {self.spec.name}")
@@ -848,9 +847,10 @@ class SimProcessGroup(dist.ProcessGroup):
         if op == "recv" and backend.recv_knows_its_source:
             work._source = (src, False)
         if backend.p2p_completed_at_wait:
-            work._unwaited = _NeverCompleted(work._finished, "which gloo says is completed only once its wait() "
-                                             "returned (is_completed() stays False until then, however long ago the "
-                                             "data moved; docs/gloo-facts.md, 'Point to point')")
+            work._seen_pending = _NeverCompleted(work._finished, "which gloo says is completed only once its wait() "
+                                                 "returned (is_completed() stays False until then, however long ago "
+                                                 "the data moved; docs/gloo-facts.md, 'Point to point')",
+                                                 until_wait=True)
         return work
 
     # -- not modelled ---------------------------------------------------------
@@ -884,6 +884,14 @@ class SimProcessGroup(dist.ProcessGroup):
         if type(t) is not torch.Tensor or not t.is_cpu or t.is_sparse:  # the common case decided here (hot)
             self._check_tensors(op, tensors)
 
+    def _refuse(self, check: str, **words: object) -> None:
+        """Raise what the backend raises at the call for ``check``
+        (:attr:`~simcluster.fake.backends.BackendModel.call_refusals`); nothing when it makes
+        no such check."""
+        error = self._runtime.backend.refusal(check, **words)
+        if error is not None:
+            raise error
+
     def _root(self, op: str, root: int) -> int:
         """The global rank of ``root``, a group rank, refused at the call when it is not one,
         in gloo's words (``ProcessGroupGloo::gather: invalid root rank: 2``, also for -1:
@@ -891,8 +899,8 @@ class SimProcessGroup(dist.ProcessGroup):
         raised ``IndexError`` from inside simcluster and -1 passed as the last rank. NCCL's own
         message was not measured: the NCCL model says the same in its name."""
         if not 0 <= root < self.size():
-            backend = "Gloo" if self._runtime.backend.name == "gloo" else "NCCL"
-            raise backend_error(RuntimeError, f"ProcessGroup{backend}::{op}: invalid root rank: {root}")
+            self._refuse("root", op=op, root=root)
+            raise ValueError(f"{op} on rank {self.global_rank}: root {root} is not a rank of {self.spec.name}")
         return self.spec.ranks[root]
 
     def _dtype_rejection(self, op: str, tensor: torch.Tensor) -> collectives.Rejection | None:
@@ -905,14 +913,13 @@ class SimProcessGroup(dist.ProcessGroup):
         return collectives.rejection(op, None, tensor.dtype, self._runtime.backend.name)
 
     def _list_len(self, op: str, what: str, items: Sequence[Any]) -> None:
-        """Refuse a list of tensors that is not one per rank of the group, at the call: in gloo's
-        words where they were measured (``benchmarks/measure_gloo_argument_checks.py`` and the
-        probes of stop 42, docs/gloo-facts.md §17), else in simcluster's."""
+        """Refuse a list of tensors that is not one per rank of the group, at the call: in the
+        backend's words where it makes the check itself (its ``call_refusals``), else in
+        simcluster's."""
         size = self.size()
         if len(items) == size:
             return
-        if self._runtime.backend.name == "gloo" and (op, what) in _GLOO_LIST_SIZE:
-            raise backend_error(RuntimeError, _GLOO_LIST_SIZE[op, what].format(n=len(items), size=size))
+        self._refuse(f"{op} {what}", n=len(items), size=size)
         raise ValueError(
             f"{op} on rank {self.global_rank}: {what} has {len(items)} tensors, the group "
             f"{self.spec.name} has {size} ranks"
@@ -1095,20 +1102,6 @@ def _raise_gloo_gather_error(outs: Sequence[torch.Tensor], t: torch.Tensor, size
             raise BackendError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
                                f"(expected {_sizes(t)}, got {_sizes(o)})")
 
-
-_GLOO_LIST_SIZE = {
-    ("reduce_scatter", "input_list"): "invalid input tensor list size, must be world size",
-    ("all_to_all", "input_tensor_list"): "ProcessGroupGloo::alltoall: input tensor list size {n} does not match "
-                                         "world size {size}",
-    ("all_to_all", "output_tensor_list"): "ProcessGroupGloo::alltoall: output tensor list size {n} does not match "
-                                          "world size {size}",
-    ("scatter", "scatter_list"): "ProcessGroupGloo::scatter: Incorrect input list size {n}. Input list size should "
-                                 "be {size}, same as size of the process group.",
-    ("gather", "gather_list"): "ProcessGroupGloo::gather: Incorrect output list size {n}. Output list size should "
-                               "be {size}, same as size of the process group.",
-}
-"""gloo's words for a list of tensors that is not one per rank (RuntimeError, at the call). Measured:
-reduce_scatter's, all_to_all's input list, scatter's; all_to_all's output list and gather's by analogy."""
 
 _CPP_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
                    torch.bfloat16: "c10::BFloat16", torch.int32: "int", torch.int64: "long int",
