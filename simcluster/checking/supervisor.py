@@ -431,15 +431,9 @@ def _living_descendants(root: int) -> list[int]:
     except OSError:
         return []
     for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                state, parent = stat.read().rpartition(b")")[2].split()[:2]
-        except (OSError, ValueError):  # ended meanwhile
-            continue
-        if state not in (b"Z", b"X"):
-            children.setdefault(int(parent), []).append(int(name))
+        fields = _proc_stat(name) if name.isdigit() else None
+        if fields is not None and fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append(int(name))
     found: list[int] = []
     below = children.get(root, [])
     while below:
@@ -581,13 +575,22 @@ def _finish(pid: int, page: mmap.mmap, data: bytes, stack_file: Any, start: floa
     return Outcome(death=_death(page, kind, detail, stacks), seconds=seconds)
 
 
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped by a signal (its state in ``/proc``: ``T``)."""
+def _proc_stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name — state, parent id, process
+    group, … (the name, in parentheses, may hold spaces and parentheses itself) — or None:
+    no ``/proc`` (not Linux), or the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] == b"T"
-    except (OSError, IndexError):  # not Linux, or already gone
-        return False
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields if len(fields) >= 2 else None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (its state in ``/proc``: ``T``)."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] == b"T"
 
 
 def _dump_and_kill(pid: int, stack_file: Any, stopped: bool = False) -> str:
