@@ -32,6 +32,7 @@ class performs; the derivation is in :func:`error_bound` and ``docs/properties.m
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "Tolerance",
     "error_bound",
     "group_mean",
+    "group_means",
     "averages",
     "overflow_threshold",
     "overflow_cause",
@@ -133,10 +135,46 @@ def _bound_text(tol: Tolerance, world_size: int) -> str:
     return f"tolerance {tol.describe()}"
 
 
-def group_mean(inputs: Grads, ranks: Sequence[int], param: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, mean of absolute values) over ``ranks`` of parameter ``param``, in float64."""
-    stack = torch.stack([inputs[r][param].detach().to(torch.float64).reshape(-1) for r in ranks])
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` flattened and concatenated, in order, in float64 (exact for every float dtype)."""
+    return _rows([tensors], [0])[0]
+
+
+def _rows(per_rank: Grads, ranks: Sequence[int]) -> torch.Tensor:
+    """``[len(ranks), N]``, float64: row ``j`` is rank ``ranks[j]``'s tensors flattened and
+    concatenated in order (each parameter's tensors stacked across ranks first: a few large
+    operations, not one per rank and parameter — this runs for every checked step)."""
+    first = per_rank[ranks[0]]
+    if not first:
+        return torch.zeros(len(ranks), 0, dtype=torch.float64)
+    n = len(ranks)
+    if all(t.is_floating_point() for r in ranks for t in per_rank[r]):  # promotions between floats are exact
+        columns = [torch.stack([per_rank[r][k].detach() for r in ranks]).reshape(n, -1) for k in range(len(first))]
+        return (columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)).to(torch.float64)
+    return torch.stack([torch.cat([t.detach().reshape(-1).to(torch.float64) for t in per_rank[r]]) for r in ranks])
+
+
+def _param_slices(tensors: Sequence[torch.Tensor]) -> list[slice]:
+    """Where each of ``tensors`` lies in :func:`_flat` of them."""
+    ends = list(itertools.accumulate(t.numel() for t in tensors))
+    return [slice(end - t.numel(), end) for t, end in zip(tensors, ends)]
+
+
+def group_means(inputs: Grads, ranks: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, mean of absolute values) over ``ranks`` of every parameter at once, in float64,
+    flattened in parameter order (:func:`_flat`; :func:`_param_slices` says where each is).
+    Each element's mean depends on that element alone: one parameter's slice is the same
+    whatever the others are, so a verdict and its hints agree to the bit."""
+    stack = _rows(inputs, ranks)
     return stack.mean(0), stack.abs().mean(0)
+
+
+def group_mean(inputs: Grads, ranks: Sequence[int], param: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, mean of absolute values) over ``ranks`` of parameter ``param``, in float64, flat
+    (the parameter's slice of :func:`group_means`)."""
+    mean, abs_mean = group_means(inputs, ranks)
+    where = _param_slices(inputs[ranks[0]])[param]
+    return mean[where], abs_mean[where]
 
 
 def _groups_of(world: int, groups: Sequence[Sequence[int]] | None) -> list[list[int]]:
@@ -334,31 +372,52 @@ def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[S
         lossy = lossy_averages(results, inputs, tol, judged, buckets) if judged else None
         return None if lossy is None else (lossy, _nonfinite_spot(results, inputs, judged))
     for ranks in _groups_of(len(inputs), groups):
-        means = [group_mean(inputs, ranks, k) for k in range(len(inputs[ranks[0]]))]
+        mean, abs_mean = group_means(inputs, ranks)
         # an input that is inf/NaN makes its mean of |x| so (cheap to ask); float64 inputs near
         # their max can overflow it too, hence the scan of the inputs themselves, then only
-        if not all(bool(torch.isfinite(abs_mean).all()) for _, abs_mean in means) and _nonfinite_in(inputs, ranks):
+        if not bool(torch.isfinite(abs_mean).all()) and _nonfinite_in(inputs, ranks):
             continue
-        for k, (mean, abs_mean) in enumerate(means):
-            for r in ranks:
-                got_t = results[r][k].detach()
-                got = got_t.to(torch.float64).reshape(-1)
-                bound = error_bound(tol, len(ranks), mean, abs_mean, got_t.dtype)
-                err = (got - mean).abs()
-                bad = ~(err <= bound)  # catches NaN and inf too
-                if bool(bad.any()):
-                    i = int(bad.nonzero()[0, 0])
-                    shape = tuple(results[r][k].shape)
-                    here = [float(inputs[q][k].reshape(-1)[i]) for q in ranks]
-                    xs = [_fmt(x) for x in here]
-                    what = "is not finite" if not math.isfinite(float(got[i])) else (
-                        f"|error| {float(err[i]):.3g} > bound {float(bound[i]):.3g}")
-                    n_bad = int(bad.sum())
-                    more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
-                    message = (f"rank {r}, param {k} (shape {shape}), element {i}: got {_fmt(got[i])}, the float64 "
-                               f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
-                               + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
-                    return message, (float(got[i]), float(mean[i]), here, got_t.dtype)
+        # every parameter of every rank at once (one comparison per group when the hook is
+        # right); then, only where some element is out, the first in (parameter, rank) order
+        wheres = _param_slices(inputs[ranks[0]])
+        bounds: dict[torch.dtype, torch.Tensor] = {}
+
+        def bound_of(dtype: torch.dtype) -> torch.Tensor:
+            if dtype not in bounds:
+                bounds[dtype] = error_bound(tol, len(ranks), mean, abs_mean, dtype)
+            return bounds[dtype]
+
+        gots = _rows(results, ranks)
+        dtypes = [[t.dtype for t in results[r]] for r in ranks]
+        if all(d == dtypes[0][0] for row in dtypes for d in row):
+            bound = bound_of(dtypes[0][0])
+        else:  # results of several dtypes: each element's bound is its own result's
+            bound = torch.stack([torch.cat([bound_of(d)[where] for d, where in zip(row, wheres)]) for row in dtypes])
+        errs = (gots - mean).abs()
+        bads = ~(errs <= bound)  # catches NaN and inf too
+        if not bool(bads.any()):
+            continue
+        for k, where in enumerate(wheres):
+            for j, r in enumerate(ranks):
+                bad = bads[j, where]
+                if not bool(bad.any()):
+                    continue
+                got_t = results[r][k]
+                got, err = gots[j, where], errs[j, where]
+                at = int(bad.nonzero()[0, 0])
+                i = where.start + at
+                limit = bound[i] if bound.dim() == 1 else bound[j, i]
+                shape = tuple(got_t.shape)
+                here = [float(inputs[q][k].reshape(-1)[at]) for q in ranks]
+                xs = [_fmt(x) for x in here]
+                what = "is not finite" if not math.isfinite(float(got[at])) else (
+                    f"|error| {float(err[at]):.3g} > bound {float(limit):.3g}")
+                n_bad = int(bad.sum())
+                more = f"; {n_bad - 1} more of its {bad.numel()} elements out of bound" if n_bad > 1 else ""
+                message = (f"rank {r}, param {k} (shape {shape}), element {at}: got {_fmt(got[at])}, the float64 "
+                           f"mean of the ranks' gradients is {_fmt(mean[i])}; {what} ({_bound_text(tol, len(ranks))})"
+                           + (f"; inputs there, rank by rank: {xs}" if len(xs) <= 8 else "") + more)
+                return message, (float(got[at]), float(mean[i]), here, got_t.dtype)
     return None
 
 
@@ -910,8 +969,8 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
     total: torch.Tensor | None = None
     peak, g_max, began, g_sum = 0.0, 0.0, 0.0, 0.0
     for t in range(len(outputs)):
-        out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
-        mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
+        out = _flat(outputs[t][:n_params])
+        mean = group_means(inputs[t], group)[0]
         g_step = max((float(inputs[t][r][k].detach().abs().max()) if inputs[t][r][k].numel() else 0.0)
                      for r in group for k in range(n_params))
         g_max, g_sum = max(g_max, g_step), g_sum + g_step
@@ -954,8 +1013,8 @@ def drain_progress(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
     total: torch.Tensor | None = None
     start = 0.0
     for t in range(len(outputs)):
-        out = torch.cat([outputs[t][k].detach().to(torch.float64).reshape(-1) for k in range(n_params)])
-        mean = torch.cat([group_mean(inputs[t], group, k)[0] for k in range(n_params)])
+        out = _flat(outputs[t][:n_params])
+        mean = group_means(inputs[t], group)[0]
         total = (out - mean) if total is None else total + (out - mean)
         if t == drain_from - 1:
             start = float(total.abs().sum())

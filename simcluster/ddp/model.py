@@ -82,7 +82,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simcluster.fake.bucket import SimGradBucket, make_bucket, packed_buffer, packing
+from simcluster.fake.bucket import SimGradBucket, pack_bucket, packed_buffer, packing
 from simcluster.fake.collectives import bits_equal
 from simcluster.fake.backends import BackendModel
 from simcluster.fake.cluster import SimCluster
@@ -741,7 +741,7 @@ class _ReadyGradients:
         buffers, key = self.ddp._buffers[self.rank], (pos, self.calls[pos].params)
         if pos not in self.buckets:
             members = [params[j] for j in call.params]
-            self.buckets[pos] = make_bucket(
+            self.buckets[pos] = pack_bucket(  # parameters bucketed by dtype, gradients checked by step()
                 call.index, members, [self.local[j] for j in call.params],
                 is_last=call.is_last, api=self.api, into=buffers.get(key),  # type: ignore[arg-type]
             )

@@ -58,6 +58,7 @@ from simcluster.names import wear_torchs_name
 __all__ = [
     "SimGradBucket",
     "make_bucket",
+    "pack_bucket",
     "packed_buffer",
     "packing",
 ]
@@ -379,17 +380,30 @@ def make_bucket(
         raise UsageError(f"bucket index must be an int >= 0 and is_last a bool, got index={index!r}, is_last={is_last!r}")
     if api not in _AVAILABLE:
         raise UsageError(f"bucket {index}: api must be 'both', 'current' or 'legacy', got api={api!r}")
-    with torch.no_grad():
+    return pack_bucket(index, params, grads, is_last=is_last, gradient_as_bucket_view=gradient_as_bucket_view,
+                       api=api, into=into)
+
+
+def pack_bucket(index: int, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], *, is_last: bool,
+                gradient_as_bucket_view: bool = False, api: Api = "both",
+                into: torch.Tensor | None = None) -> SimGradBucket:
+    """:func:`make_bucket` for arguments already checked (a DDP model's own parameters and
+    gradients: validated once, packed at every step — the hot path)."""
+    before = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
         if into is not None and into.dtype == grads[0].dtype and into.numel() == sum(g.numel() for g in grads):
             buffer = torch.cat([g.detach().reshape(-1) for g in grads], out=into)
         elif len(grads) > 1:
             buffer = torch.cat([g.detach().reshape(-1) for g in grads])
         else:
             buffer = grads[0].detach().reshape(-1).clone()
+    finally:
+        torch._C._set_grad_enabled(before)
     # Packed here by construction, so the constructor's checks are skipped (hot path).
     bucket = object.__new__(_bucket_class(SimGradBucket, api))
     layout = packing(params)
-    for name, value in (("_index", index), ("_buffer", buffer), ("_params", params), ("_packing", layout),
+    for name, value in (("_index", index), ("_buffer", buffer), ("_params", tuple(params)), ("_packing", layout),
                         ("_is_last", is_last), ("_api", api)):
         object.__setattr__(bucket, name, value)
     if gradient_as_bucket_view:

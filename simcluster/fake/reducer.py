@@ -251,26 +251,52 @@ def copy_bucket(
     """Copy ``result`` into the bucket's parameters' ``.grad`` (buffer order) as the reducer does:
     into the ``p.grad`` tensor the hook saw (same object before and after, measured), or
     a new one where there is none."""
+    layout = packing(params)
     try:  # views of the result's storage from element 0, whatever the result's own view
-        views = [result.as_strided((n,), (1,), off).view(p.shape) for (off, n), p in zip(packing(params), params)]
-    except RuntimeError as exc:
-        need = sum(p.numel() for p in params)
-        raise CopyBackError(
-            f"{exc}\n  simcluster: {where}: the hook's result (shape={tuple(result.shape)}, dtype={result.dtype}) "
-            f"has a storage of {result.untyped_storage().nbytes() // result.element_size()} elements; the bucket "
-            f"needs {need}"
-        ) from exc
+        views = [result.as_strided(p.shape, _contiguous_strides(p.shape), off) for (off, _), p in zip(layout, params)]
+    except RuntimeError:
+        try:  # DDP's own form — a flat view, then .view(shape) — for DDP's message, naming the flat view
+            [result.as_strided((n,), (1,), off).view(p.shape) for (off, n), p in zip(layout, params)]
+        except RuntimeError as exc:
+            need = sum(p.numel() for p in params)
+            raise CopyBackError(
+                f"{exc}\n  simcluster: {where}: the hook's result (shape={tuple(result.shape)}, dtype={result.dtype}) "
+                f"has a storage of {result.untyped_storage().nbytes() // result.element_size()} elements; the bucket "
+                f"needs {need}"
+            ) from exc
+        raise  # pragma: no cover - the two forms need the same storage: one fails only if the other does
     if result.storage_offset() != 0 or not result.is_contiguous():
         warnings.append(
             f"{where}: result has storage_offset={result.storage_offset()}, stride={result.stride()}; DDP read "
             "its storage from element 0 as contiguous, not the values the view shows"
         )
+    in_grad_mode(False, _into_grads, params, views, as_view, result)
+
+
+def _into_grads(params: list[torch.nn.Parameter], views: list[torch.Tensor], as_view: bool,
+                result: torch.Tensor) -> None:
+    """:func:`copy_bucket`'s copies, with grad mode off (the caller's job)."""
     for p, view in zip(params, views):
         if p.grad is None:
             p.grad = torch.empty(p.shape, dtype=p.dtype).copy_(view)
         elif not as_view or p.grad.untyped_storage().data_ptr() != result.untyped_storage().data_ptr():
-            with torch.no_grad():  # into p.grad itself: a reference the hook kept sees the result (measured)
-                p.grad.copy_(view)
+            p.grad.copy_(view)  # into p.grad itself: a reference the hook kept sees the result (measured)
+
+
+_STRIDES: dict[torch.Size, tuple[int, ...]] = {}
+"""Contiguous strides by shape (a model has few shapes; copy-back is hot)."""
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (what ``.view(shape)`` of a flat view gives)."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        out, step = [], 1
+        for size in reversed(shape):
+            out.append(step)
+            step *= max(size, 1)
+        strides = _STRIDES[shape] = tuple(reversed(out))
+    return strides
 
 
 def layout_copy(grad: torch.Tensor) -> torch.Tensor:
@@ -282,5 +308,7 @@ def layout_copy(grad: torch.Tensor) -> torch.Tensor:
     after the rebuild 5 and 0; docs/ddp-facts.md), and the model's results keep it — a plain
     ``clone()`` said offset 0, and e2e called every view-mode run a FIDELITY BUG of the model."""
     t = grad.detach()
+    if t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t.clone()  # the whole storage, contiguous from element 0 (the common case: a bucket buffer)
     storage = t.untyped_storage().clone().cpu()  # the whole storage: the offset and stride stay meaningful
     return torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
