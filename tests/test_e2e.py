@@ -1296,15 +1296,15 @@ def test_a_ddp_model_handing_the_hook_stale_parameters_is_a_fidelity_bug(census,
     gradients agree; e2e said "agree" until parameters were compared too."""
     from simcluster.ddp import model
 
-    real_make_bucket = model.make_bucket
+    real_pack_bucket = model.pack_bucket
 
     def stale(index, parameters, grads, **kwargs):
         copies = [torch.nn.Parameter(p.detach().clone()) for p in parameters]
         for copy, p in zip(copies, parameters):
             copy._simcluster_index = p._simcluster_index  # the hook-call record names them as before
-        return real_make_bucket(index, copies, grads, **kwargs)
+        return real_pack_bucket(index, copies, grads, **kwargs)
 
-    monkeypatch.setattr(model, "make_bucket", stale)
+    monkeypatch.setattr(model, "pack_bucket", stale)
     result = run_e2e(Scenario(2, ((4, 5), (5,)), steps=2), SGD_IN_HOOK, "group", timeout=120,
                      start_method="forkserver")
     assert result.verdict == "fidelity bug", result.format()

@@ -194,7 +194,7 @@ def _judge_example(opts: Options, example: Example, backend: str) -> None:
         _judge_schedule(opts, example, backend, results, grads, taken, fail)
     if check_ef and not example.nonfinite:  # inputs holding inf/NaN have no finite mean for a lag to track
         msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from, ranks=groups[0],
-                               carried=_carried(results))
+                               carried=lambda: _carried(results))
         if msg and msg.startswith(P.NOT_DRAINED):  # the lag stayed: perhaps a top-1% hook, still sending
             longer = _drain_longer(opts, example, backend, grads[:drain_from], groups[0])
             msg = msg if longer == "" else longer
@@ -244,7 +244,7 @@ def _drains_without_rebuild(opts: Options, example: Example, backend: str, drain
     if error is not None or len(results) < len(grads):
         return None
     msg = P.error_feedback([res.grads[0] for res in results], grads, drain_from=drain_from,
-                           ranks=groups_of(still)[0], carried=_carried(results))
+                           ranks=groups_of(still)[0], carried=lambda: _carried(results))
     return not (msg and msg.startswith(P.NOT_DRAINED))
 
 
@@ -277,7 +277,7 @@ def _drain_longer(opts: Options, example: Example, backend: str, steps: list[Any
         if error is not None:
             return ""
         outputs = [res.grads[0] for res in results]
-        msg = P.error_feedback(outputs, grads, drain_from=len(steps), ranks=group, carried=_carried(results))
+        msg = P.error_feedback(outputs, grads, drain_from=len(steps), ranks=group, carried=lambda: _carried(results))
         if msg is None or n >= most:
             return msg
         began, left = P.drain_progress(outputs, grads, drain_from=len(steps), ranks=group)

@@ -938,7 +938,7 @@ names): a SUM carried in it rounds on the wire, which no error feedback sees."""
 
 def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[Grads], *, drain_from: int,
                    lag: float | None = None, drained: float = 0.5, floor: float | None = None,
-                   ranks: Sequence[int] | None = None, carried: Sequence[str] = ()) -> str | None:
+                   ranks: Sequence[int] | None = None, carried: Dtypes = ()) -> str | None:
     """A hook with error feedback sends, over time, everything it was given.
 
     ``outputs[t][param]``: one replica's result at step ``t``; ``inputs[t][rank][param]``
@@ -960,7 +960,8 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
     roundoff: the default floor then grows to ``2·u·(W−1)·Σ_t G_t`` (``G_t`` the largest
     ``|gradient|`` of step ``t``). Measured on a bf16 hook with fp32 error feedback (hooks
     from the wild, round 18): its lag after the drain was exactly two bf16 roundings of the
-    sum, and the same hook summing in float32 drains to zero.
+    sum, and the same hook summing in float32 drains to zero. A callable giving them is
+    called only when the verdict depends on them (reading a trace builds its events).
     """
     group = list(ranks) if ranks is not None else list(range(len(inputs[0])))
     n_params = len(outputs[0]) if outputs else 0
@@ -986,9 +987,11 @@ def error_feedback(outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[G
         if t == drain_from - 1:
             began = now
     end = float(total.abs().max()) if total is not None and total.numel() else 0.0
-    wire = max((_CARRIED_ROUNDOFF.get(d, 0.0) for d in carried), default=0.0)
-    rounding = floor if floor is not None else max(2.0**-20 * g_max * len(outputs),
-                                                   2 * wire * (len(group) - 1) * g_sum)
+    rounding = floor if floor is not None else 2.0**-20 * g_max * len(outputs)
+    if floor is None and drain_from < len(outputs) and end > drained * peak + rounding:  # the wire's share may decide
+        dtypes = carried() if callable(carried) else carried
+        wire = max((_CARRIED_ROUNDOFF.get(d, 0.0) for d in dtypes), default=0.0)
+        rounding = max(rounding, 2 * wire * (len(group) - 1) * g_sum)
     if drain_from < len(outputs) and end > drained * peak + rounding:
         if end > began + rounding:  # the lag grew while no gradient came: the hook sent what it was never given
             return (f"{NOT_DRAINED} {len(outputs) - drain_from} steps of zero gradients the accumulated output is "
