@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import types
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -282,8 +283,15 @@ def _settings() -> tuple[object, ...]:
             torch.is_anomaly_check_nan_enabled(), sys.stdout, sys.stderr, torch.backends.mkldnn.enabled,
             torch._C._get_nnpack_enabled(), torch.utils.deterministic.fill_uninitialized_memory, sys.gettrace(),
             sys.getprofile(), sys.excepthook, sys.unraisablehook, threading.excepthook, signal.getsignal(signal.SIGUSR1),
-            dict(dist.__dict__), dict(torch.futures.__dict__), signal.getitimer(signal.ITIMER_REAL)[1],
+            _attributes(dist), _attributes(torch.futures), signal.getitimer(signal.ITIMER_REAL)[1],
             resource.getrlimit(resource.RLIMIT_NOFILE))
+
+
+def _attributes(module: types.ModuleType) -> dict[str, object]:
+    """``module``'s attributes but its submodules: an import inside a run (torch imports
+    ``torch.distributed.tensor`` and others lazily, the first time some calls run) adds those,
+    as it would in every process, and they stay."""
+    return {k: v for k, v in vars(module).items() if not isinstance(v, types.ModuleType)}
 
 
 def _run_shared(name: str) -> str:
@@ -365,6 +373,30 @@ def test_the_run_settings_report_says_what_changed() -> None:
     assert "sys.modules['numpy'] from module numpy to None during the run" in _run_shared("hidden_module")
     streams = _run_shared("stdout")
     assert " to (StringIO, " in streams and "0x" not in streams  # named by type: the same text every run
+
+
+def test_a_rank_replacing_what_simcluster_patches_for_a_run_is_reported_in_any_run() -> None:
+    """simcluster sets ``dist.new_group`` and ``torch.futures.Future`` for each run and puts
+    them back after it; the settings audit takes those writes as its own, without copying the
+    namespaces again (``SettingsAudit.own_writes``). A rank's own replacement of either, in a
+    cluster's third run, is still named and undone, and torch's originals are back after."""
+    originals = (dist.new_group, torch.futures.Future)
+    cluster = SimCluster(2, seed=0)
+    for _ in range(2):
+        cluster.run(lambda rank: None)
+
+    def replaces(rank: int) -> None:
+        if rank == 1:
+            dist.new_group = lambda *args, **kwargs: None
+            torch.futures.Future = type("Mine", (), {})
+
+    with pytest.raises(SharedSettingError) as caught:
+        cluster.run(replaces)
+    message = str(caught.value)
+    assert "a rank changed torch.distributed.new_group from simcluster." in message, message
+    assert "(1 more change(s) after it)" in message, message  # torch.futures.Future
+    assert (dist.new_group, torch.futures.Future) == originals
+    cluster.run(lambda rank: None)  # the audit's snapshot is right again: a quiet run passes
 
 
 def test_what_a_rank_module_copys_import_changes_is_the_baseline_not_a_shared_setting() -> None:
