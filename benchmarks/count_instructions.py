@@ -1,6 +1,7 @@
 """CPU instructions per simulated step: a speed measure that machine noise does not move.
 
     python benchmarks/count_instructions.py [--world 8] [--steps 100] [--n 64] [--launcher torchrun] [--empty]
+    python benchmarks/count_instructions.py --check {allreduce,scaled_fp16,powersgd} [--examples 20]
 
 Wall-clock timings on a shared VM swing by 2x from one minute to the next (CPU steal,
 neighbours), so a 5 % change to the hot path cannot be seen in them. Instruction counts
@@ -17,7 +18,12 @@ threaded group does, without the hand-over latency that dominates its wall time.
 ``--empty`` counts a run whose ranks do nothing (``SimCluster(W).run(lambda rank: None)``):
 a run's fixed cost — engine, patches, the switches into and out of the ranks, the settings
 audit's start and finish — which a W=2 step shares between two ranks (docs/speed.md, stop 29).
-Needs valgrind; about 15 s per run.
+``--check HOOK`` counts a property search instead: ``check_hook`` of one of
+:data:`CHECK_HOOKS` in this process (unsupervised: the search itself, no child process), seed 0,
+``--examples`` per backend, and prints instructions per checked example — what target 4 of
+the speed issue (the default ``simcluster check``) is made of, measured without the VM's
+noise (docs/speed.md, stop 43).
+Needs valgrind; about 15 s per run (about a minute with ``--check``).
 """
 
 from __future__ import annotations
@@ -31,12 +37,31 @@ import sys
 import tempfile
 
 
+CHECK_HOOKS = {
+    "allreduce": ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks:allreduce_hook", "group", "fp32"),
+    "scaled_fp16": ("simcluster.hooks.reference:scaled_fp16_hook", "none", "fp16"),
+    "powersgd": ("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:powerSGD_hook",
+                 "simcluster.checking.defaults:powersgd_state", "none"),
+}
+"""``--check`` rows: (target, state, tolerance), as the default ``simcluster check`` runs them."""
+
+
 def _measured(args: argparse.Namespace) -> None:
     """The part that runs under callgrind."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     torch.set_num_threads(1)
+    if args.check:
+        from simcluster.checking.check import check_hook
+
+        target, state, tolerance = CHECK_HOOKS[args.check]
+        check_hook(target, state=state, tolerance=tolerance, supervise=False, examples=3)  # imports, caches
+        _instrumentation(True)
+        report = check_hook(target, state=state, tolerance=tolerance, supervise=False, examples=args.examples)
+        _instrumentation(False)
+        print(f"CHECKED {report.examples}", file=sys.stderr)
+        return
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(args.n, generator=gen) for _ in range(args.world)]
     if args.threaded:
@@ -133,6 +158,9 @@ def main() -> None:
                         help="SimCluster's launcher model (simcluster only)")
     parser.add_argument("--empty", action="store_true",
                         help="a run whose ranks do nothing instead of a hook step: the run's fixed cost (simcluster only)")
+    parser.add_argument("--check", choices=sorted(CHECK_HOOKS),
+                        help="count a property search of this hook instead (instructions per checked example)")
+    parser.add_argument("--examples", type=int, default=20, help="--check: Hypothesis examples per backend")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -142,7 +170,9 @@ def main() -> None:
         sys.exit("count_instructions: needs valgrind (callgrind) on PATH")
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", sys.executable, os.path.abspath(__file__),
                "--inside", "--world", str(args.world), "--n", str(args.n), "--steps", str(args.steps),
-               "--backend", args.backend, "--launcher", args.launcher]
+               "--backend", args.backend, "--launcher", args.launcher, "--examples", str(args.examples)]
+    if args.check:
+        command += ["--check", args.check]
     for flag in ("floor", "threaded", "empty"):
         if getattr(args, flag):
             command.append(f"--{flag}")
@@ -151,6 +181,12 @@ def main() -> None:
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         sys.exit(f"count_instructions: the run failed:\n{done.stderr[-2000:]}")
+    if args.check:
+        checked = int(re.search(r"CHECKED (\d+)", done.stderr).group(1))  # type: ignore[union-attr]
+        print(f"check {args.check} ({CHECK_HOOKS[args.check][0]}), {args.examples} examples per backend: "
+              f"{checked} examples checked, {int(found.group(1)) / 1e9:.3f} G instructions, "
+              f"{int(found.group(1)) / checked / 1e6:.1f} M per checked example")
+        return
     what = ("torch's share (hook floor)" if args.floor else
             "torch's threaded PG (all threads)" if args.threaded else f"simcluster ({args.backend} model{', launcher torchrun' if args.launcher != 'none' else ''})")
     per = "empty run" if args.empty else "step"
