@@ -335,25 +335,31 @@ def materialize_step(spec: StepSpec, param_shapes: Sequence[Sequence[int]], dtyp
     sizes = [math.prod(s) for s in param_shapes]
     numel = sum(sizes)
     scale = float(world) * 2.0**spec.exp if exact else 1.0
-    out: list[list[torch.Tensor]] = []
-    for rank in spec.ranks:
-        if rank.zero:
-            flat = torch.zeros(numel, dtype=torch.float64)
-        else:
-            flat = _fill(rank, numel, world, spec.exp, exact, spec.shift)
-            for pos, value in spec.shared:
-                if numel:
-                    flat[pos % numel] = value * scale
-        flat = flat.clamp(-fi.max, fi.max).to(values).to(dtype)
+    flats = torch.zeros(world, numel, dtype=torch.float64)  # every rank's values, one row each
+    gen = torch.Generator()  # re-seeded for each rank: the same stream a fresh one would give
+    for r, rank in enumerate(spec.ranks):
+        if rank.zero or not numel:
+            continue
+        flat = flats[r]
+        flat.copy_(_fill(rank, numel, world, spec.exp, exact, spec.shift, gen))
+        for pos, value in spec.shared:
+            flat[pos % numel] = value * scale
+    # clamped and rounded to the value dtype, then stored as ``dtype``: element-wise, so the
+    # whole matrix at once gives each rank the bits it would get alone
+    flats = flats.clamp(-fi.max, fi.max).to(values).to(dtype)
+    for r, rank in enumerate(spec.ranks):
         for pos, value in rank.nonfinite:
             if numel:
-                flat[pos % numel] = float(value)
-        out.append([piece.reshape(tuple(shape)).clone() for piece, shape in zip(flat.split(sizes), param_shapes)])
-    return out
+                flats[r, pos % numel] = float(value)
+    # each parameter's block copied once; rank r's gradient is its row, shaped (own storage per parameter)
+    blocks = [piece.reshape((world, *shape)).clone() for piece, shape in
+              zip(flats.split(sizes, dim=1), (tuple(shape) for shape in param_shapes))]
+    return [[block[r] for block in blocks] for r in range(world)]
 
 
-def _fill(rs: RankSpec, numel: int, world: int, exp: int, exact: bool, shift: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(rs.seed + shift)
+def _fill(rs: RankSpec, numel: int, world: int, exp: int, exact: bool, shift: int = 0,
+          gen: torch.Generator | None = None) -> torch.Tensor:
+    gen = (torch.Generator() if gen is None else gen).manual_seed(rs.seed + shift)
     scale = float(world) * 2.0**exp if exact else 2.0**rs.exp
     if rs.fill == "ints":
         flat = torch.randint(-8, 9, (numel,), generator=gen).to(torch.float64) * scale
