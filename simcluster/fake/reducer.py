@@ -31,6 +31,7 @@ Anything else raises :class:`CopyBackError`, whose message starts with real DDP'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -283,20 +284,14 @@ def _into_grads(params: list[torch.nn.Parameter], views: list[torch.Tensor], as_
             p.grad.copy_(view)  # into p.grad itself: a reference the hook kept sees the result (measured)
 
 
-_STRIDES: dict[torch.Size, tuple[int, ...]] = {}
-"""Contiguous strides by shape (a model has few shapes; copy-back is hot)."""
-
-
+@functools.lru_cache(maxsize=4096)  # a model has few shapes; the copy-back is hot
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
     """The strides of a contiguous tensor of ``shape`` (what ``.view(shape)`` of a flat view gives)."""
-    strides = _STRIDES.get(shape)
-    if strides is None:
-        out, step = [], 1
-        for size in reversed(shape):
-            out.append(step)
-            step *= max(size, 1)
-        strides = _STRIDES[shape] = tuple(reversed(out))
-    return strides
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(out))
 
 
 def layout_copy(grad: torch.Tensor) -> torch.Tensor:
