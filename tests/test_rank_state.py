@@ -377,8 +377,7 @@ def test_the_run_settings_report_says_what_changed() -> None:
 
 def test_a_rank_replacing_what_simcluster_patches_for_a_run_is_reported_in_any_run() -> None:
     """simcluster sets ``dist.new_group`` and ``torch.futures.Future`` for each run and puts
-    them back after it; the settings audit takes those writes as its own, without copying the
-    namespaces again (``SettingsAudit.own_writes``). A rank's own replacement of either, in a
+    them back after it, outside the settings audit. A rank's own replacement of either, in a
     cluster's third run, is still named and undone, and torch's originals are back after."""
     originals = (dist.new_group, torch.futures.Future)
     cluster = SimCluster(2, seed=0)

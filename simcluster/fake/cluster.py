@@ -36,7 +36,7 @@ from simcluster.errors import DeadlockError, ThreadedRankCodeError, UsageError, 
 from simcluster.limits import SEEDS, WORLD_SIZES, check_int, check_memory
 from simcluster.fake.process_group import Runtime, SimProcessGroup
 from simcluster.fake.read_watch import enter_read_watch
-from simcluster.fake.rank_context import PATCHED_ATTRIBUTES, RankContexts, install_torch_patches, restore_torch_patches
+from simcluster.fake.rank_context import RankContexts, install_torch_patches, restore_torch_patches
 from simcluster.fake.reducer import call_hook, check_future, collect, raise_stored, returned_lines
 from simcluster.usercode.rank_local import as_rank_local
 from simcluster.usercode.rank_state import CURRENT
@@ -193,8 +193,7 @@ class SimCluster(Runtime):
         CURRENT.exits.clear()
         CURRENT.unmodelled.clear()
         try:
-            with self.contexts.audit.own_writes(PATCHED_ATTRIBUTES):
-                patches = install_torch_patches(self.contexts, engine)
+            patches = install_torch_patches(self.contexts, engine)
             try:
                 engine.run()
             except DeadlockError as exc:
@@ -205,8 +204,7 @@ class SimCluster(Runtime):
                 try:
                     self.choices.extend(map(itemgetter(1), engine.choices))
                 finally:
-                    with self.contexts.audit.own_writes(PATCHED_ATTRIBUTES):
-                        restore_torch_patches(patches)
+                    restore_torch_patches(patches)
         finally:
             self.engine = None
             # a rank that changed a process-wide setting invalidates the run: that story first

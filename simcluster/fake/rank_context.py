@@ -464,14 +464,6 @@ def _new_group_for(contexts: RankContexts) -> tuple[Callable[..., Any], list[Any
     return found
 
 
-PATCHED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "torch.distributed": ("new_group", "batch_isend_irecv"),
-    "torch.futures": ("collect_all", "wait_all", "Future"),
-}
-"""What :func:`install_torch_patches` sets in the settings audit's watched modules, by module
-(:meth:`~simcluster.usercode.rank_state.SettingsAudit.own_writes`)."""
-
-
 def install_torch_patches(contexts: RankContexts, engine: Any) -> Patches:
     """Install, for the run of ``engine``, the simulated ``new_group``, ``collect_all``,
     ``wait_all`` and ``torch.futures.Future``, and the per-rank ``random`` and

@@ -50,7 +50,7 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from threading import get_ident as _get_ident
 from typing import Any
 
@@ -746,24 +746,6 @@ class _WatchedModule:
         if now is None or now != self.seen:
             self.snapshot, self.seen = dict(self.namespace), now
 
-    def in_sync(self) -> bool:
-        """Whether the snapshot is known to match the namespace now (nothing wrote to it since)."""
-        return self.stamp is not None and self.stamp() == self.seen
-
-    def wrote(self, keys: Iterable[str], was_in_sync: bool) -> None:
-        """simcluster itself has just set ``keys`` (a run's patches, put in or taken out): a
-        snapshot that matched the namespace before (``was_in_sync``) matches it again with
-        those keys' new values — no copy of the namespace at the next :meth:`start`."""
-        if not was_in_sync or self.stamp is None:
-            return
-        for key in keys:
-            value = self.namespace.get(key, _MISSING)
-            if value is _MISSING:
-                self.snapshot.pop(key, None)
-            else:
-                self.snapshot[key] = value
-        self.seen = self.stamp()
-
     def _named(self, key: str) -> str:
         return f"{self.name}[{key!r}]" if self.name == "sys.modules" else f"{self.name}.{key}"
 
@@ -914,18 +896,6 @@ class SettingsAudit:
         :meth:`check` compares the two again only after something writes to it."""
         if self._environ_stamp is not None and os.environ._data is self._environ_data:  # type: ignore[attr-defined]
             self._environ_seen = self._environ_stamp()
-
-    @contextlib.contextmanager
-    def own_writes(self, keys: Mapping[str, tuple[str, ...]]) -> Iterator[None]:
-        """Around simcluster's own writes to :data:`WATCHED_MODULES` between runs (``keys``:
-        the attributes set, by module name): a run's patches of ``dist.new_group`` and
-        ``torch.futures.Future``, put in before the audit starts and taken out after it ends.
-        They move the namespace's mutation stamp, so without this every run's start copied
-        ``torch.distributed``'s and ``torch.futures``' namespaces (~2 % of a checked example)."""
-        synced = [(module, module.in_sync()) for module in self._watched if module.name in keys]
-        yield
-        for module, was_in_sync in synced:
-            module.wrote(keys[module.name], was_in_sync)
 
     def watched_namespaces(self) -> list[dict[str, Any]]:
         """A copy of each :data:`WATCHED_MODULES` namespace, as :meth:`accept_import_changes` takes it."""
