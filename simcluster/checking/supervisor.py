@@ -349,12 +349,7 @@ def die_with_parent(parent: int) -> None:  # pragma: no cover - runs in a forked
     parent ends (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so no child outlives a
     killed parent. A parent that already ended between the ``fork`` and this call would
     never send the signal: the child then ends itself at once."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if _real_getppid() != parent:
+    if _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) and _real_getppid() != parent:
         os._exit(70)
 
 
@@ -363,8 +358,16 @@ def _become_subreaper() -> None:  # pragma: no cover - runs in a forked child
     process below it whose parent ends becomes its child, not ``init``'s, so
     :func:`end_descendants` still finds it — a daemon's double fork, a shell that started a
     process in the background and exited."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> bool:  # pragma: no cover - runs in a forked child
+    """Linux's ``prctl(option, value)`` for this process; False where there is none (not Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def one_torch_thread() -> None:  # pragma: no cover - runs in a forked child
