@@ -53,6 +53,7 @@ import torch.distributed as dist
 from simcluster.errors import (
     GradBucketAttributeError, GradBucketMisuse, GradBucketRuntimeError, GradBucketTypeError, UsageError,
 )
+from simcluster.fake.futures import in_grad_mode
 from simcluster.names import wear_torchs_name
 
 __all__ = [
@@ -389,17 +390,7 @@ def pack_bucket(index: int, params: Sequence[torch.Tensor], grads: Sequence[torc
                 into: torch.Tensor | None = None) -> SimGradBucket:
     """:func:`make_bucket` for arguments already checked (a DDP model's own parameters and
     gradients: validated once, packed at every step — the hot path)."""
-    before = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(False)
-    try:
-        if into is not None and into.dtype == grads[0].dtype and into.numel() == sum(g.numel() for g in grads):
-            buffer = torch.cat([g.detach().reshape(-1) for g in grads], out=into)
-        elif len(grads) > 1:
-            buffer = torch.cat([g.detach().reshape(-1) for g in grads])
-        else:
-            buffer = grads[0].detach().reshape(-1).clone()
-    finally:
-        torch._C._set_grad_enabled(before)
+    buffer = in_grad_mode(False, _packed, grads, into)
     # Packed here by construction, so the constructor's checks are skipped (hot path).
     bucket = object.__new__(_bucket_class(SimGradBucket, api))
     layout = packing(params)
@@ -410,6 +401,15 @@ def pack_bucket(index: int, params: Sequence[torch.Tensor], grads: Sequence[torc
         for p, (off, n) in zip(params, layout):
             p.grad = buffer[off : off + n].view(p.shape)
     return bucket
+
+
+def _packed(grads: Sequence[torch.Tensor], into: torch.Tensor | None) -> torch.Tensor:
+    """``grads`` flattened into one buffer: ``into`` when it fits (DDP's kept buffer), else a new one."""
+    if into is not None and into.dtype == grads[0].dtype and into.numel() == sum(g.numel() for g in grads):
+        return torch.cat([g.detach().reshape(-1) for g in grads], out=into)
+    if len(grads) > 1:
+        return torch.cat([g.detach().reshape(-1) for g in grads])
+    return grads[0].detach().reshape(-1).clone()
 
 
 def packed_buffer(bucket: SimGradBucket) -> torch.Tensor:
