@@ -652,3 +652,19 @@ def recursing_hook(state, bucket):
     recursion, not three copies of the recursing line."""
     _nested_count(0)
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+_steps_seen = 0
+
+
+def hangs_in_its_fourth_step(state, bucket):
+    """Averages correctly for three steps; in the fourth, rank 1 returns a future nothing ever
+    completes while rank 0 waits for rank 1's all_reduce: a deadlock. Deterministic — the
+    module is each rank's own copy, made anew for every run — so the failure repeats."""
+    global _steps_seen
+    fourth = _steps_seen == 3
+    if bucket.is_last():
+        _steps_seen += 1
+    if fourth and dist.get_rank() == 1:
+        return torch.futures.Future()
+    return _mean(bucket)

@@ -357,8 +357,9 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
 
 
 def repeat_hint(opts: Options, violation: Violation) -> str:
-    """The reported failure's example run once more, as it was (its schedule, its
-    properties): ``''`` when it fails the same way (property, error type, step, message) and
+    """The reported failure's example run once more, as it was — its schedule and every
+    property of the search, in their order, so its inputs too (*error_feedback* appends zero
+    steps to drain a residual: a failure in one of those is reached only with it): ``''`` when it fails the same way (property, error type, step, message) and
     two more runs of it give the same bits (:func:`_same_bits_twice`); else a line saying it did
     not — the hook's behaviour depends on something outside the example (a clock, OS
     entropy, thread timing, state kept in the process from an earlier run), so the verdict
@@ -367,7 +368,7 @@ def repeat_hint(opts: Options, violation: Violation) -> str:
     simulations per reported failure."""
     info = violation.info
     try:
-        _judge_example(dataclasses.replace(opts, props=(violation.prop,)), info["example"], info["backend"])
+        _judge_example(opts, info["example"], info["backend"])
     except Violation as again:
         if (again.prop, again.info.get("error_type"), again.info.get("step")) != (
                 violation.prop, info.get("error_type"), info.get("step")):
