@@ -47,6 +47,20 @@ def test_failure_is_shrunk_and_replays_bit_for_bit(forgot_division_report: Check
     assert check_hook(reference.mean_allreduce_hook, backends=("gloo",), replay=token).passed
 
 
+def test_an_announced_example_becomes_its_token_in_the_parent(forgot_division_report: CheckReport) -> None:
+    """A supervised child announces every example it starts with a DeferredToken: pickled
+    as the example, unpickled (only by a parent reporting a death) as the replay token the
+    report prints. Pickled wrong, a dying example's report would carry no or another token."""
+    import pickle
+
+    from simcluster.checking.replay import DeferredToken
+
+    token = next(f for f in forgot_division_report.failures if f.property == "averages").details["token"]
+    example, backend = decode_example(token)
+    announced = pickle.loads(pickle.dumps({"backend": backend, "token": DeferredToken(example, backend)}))
+    assert announced == {"backend": backend, "token": token}
+
+
 def test_same_seed_same_report(forgot_division_report: CheckReport) -> None:
     a = forgot_division_report
     b = check_hook(buggy.forgot_division, **QUICK)

@@ -29,7 +29,7 @@ import torch
 from simcluster.checking import properties as P
 from simcluster.checking.options import EF_DRAIN_CAP, EF_DRAIN_MAX, Options
 from simcluster.checking.render import bucket_steps, error_text, rebuild_hint, user_line
-from simcluster.checking.replay import encode_example
+from simcluster.checking.replay import DeferredToken
 from simcluster.checking.report import PROPERTIES
 from simcluster.checking.strategies import DTYPES, Example, ScheduleChoices
 from simcluster.checking.supervisor import raise_site, watchdog_under
@@ -144,7 +144,7 @@ def run_example(opts: Options, example: Example, backend: str) -> None:
     Under a supervisor the example is announced first (its replay token), so an example
     that never ends is reported as itself."""
     if opts.monitor.enabled:
-        opts.monitor.begin({"backend": backend, "token": encode_example(example, backend)})
+        opts.monitor.begin({"backend": backend, "token": DeferredToken(example, backend)})
     try:
         _judge_example(opts, example, backend)
     finally:

@@ -25,11 +25,12 @@ import base64
 import dataclasses
 import json
 import zlib
+from typing import Any
 
 from simcluster.checking.strategies import Example, Layout, RankSpec, StepSpec
 from simcluster.errors import UsageError
 
-__all__ = ["TOKEN_PREFIX", "encode_example", "decode_example"]
+__all__ = ["TOKEN_PREFIX", "encode_example", "decode_example", "DeferredToken"]
 
 TOKEN_PREFIX = "sc1."
 
@@ -44,6 +45,23 @@ def encode_example(example: Example, backend: str) -> str:
             del rank["nonfinite"]
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     return TOKEN_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+class DeferredToken:
+    """``encode_example(example, backend)``, encoded only where it is read: pickled, it is the
+    example (~30 µs); unpickled, it is the token string (~250 µs of ``dataclasses.asdict``,
+    JSON and zlib). A supervised child announces every example it starts with one
+    (:meth:`~simcluster.checking.supervisor.Monitor.begin`), and its parent unpickles the
+    announcement only when the child died or hung in that example: the replay token of the
+    one example reported, not of the thousands that ended (1.5 % of the default check)."""
+
+    __slots__ = ("example", "backend")
+
+    def __init__(self, example: Example, backend: str) -> None:
+        self.example, self.backend = example, backend
+
+    def __reduce__(self) -> tuple[Any, tuple[Example, str]]:
+        return encode_example, (self.example, self.backend)
 
 
 def decode_example(token: str) -> tuple[Example, str]:

@@ -129,13 +129,17 @@ class Monitor:
         its own per capture): the parent reads it when the child never answers."""
 
     def begin(self, payload: dict[str, Any]) -> None:
-        """An example starts; ``payload`` (JSON-able: backend, replay token…) is what the
-        parent reports if it never ends."""
+        """An example starts; ``payload`` (picklable: backend, replay token…) is what the
+        parent reports if it never ends. It is pickled here and unpickled only by a parent
+        that reports a death, so a value may defer its work to its unpickling
+        (:class:`~simcluster.checking.replay.DeferredToken`: the token of every example
+        announced, encoded only for the one that died)."""
         if self._page is None:
             return
-        import json
-
-        data = json.dumps(payload).encode()[: _PAGE - _HEADER.size]
+        data = pickle.dumps(payload)
+        if len(data) > _PAGE - _HEADER.size:  # too long to announce whole: its short plain parts
+            data = pickle.dumps({key: value[:1000] if isinstance(value, str) else value
+                                 for key, value in payload.items() if isinstance(value, (str, int, float))})
         self._seq += 1
         self._page[_HEADER.size:_HEADER.size + len(data)] = data
         _HEADER.pack_into(self._page, 0, self._seq, _monotonic(), 1, -1, -1, -1, -1, len(data))
@@ -620,14 +624,12 @@ def _dump_and_kill(pid: int, stack_file: Any, stopped: bool = False) -> str:
 
 
 def _death(page: mmap.mmap | bytes, kind: str, detail: str, stacks: str) -> ChildDeath:
-    import json
-
     _seq, _started, active, rank, step, bucket, running, length = _HEADER.unpack_from(page, 0)
     announced = None
     if length:
         try:
-            announced = json.loads(bytes(page[_HEADER.size:_HEADER.size + length]))
-        except ValueError:
+            announced = pickle.loads(bytes(page[_HEADER.size:_HEADER.size + length]))
+        except Exception:  # noqa: BLE001 - torn by the death mid-write: nothing announced
             announced = None
     position = (rank, step, bucket) if rank >= 0 and announced is not None else None
     if not active:  # between examples: the last one returned (Monitor.end keeps its announcement)
