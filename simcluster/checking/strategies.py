@@ -172,21 +172,26 @@ def layouts(*, max_params: int = 4, max_side: int = 8, flags: bool = True,
     top = max_params if fixed is None else len(fixed)
     orders = {n: st.permutations(range(n)) for n in range(1, top + 1)}
 
-    @st.composite
-    def build(draw: st.DrawFn) -> Layout:
-        n = draw(counts)
-        param_shapes = fixed if fixed is not None else tuple(draw(shape) for _ in range(n))
-        # mostly a cap of 1/8 .. 8/8 of the parameters' bytes, so the rebuild makes several
-        # buckets (bugs of buckets in flight need them); DDP's default cap when quarter == 3
-        total = 4 * sum(math.prod(s) for s in param_shapes)
-        cap = None if draw(quarter) == 3 else max(16, total * draw(eighths) // 8) / 2**20
-        order = tuple(draw(orders[n]))
-        static = fu = view = False
-        if flags and draw(quarter) == 3:
-            static, fu, view = draw(flag), draw(flag), draw(flag)
-        return Layout(param_shapes, cap, order, static, fu, view or bucket_view)
+    return _layout(counts, shape, quarter, eighths, flag, orders, fixed, flags, bucket_view)
 
-    return build()
+
+@st.composite
+def _layout(draw: st.DrawFn, counts: st.SearchStrategy[int], shape: st.SearchStrategy[tuple[int, ...]],
+            quarter: st.SearchStrategy[int], eighths: st.SearchStrategy[int], flag: st.SearchStrategy[bool],
+            orders: dict[int, st.SearchStrategy[list[int]]], fixed: tuple[tuple[int, ...], ...] | None,
+            flags: bool, bucket_view: bool) -> Layout:
+    """:func:`layouts`' draw, from the sub-strategies it built."""
+    n = draw(counts)
+    param_shapes = fixed if fixed is not None else tuple(draw(shape) for _ in range(n))
+    # mostly a cap of 1/8 .. 8/8 of the parameters' bytes, so the rebuild makes several
+    # buckets (bugs of buckets in flight need them); DDP's default cap when quarter == 3
+    total = 4 * sum(math.prod(s) for s in param_shapes)
+    cap = None if draw(quarter) == 3 else max(16, total * draw(eighths) // 8) / 2**20
+    order = tuple(draw(orders[n]))
+    static = fu = view = False
+    if flags and draw(quarter) == 3:
+        static, fu, view = draw(flag), draw(flag), draw(flag)
+    return Layout(param_shapes, cap, order, static, fu, view or bucket_view)
 
 
 # --------------------------------------------------------------------------- values
@@ -271,17 +276,21 @@ def rank_specs(values: torch.dtype = torch.float32, *, exact: bool = False) -> s
     seeds = st.integers(0, 2**16)
     zero = st.integers(0, 5)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> RankSpec:
-        if draw(zero) == 5:
-            return RankSpec(zero=True)
-        fill = draw(fills)
-        if fill == "zeros":
-            return RankSpec("zeros", specials=draw(specials))
-        constant = draw(value) if fill == "const" else 0.0
-        return RankSpec(fill, draw(exps), draw(seeds) if fill != "const" else 0, constant, draw(specials))
+    return _rank_spec(zero, fills, specials, value, exps, seeds)
 
-    return build()
+
+@st.composite
+def _rank_spec(draw: st.DrawFn, zero: st.SearchStrategy[int], fills: st.SearchStrategy[str],
+               specials: st.SearchStrategy[tuple[tuple[int, float], ...]], value: st.SearchStrategy[float],
+               exps: st.SearchStrategy[int], seeds: st.SearchStrategy[int]) -> RankSpec:
+    """:func:`rank_specs`' draw, from the sub-strategies it built."""
+    if draw(zero) == 5:
+        return RankSpec(zero=True)
+    fill = draw(fills)
+    if fill == "zeros":
+        return RankSpec("zeros", specials=draw(specials))
+    constant = draw(value) if fill == "const" else 0.0
+    return RankSpec(fill, draw(exps), draw(seeds) if fill != "const" else 0, constant, draw(specials))
 
 
 def step_specs(world_size: int, values: torch.dtype = torch.float32, *, exact: bool = False,
@@ -300,17 +309,21 @@ def step_specs(world_size: int, values: torch.dtype = torch.float32, *, exact: b
     shared_st = st.lists(st.tuples(st.integers(0, 63), value), max_size=2)
     exps = st.integers(-3, 3)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> StepSpec:
-        if draw(alike) == 3:  # every rank the same gradient: sums reach W times a value
-            ranks = (draw(ranks_st),) * world_size
-        else:
-            ranks = tuple(draw(ranks_st) for _ in range(world_size))
-        shared = draw(shared_st)
-        exp = draw(exps) if exact else 0
-        return StepSpec(ranks, tuple(shared), exp)
+    return _step_spec(world_size, ranks_st, alike, shared_st, exps, exact)
 
-    return build()
+
+@st.composite
+def _step_spec(draw: st.DrawFn, world_size: int, ranks_st: st.SearchStrategy[RankSpec], alike: st.SearchStrategy[int],
+               shared_st: st.SearchStrategy[list[tuple[int, float]]], exps: st.SearchStrategy[int],
+               exact: bool) -> StepSpec:
+    """:func:`step_specs`' draw, from the sub-strategies it built."""
+    if draw(alike) == 3:  # every rank the same gradient: sums reach W times a value
+        ranks = (draw(ranks_st),) * world_size
+    else:
+        ranks = tuple(draw(ranks_st) for _ in range(world_size))
+    shared = draw(shared_st)
+    exp = draw(exps) if exact else 0
+    return StepSpec(ranks, tuple(shared), exp)
 
 
 def gradient_specs(world_size: int, steps: int = 1, values: torch.dtype = torch.float32,
@@ -497,14 +510,19 @@ def examples(*, world_size_choices: Sequence[int] = (1, 2, 3, 4, 8), steps: int 
     rng_seed_st = st.integers(0, 2**31 - 1)
     names = (_dtype_name(dtype), _dtype_name(values))
 
-    @st.composite
-    def build(draw: st.DrawFn) -> Example:
-        world = draw(worlds)
-        layout = draw(layout_st)
-        base, shifts = draw(grads_st[world])
-        groups = draw(group_st[world]) if subgroups else 1
-        schedule = draw(schedule_st)
-        rng_seed = draw(rng_seed_st)  # drawn last: earlier draws keep their place in the choice sequence
-        return Example(world, layout, base, shifts, schedule, names[0], names[1], exact, groups, rng_seed)
+    return _example(worlds, layout_st, grads_st, group_st, schedule_st, rng_seed_st, subgroups, names, exact)
 
-    return build()
+
+@st.composite
+def _example(draw: st.DrawFn, worlds: st.SearchStrategy[int], layout_st: st.SearchStrategy[Layout],
+             grads_st: dict[int, st.SearchStrategy[tuple[StepSpec, tuple[int, ...]]]],
+             group_st: dict[int, st.SearchStrategy[int]], schedule_st: st.SearchStrategy[tuple[int, ...]],
+             rng_seed_st: st.SearchStrategy[int], subgroups: bool, names: tuple[str, str], exact: bool) -> Example:
+    """:func:`examples`' draw, from the sub-strategies it built."""
+    world = draw(worlds)
+    layout = draw(layout_st)
+    base, shifts = draw(grads_st[world])
+    groups = draw(group_st[world]) if subgroups else 1
+    schedule = draw(schedule_st)
+    rng_seed = draw(rng_seed_st)  # drawn last: earlier draws keep their place in the choice sequence
+    return Example(world, layout, base, shifts, schedule, names[0], names[1], exact, groups, rng_seed)
