@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,8 +187,6 @@ def test_replay_module_example_runs() -> None:
 def _full_collections_in_a_forked_search(prepare: bool) -> int:
     """In a fresh process: fork (as a supervised search does) a child that runs a first,
     one-example search; return how many full collections the child started."""
-    import subprocess
-    import sys
 
     code = f"""
 import gc
@@ -209,6 +209,35 @@ print(run_supervised(job, deadline=60).value)
     return int(out.stdout.strip().splitlines()[-1])
 
 
+_REALLOCATION_FAULTS = """
+import resource, torch
+
+def reallocation_faults(monitor=None):
+    torch.empty(1 << 20).fill_(1.0)  # 4 MiB, filled and freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(1 << 20).fill_(2.0)  # the same size again
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+"""
+
+
+def test_a_supervised_child_reuses_the_memory_it_freed() -> None:
+    """glibc serves a 4 MiB block with an mmap of its own and unmaps it at free, so the same
+    allocation again comes back as fresh pages, each zeroed by a page fault (1,024 of them);
+    a supervised child keeps freed blocks up to 32 MiB for reuse (keep_freed_memory): the
+    explicit large example's tensors cost ~40 ms of faults per backend search otherwise."""
+    plain = subprocess.run([sys.executable, "-c", _REALLOCATION_FAULTS + "print(reallocation_faults())"],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert int(plain.stdout) >= 512  # glibc's default, in a fresh process: the test can tell
+    code = _REALLOCATION_FAULTS + """
+from simcluster.checking.supervisor import run_supervised
+print(run_supervised(reallocation_faults, deadline=60).value)
+"""
+    supervised = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert supervised.returncode == 0, supervised.stderr
+    assert int(supervised.stdout.strip().splitlines()[-1]) < 64
+
+
 def test_prepare_to_fork_spares_each_forked_search_hypothesis_first_collection() -> None:
     # Hypothesis's first test in a process runs a full gc.collect() (~0.1 s with torch's
     # objects); done once before forking, no forked search repeats it.
@@ -218,6 +247,8 @@ def test_prepare_to_fork_spares_each_forked_search_hypothesis_first_collection()
 
 RECORDING_HOOK = '''
 import os
+import subprocess
+import sys
 import torch.distributed as dist
 
 def hook(state, bucket):
@@ -236,7 +267,6 @@ def test_the_search_depends_on_the_hooks_module_not_on_what_else_is_imported(tmp
     """Hypothesis sometimes draws literals of "local" modules; which modules are imported (a
     pytest-xdist worker's earlier tests, an editable install) must not change the examples drawn."""
     import importlib.util
-    import sys
 
     record = tmp_path / "record.txt"
     monkeypatch.setenv("SIMCLUSTER_TEST_RECORD", str(record))
