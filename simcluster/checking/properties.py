@@ -121,10 +121,12 @@ def error_bound(tolerance: str | Tolerance, world_size: int, mean: torch.Tensor,
         raise UsageError(f"tolerance {tol.describe()!r} has no per-element bound here: none checks nothing, "
                          "scale=/norm= are judged per bucket (simcluster.checking.tolerances.lossy_averages)")
     u, eta, _, _ = _ARITH[tol.kind]
-    bound = _gamma(world_size + 2, u) * abs_mean + world_size * eta
+    # in place where the operands are this function's own: the same operations in the same
+    # order (the same bits), fewer tensors of the gradients' size (the large explicit example)
+    bound = (_gamma(world_size + 2, u) * abs_mean).add_(world_size * eta)
     if out_dtype.is_floating_point:
         fi = torch.finfo(out_dtype)
-        bound = bound + fi.eps / 2 * mean.abs() + fi.smallest_normal * fi.eps
+        bound.add_(mean.abs().mul_(fi.eps / 2)).add_(fi.smallest_normal * fi.eps)
     return bound
 
 
@@ -165,8 +167,8 @@ def group_means(inputs: Grads, ranks: Sequence[int]) -> tuple[torch.Tensor, torc
     flattened in parameter order (:func:`_flat`; :func:`_param_slices` says where each is).
     Each element's mean depends on that element alone: one parameter's slice is the same
     whatever the others are, so a verdict and its hints agree to the bit."""
-    stack = _rows(inputs, ranks)
-    return stack.mean(0), stack.abs().mean(0)
+    stack = _rows(inputs, ranks)  # a new tensor: its absolute values may take its place
+    return stack.mean(0), stack.abs_().mean(0)
 
 
 def group_mean(inputs: Grads, ranks: Sequence[int], param: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,10 +395,11 @@ def _violation(results: Grads, inputs: Grads, tol: Tolerance, groups: Sequence[S
             bound = bound_of(dtypes[0][0])
         else:  # results of several dtypes: each element's bound is its own result's
             bound = torch.stack([torch.cat([bound_of(d)[where] for d, where in zip(row, wheres)]) for row in dtypes])
-        errs = (gots - mean).abs()
-        bads = ~(errs <= bound)  # catches NaN and inf too
-        if not bool(bads.any()):
+        errs = gots.sub(mean).abs_()
+        within = errs <= bound  # False for NaN and inf too
+        if bool(within.all()):
             continue
+        bads = ~within
         for k, where in enumerate(wheres):
             for j, r in enumerate(ranks):
                 bad = bads[j, where]
