@@ -359,8 +359,9 @@ def _judge_schedule(opts: Options, example: Example, backend: str, results: list
 def repeat_hint(opts: Options, violation: Violation) -> str:
     """The reported failure's example run once more, as it was — its schedule and every
     property of the search, in their order, so its inputs too (*error_feedback* appends zero
-    steps to drain a residual: a failure in one of those is reached only with it): ``''`` when it fails the same way (property, error type, step, message) and
-    two more runs of it give the same bits (:func:`_same_bits_twice`); else a line saying it did
+    steps to drain a residual: a failure in one of those is reached only with it): ``''``
+    when it fails the same way (property, error type, step, message) and two more runs of it
+    give the same bits (:func:`_same_bits_twice`); else a line saying it did
     not — the hook's behaviour depends on something outside the example (a clock, OS
     entropy, thread timing, state kept in the process from an earlier run), so the verdict
     and its replay may not repeat, and no experiment that re-runs it (:func:`order_hint`,
