@@ -320,7 +320,8 @@ def another_params_average(results: Grads, inputs: Grads, tolerance: str | Toler
 
     for ranks in _groups_of(len(inputs), groups):
         shapes = [tuple(x.shape) for x in inputs[ranks[0]]]
-        means = [group_mean(inputs, ranks, k) for k in range(len(shapes))]
+        mean, abs_mean = group_means(inputs, ranks)  # once for every parameter: each takes its slice
+        means = [(mean[where], abs_mean[where]) for where in _param_slices(inputs[ranks[0]])]
         for k, shape in enumerate(shapes):
             if within(ranks, k, *means[k]):
                 continue
@@ -571,8 +572,9 @@ def _sum_hint(tol: Tolerance, results: Grads, inputs: Grads, groups: Sequence[Se
     for g in ranks:
         for r in g:
             scaled[r] = [x.detach().to(torch.float64) * len(g) for x in inputs[r]]
-        for k in range(len(inputs[g[0]])):
-            total = group_mean(scaled, g, k)[0]
+        totals = group_means(scaled, g)[0]  # once for every parameter: each takes its slice
+        for k, where in enumerate(_param_slices(scaled[g[0]])):
+            total = totals[where]
             for r in g:
                 got = results[r][k].detach()
                 seen[r][k], name = _overflowed_sum(got, total, carried)
